@@ -1,0 +1,252 @@
+"""Sequence masks and masked softmax — d2l §11.3.2, in JAX.
+
+Mirror of :mod:`reference_numpy.masking`: the same functions, names and argument order.
+Shape letters: ``B`` batch, ``T`` queries, ``S`` keys; ``...`` any extra batch axes (heads).
+
+Mask semantics: a boolean mask is True where a query may attend. A row in which nothing may be
+attended (e.g. ``valid_len == 0``) gets **all-zero weights**, so the attention output of that row is
+zero and its gradients are finite. The book instead fills masked logits with ``-1e6``, which gives
+such a row uniform weights over all keys, including padding (and NaN in float16, where ``-1e6`` is
+``-inf``); PyTorch's ``scaled_dot_product_attention``, ONNX ``Attention`` and
+``jax.nn.softmax(where=...)`` give zeros, and so do we, in every float dtype. Masking is done with
+``jnp.where``, so NaN or Inf in masked positions never reach valid outputs or gradients.
+
+Checking lengths under ``jit``: the shape and dtype of ``valid_lens`` are checked always. Their
+*values* (negative, or larger than ``S``) are checked whenever they are concrete — eager calls, and
+constants closed over by a jitted function. When they are traced (arguments of a jitted or vmapped
+function) they cannot be inspected; the mask ``s < valid_len`` then acts as if they were clipped
+to ``[0, S]``: a negative length masks the whole row (zero weights), a length above ``S`` keeps all
+keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "sequence_mask",
+    "valid_lens_mask",
+    "causal_mask",
+    "combine_masks",
+    "attention_mask",
+    "masked_softmax",
+    "masked_fill_value",
+]
+
+
+def _concrete(x):
+    """``x`` as a NumPy array when its values are known now, else ``None`` (traced under jit/vmap)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def _key_positions(num_keys: int, ndim: int) -> jax.Array:
+    """``arange(S)`` shaped ``(1, ..., 1, S)`` with ``ndim`` axes, to compare against lengths
+    without implicit rank promotion."""
+    return jnp.arange(num_keys, dtype=jnp.int32).reshape((1,) * (ndim - 1) + (num_keys,))
+
+
+def _is_integer_dtype(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
+
+
+def _check_valid_lens(valid_lens, batch: int, num_queries: int, num_keys: int) -> jax.Array:
+    shape, dtype = jnp.shape(valid_lens), jnp.result_type(valid_lens)
+    if not _is_integer_dtype(dtype):
+        raise ValueError(f"valid_lens must hold integers, got dtype {dtype} with shape {shape}")
+    if shape not in ((batch,), (batch, num_queries)):
+        raise ValueError(
+            f"valid_lens must have shape (B,) = ({batch},) or (B, T) = ({batch}, {num_queries}), "
+            f"got {shape}"
+        )
+    values = _concrete(valid_lens)
+    if values is not None and values.size and (values.min() < 0 or values.max() > num_keys):
+        raise ValueError(
+            f"valid_lens must lie in [0, S] = [0, {num_keys}], got values from "
+            f"{values.min()} to {values.max()} (shape {shape})"
+        )
+    # One index dtype whatever the caller passed, so comparisons never promote (x64 on or off).
+    return jnp.asarray(valid_lens).astype(jnp.int32)
+
+
+def masked_fill_value(dtype) -> jax.Array:
+    """The finite logit given to masked entries: the most negative value of ``dtype``.
+
+    It only has to lose every ``max`` against a real score; masked entries are zeroed with
+    ``where`` afterwards, so it never turns into a weight (unlike the book's ``-1e6``, which is
+    ``-inf`` in float16 and a real, uniform weight in a fully masked row).
+    """
+    return jnp.asarray(jnp.finfo(dtype).min, dtype=dtype)
+
+
+def sequence_mask(X, valid_len, value=0):
+    """Replace the entries of each row past its valid length with ``value`` — d2l §10.7.
+
+    ``X[..., i, s] = value`` wherever ``s >= valid_len[..., i]``. Returns a new array.
+
+    Args:
+      X: array of shape ``(..., S)``, for example ``(B, S)`` as in the book.
+      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``.
+      value: the fill value (cast to ``X``'s dtype).
+
+    Returns:
+      An array of ``X``'s shape and dtype.
+    """
+    X = jnp.asarray(X)
+    if X.ndim < 1:
+        raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
+    lens_shape, lens_dtype = jnp.shape(valid_len), jnp.result_type(valid_len)
+    if not _is_integer_dtype(lens_dtype):
+        raise ValueError(
+            f"valid_len must hold integers, got dtype {lens_dtype} with shape {lens_shape}"
+        )
+    try:
+        np.broadcast_shapes(lens_shape, X.shape[:-1])
+    except ValueError:
+        raise ValueError(
+            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {lens_shape}"
+        ) from None
+    lens = jnp.asarray(valid_len).astype(jnp.int32)
+    lens = jnp.broadcast_to(lens, X.shape[:-1])
+    keep = _key_positions(X.shape[-1], X.ndim) < lens[..., None]
+    return jnp.where(keep, X, jnp.asarray(value, dtype=X.dtype))
+
+
+def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
+    """Boolean mask from d2l's ``valid_lens``: True where key ``s < valid_lens`` (attend).
+
+    Args:
+      valid_lens: ``None``, integer ``(B,)`` (one length per sequence, shared by all queries) or
+        ``(B, T)`` (one length per query).
+      num_queries: ``T``.
+      num_keys: ``S``.
+
+    Returns:
+      ``None`` when ``valid_lens`` is ``None``, else a boolean array of shape ``(B, T, S)``.
+    """
+    if valid_lens is None:
+        return None
+    lens = jnp.asarray(valid_lens).astype(jnp.int32)
+    if lens.ndim == 1:
+        lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], num_queries))
+    return _key_positions(num_keys, lens.ndim + 1) < lens[..., None]
+
+
+def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 0):
+    """Lower-triangular mask: query ``t`` may attend key ``s`` iff ``s <= t + offset``.
+
+    With ``offset=0`` and ``T == S`` this is the usual decoder self-attention mask (each position
+    sees itself and the past). ``offset = S - T`` aligns the last query with the last key, as
+    when ``T`` new queries attend a cache holding ``S`` keys.
+
+    Args:
+      num_queries: ``T``.
+      num_keys: ``S``; defaults to ``T``.
+      offset: position of query 0 relative to key 0 (an int, or a traced int under jit).
+
+    Returns:
+      A boolean array of shape ``(T, S)``.
+    """
+    num_keys = num_queries if num_keys is None else num_keys
+    rows = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset, jnp.int32)
+    return jnp.arange(num_keys, dtype=jnp.int32)[None, :] <= rows
+
+
+def combine_masks(*masks):
+    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are."""
+    masks = [jnp.asarray(m) for m in masks if m is not None]
+    if not masks:
+        return None
+    combined = masks[0]
+    for m in masks[1:]:
+        combined = jnp.logical_and(combined, m)
+    return combined
+
+
+def _check_mask(mask, shape) -> jax.Array:
+    mask_shape, mask_dtype = jnp.shape(mask), jnp.result_type(mask)
+    if mask_dtype != jnp.bool_:
+        raise TypeError(
+            f"mask must be boolean (True = attend), got dtype {mask_dtype} with shape {mask_shape}"
+        )
+    try:
+        if np.broadcast_shapes(mask_shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
+            f"got shape {mask_shape}"
+        ) from None
+    return jnp.asarray(mask)
+
+
+def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
+    """The boolean attention mask for scores of ``shape`` ``(B, ..., T, S)``, or ``None``.
+
+    Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
+    ``shape`` and, with ``is_causal``, :func:`causal_mask` ``(T, S)``. Raises ``ValueError`` for
+    lengths of the wrong shape, type or (when concrete) range; ``TypeError`` for a non-boolean mask.
+
+    Returns:
+      ``None`` (attend everywhere) or a boolean array broadcastable to ``shape``.
+    """
+    shape = tuple(shape)
+    if len(shape) < 2:
+        raise ValueError(f"attention scores must have shape (..., T, S), got {shape}")
+    T, S = shape[-2], shape[-1]
+    parts = []
+    if valid_lens is not None:
+        if len(shape) < 3:
+            raise ValueError(
+                f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {shape}"
+            )
+        lens_mask = valid_lens_mask(_check_valid_lens(valid_lens, shape[0], T, S), T, S)
+        # Lengths index the leading batch axis and apply to every extra axis (e.g. heads).
+        parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
+    if mask is not None:
+        parts.append(_check_mask(mask, shape))
+    if is_causal:
+        parts.append(causal_mask(T, S))
+    # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
+    return combine_masks(*(m.reshape((1,) * (len(shape) - m.ndim) + m.shape) for m in parts))
+
+
+def masked_softmax(X, valid_lens=None, *, mask=None):
+    """Softmax over the last axis that gives masked entries exactly zero weight — d2l §11.3.2.
+
+    ``softmax(X)[..., t, s]`` restricted to the keys ``s`` that may be attended: the keys below
+    ``valid_lens`` and where ``mask`` is True. A row with no key to attend has all-zero weights
+    and finite gradients (not the book's uniform weights; see the module docstring). float16 and
+    bfloat16 scores are normalised in float32 and the weights cast back, so half precision
+    neither overflows nor loses the row sums.
+
+    Args:
+      X: scores of shape ``(B, ..., T, S)``, usually ``(B, T, S)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)`` integers in ``[0, S]``; they apply to every
+        extra axis ``...`` (for example every head).
+      mask: boolean, broadcastable to ``X.shape``; True = attend.
+
+    Returns:
+      Weights of ``X``'s shape and dtype: each row sums to 1, or to 0 when fully masked.
+    """
+    X = jnp.asarray(X)
+    if not jnp.issubdtype(X.dtype, jnp.floating):
+        X = X.astype(jnp.result_type(float))
+    keep = attention_mask(X.shape, valid_lens, mask=mask)
+    compute_dtype = jnp.float32 if jnp.finfo(X.dtype).bits < 32 else X.dtype
+    logits = X.astype(compute_dtype)
+    if keep is None:
+        keep = jnp.ones((), dtype=bool)
+    logits = jnp.where(keep, logits, masked_fill_value(compute_dtype))
+    # Softmax is shift-invariant, so the shift carries no gradient; a fully masked row's shift is
+    # the fill value itself, which keeps every exponent finite.
+    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), compute_dtype))
+    exps = jnp.where(keep, jnp.exp(logits - shift), jnp.zeros((), compute_dtype))
+    total = jnp.sum(exps, axis=-1, keepdims=True)
+    weights = exps / jnp.where(total == 0, jnp.ones((), compute_dtype), total)
+    return weights.astype(X.dtype)

@@ -1,0 +1,261 @@
+"""Attention scoring functions — d2l §11.3, in JAX: pure functions first, NNX modules below.
+
+Mirror of :mod:`reference_numpy.scoring` (same names, argument order and einsum strings).
+Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batch axes (heads),
+``q``/``k``/``v`` the query, key and value sizes, ``h`` the additive hidden size.
+
+Masking follows :mod:`jax_attention.masking`: ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean
+``mask`` (True = attend) and ``is_causal`` combine; a fully masked query row gets zero weights and a
+zero output, with finite gradients.
+
+Precision: queries, keys and values must share one float dtype, which is the dtype of the
+computation and of the results (float16/bfloat16 weights are normalised in float32). Additive
+attention casts its parameters to that dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_attention.masking import attention_mask, masked_softmax
+
+__all__ = [
+    "dot_product_attention_weights",
+    "dot_product_attention",
+    "additive_attention_weights",
+    "additive_attention",
+    "DotProductAttention",
+    "AdditiveAttention",
+]
+
+# The same strings as in reference_numpy/scoring.py, so the two files can be read side by side.
+DOT_SCORES = "...tq,...sq->...ts"
+WEIGHTED_SUM = "...ts,...sv->...tv"
+PROJECT_QUERIES = "...tq,qh->...th"
+PROJECT_KEYS = "...sk,kh->...sh"
+ADDITIVE_SCORES = "...tsh,ho->...tso"
+
+
+def _check_inputs(queries, keys, values=None, *, same_depth: bool):
+    """Shape and dtype checks shared by both scoring functions; returns float arrays."""
+    arrays = {"queries": queries, "keys": keys}
+    if values is not None:
+        arrays["values"] = values
+    arrays = {name: jnp.asarray(a) for name, a in arrays.items()}
+    for name, a in arrays.items():
+        if a.ndim < 3:
+            raise ValueError(f"{name} must have shape (B, ..., len, size), got {a.shape}")
+        if not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
+            raise TypeError(f"{name} must be numeric, got dtype {a.dtype} with shape {a.shape}")
+    q, k = arrays["queries"], arrays["keys"]
+    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2]:
+        raise ValueError(
+            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes, "
+            f"got queries {q.shape} and keys {k.shape}"
+        )
+    if same_depth and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same size for dot-product scores, got queries "
+            f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
+        )
+    if values is not None:
+        v = arrays["values"]
+        if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
+            raise ValueError(
+                f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
+                f"length S, got keys {k.shape} and values {v.shape}"
+            )
+    arrays = [a if jnp.issubdtype(a.dtype, jnp.floating) else a.astype(jnp.result_type(float))
+              for a in arrays.values()]
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
+        raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
+    return arrays
+
+
+def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False):
+    """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d))`` — d2l §11.3.3.
+
+    Args:
+      queries: ``(B, ..., T, d)``.
+      keys: ``(B, ..., S, d)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``: the number of keys each query may attend.
+      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
+      is_causal: also apply :func:`~jax_attention.masking.causal_mask` ``(T, S)``.
+
+    Returns:
+      Weights ``(B, ..., T, S)``; fully masked rows are zero.
+    """
+    queries, keys = _check_inputs(queries, keys, same_depth=True)
+    scores = jnp.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
+    keep = attention_mask(scores.shape, valid_lens, mask=mask, is_causal=is_causal)
+    return masked_softmax(scores, mask=keep)
+
+
+def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
+    """Scaled dot-product attention — d2l §11.3.3.
+
+    ``softmax(Q K^T / sqrt(d)) V`` with masking (see :mod:`jax_attention.masking`).
+
+    Args:
+      queries: ``(B, ..., T, d)``.
+      keys: ``(B, ..., S, d)``.
+      values: ``(B, ..., S, v)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
+      is_causal: also apply a causal mask ``(T, S)``.
+
+    Returns:
+      ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+    """
+    queries, keys, values = _check_inputs(queries, keys, values, same_depth=True)
+    weights = dot_product_attention_weights(queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
+
+
+def _check_additive_params(params, queries, keys):
+    try:
+        W_q, W_k, w_v = (jnp.asarray(params[name]) for name in ("W_q", "W_k", "w_v"))
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"params must be a mapping with 'W_q', 'W_k' and 'w_v', got {type(params).__name__} "
+            f"with {sorted(params) if hasattr(params, 'keys') else params!r}"
+        ) from None
+    h = W_q.shape[-1] if W_q.ndim == 2 else None
+    expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
+    for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):
+        if array.shape != expected[name]:
+            raise ValueError(
+                f"params[{name!r}] must have shape {expected[name]} (q = query size, k = key size, "
+                f"h = hidden size), got {array.shape}"
+            )
+    return (p.astype(queries.dtype) for p in (W_q, W_k, w_v))
+
+
+def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=None, is_causal=False):
+    """Additive attention weights ``masked_softmax(w_v^T tanh(W_q q + W_k k))`` — d2l §11.3.2.
+
+    Args:
+      params: ``{"W_q": (q, h), "W_k": (k, h), "w_v": (h, 1)}`` (dense kernels stored ``(in, out)``).
+      queries: ``(B, ..., T, q)``.
+      keys: ``(B, ..., S, k)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
+      is_causal: also apply a causal mask ``(T, S)``.
+
+    Returns:
+      Weights ``(B, ..., T, S)``; fully masked rows are zero.
+    """
+    queries, keys = _check_inputs(queries, keys, same_depth=False)
+    W_q, W_k, w_v = _check_additive_params(params, queries, keys)
+    projected_queries = jnp.einsum(PROJECT_QUERIES, queries, W_q)
+    projected_keys = jnp.einsum(PROJECT_KEYS, keys, W_k)
+    # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
+    features = jnp.tanh(projected_queries[..., :, None, :] + projected_keys[..., None, :, :])
+    scores = jnp.einsum(ADDITIVE_SCORES, features, w_v)[..., 0]
+    keep = attention_mask(scores.shape, valid_lens, mask=mask, is_causal=is_causal)
+    return masked_softmax(scores, mask=keep)
+
+
+def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
+    """Additive attention — d2l §11.3.2; queries and keys may have different sizes.
+
+    Args:
+      params: ``{"W_q": (q, h), "W_k": (k, h), "w_v": (h, 1)}``.
+      queries: ``(B, ..., T, q)``.
+      keys: ``(B, ..., S, k)``.
+      values: ``(B, ..., S, v)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
+      is_causal: also apply a causal mask ``(T, S)``.
+
+    Returns:
+      ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+    """
+    queries, keys, values = _check_inputs(queries, keys, values, same_depth=False)
+    weights = additive_attention_weights(params, queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
+
+
+# --------------------------------------------------------------------------- NNX modules
+
+
+class _Attention(nnx.Module):
+    """Shared tail of the scoring modules: sow the weights, dropout on them, pool the values."""
+
+    def _pool(self, weights, values, deterministic, rngs):
+        if self.sow_weights:
+            self.sow(nnx.Intermediate, "attention_weights", weights)
+        dropped = self.dropout(weights, deterministic=deterministic, rngs=rngs)
+        return jnp.einsum(WEIGHTED_SUM, dropped, values)
+
+
+class DotProductAttention(_Attention):
+    """Scaled dot-product attention with dropout on the weights — d2l §11.3.3.
+
+    Holds no parameters. With ``sow_weights=True`` the weights ``(B, ..., T, S)`` (before dropout)
+    are sown as ``nnx.Intermediate`` ``"attention_weights"``; read them with
+    ``output, intermediates = nnx.capture(module, nnx.Intermediate)(queries, keys, values)``.
+
+    Args:
+      dropout: dropout rate on the attention weights (active unless ``deterministic`` or
+        ``module.eval()``).
+      sow_weights: sow the weights on every call (use inside ``nnx.capture``).
+      rngs: ``nnx.Rngs`` with a ``dropout`` stream; needed when dropout is active.
+    """
+
+    def __init__(self, dropout: float = 0.0, *, sow_weights: bool = False, rngs: nnx.Rngs | None = None):
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.sow_weights = sow_weights
+
+    def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
+                 deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
+        """Returns the output ``(B, ..., T, v)``; see :func:`dot_product_attention`."""
+        queries, keys, values = _check_inputs(queries, keys, values, same_depth=True)
+        weights = dot_product_attention_weights(queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+        return self._pool(weights, values, deterministic, rngs)
+
+
+class AdditiveAttention(_Attention):
+    """Additive attention with dropout on the weights — d2l §11.3.2.
+
+    Parameters ``W_q (query_size, num_hiddens)``, ``W_k (key_size, num_hiddens)`` and
+    ``w_v (num_hiddens, 1)``, Xavier-uniform initialised; :meth:`params_dict` gives them as the
+    plain dict :func:`additive_attention` and the NumPy reference take. Weights are sown as in
+    :class:`DotProductAttention`.
+
+    Args:
+      query_size: ``q``.
+      key_size: ``k``.
+      num_hiddens: ``h``.
+      dropout: dropout rate on the attention weights.
+      sow_weights: sow the weights on every call (use inside ``nnx.capture``).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` with a ``params`` stream (and ``dropout`` when dropout is active).
+    """
+
+    def __init__(self, query_size: int, key_size: int, num_hiddens: int, dropout: float = 0.0, *,
+                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        init = nnx.initializers.xavier_uniform()
+        self.W_q = nnx.Param(init(rngs.params(), (query_size, num_hiddens), param_dtype))
+        self.W_k = nnx.Param(init(rngs.params(), (key_size, num_hiddens), param_dtype))
+        self.w_v = nnx.Param(init(rngs.params(), (num_hiddens, 1), param_dtype))
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.sow_weights = sow_weights
+
+    def params_dict(self) -> dict[str, jax.Array]:
+        """The parameters as ``{"W_q", "W_k", "w_v"}`` arrays, for the functional core."""
+        return {"W_q": self.W_q[...], "W_k": self.W_k[...], "w_v": self.w_v[...]}
+
+    def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
+                 deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
+        """Returns the output ``(B, ..., T, v)``; see :func:`additive_attention`."""
+        queries, keys, values = _check_inputs(queries, keys, values, same_depth=False)
+        weights = additive_attention_weights(self.params_dict(), queries, keys, valid_lens,
+                                             mask=mask, is_causal=is_causal)
+        return self._pool(weights, values, deterministic, rngs)

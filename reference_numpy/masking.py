@@ -1,0 +1,201 @@
+"""Sequence masks and masked softmax — d2l §11.3.2 (float64 NumPy reference).
+
+Mirror of :mod:`jax_attention.masking`: the same functions, names and argument order.
+Shape letters: ``B`` batch, ``T`` queries, ``S`` keys; ``...`` any extra batch axes (heads).
+
+Mask semantics (shared with the JAX package): a boolean mask is True where a query may attend.
+A row in which nothing may be attended (e.g. ``valid_len == 0``) gets all-zero weights, so the
+attention output of that row is zero. The book instead fills masked logits with ``-1e6``, which
+gives such a row uniform weights over all keys (and NaN in float16); PyTorch's
+``scaled_dot_product_attention``, ONNX ``Attention`` and ``jax.nn.softmax(where=...)`` give zeros,
+and so do we.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "sequence_mask",
+    "valid_lens_mask",
+    "causal_mask",
+    "combine_masks",
+    "masked_softmax",
+]
+
+
+def _check_valid_lens(valid_lens, batch: int, num_queries: int, num_keys: int) -> np.ndarray:
+    valid_lens = np.asarray(valid_lens)
+    if valid_lens.dtype == np.bool_ or not np.issubdtype(valid_lens.dtype, np.integer):
+        raise ValueError(
+            f"valid_lens must hold integers, got dtype {valid_lens.dtype} with shape {valid_lens.shape}"
+        )
+    if valid_lens.shape not in ((batch,), (batch, num_queries)):
+        raise ValueError(
+            f"valid_lens must have shape (B,) = ({batch},) or (B, T) = ({batch}, {num_queries}), "
+            f"got {valid_lens.shape}"
+        )
+    if valid_lens.size and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
+        raise ValueError(
+            f"valid_lens must lie in [0, S] = [0, {num_keys}], got values from "
+            f"{valid_lens.min()} to {valid_lens.max()} (shape {valid_lens.shape})"
+        )
+    return valid_lens
+
+
+def sequence_mask(X, valid_len, value=0):
+    """Replace the entries of each row past its valid length with ``value`` — d2l §10.7.
+
+    ``X[..., i, s] = value`` wherever ``s >= valid_len[..., i]``. Returns a new array; ``X`` is
+    never modified.
+
+    Args:
+      X: array of shape ``(..., S)``, for example ``(B, S)`` as in the book.
+      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``.
+      value: the fill value.
+
+    Returns:
+      An array of ``X``'s shape and dtype.
+    """
+    X = np.asarray(X)
+    valid_len = np.asarray(valid_len)
+    if X.ndim < 1:
+        raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
+    if not np.issubdtype(valid_len.dtype, np.integer):
+        raise ValueError(
+            f"valid_len must hold integers, got dtype {valid_len.dtype} with shape {valid_len.shape}"
+        )
+    try:
+        np.broadcast_shapes(valid_len.shape, X.shape[:-1])
+    except ValueError:
+        raise ValueError(
+            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {valid_len.shape}"
+        ) from None
+    keep = np.arange(X.shape[-1]) < valid_len[..., None]
+    return np.where(keep, X, np.asarray(value, dtype=X.dtype))
+
+
+def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
+    """Boolean mask from d2l's ``valid_lens``: True where key ``s < valid_lens`` (attend).
+
+    Args:
+      valid_lens: ``None``, integer ``(B,)`` (one length per sequence, shared by all queries) or
+        ``(B, T)`` (one length per query).
+      num_queries: ``T``.
+      num_keys: ``S``.
+
+    Returns:
+      ``None`` when ``valid_lens`` is ``None``, else a boolean array of shape ``(B, T, S)``.
+    """
+    if valid_lens is None:
+        return None
+    valid_lens = np.asarray(valid_lens)
+    if valid_lens.ndim == 1:
+        valid_lens = np.broadcast_to(valid_lens[:, None], (valid_lens.shape[0], num_queries))
+    return np.arange(num_keys) < valid_lens[..., None]
+
+
+def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 0):
+    """Lower-triangular mask: query ``t`` may attend key ``s`` iff ``s <= t + offset``.
+
+    With ``offset=0`` and ``T == S`` this is the usual decoder self-attention mask (each position
+    sees itself and the past). ``offset = S - T`` aligns the last query with the last key, as
+    when ``T`` new queries attend a cache holding ``S`` keys.
+
+    Args:
+      num_queries: ``T``.
+      num_keys: ``S``; defaults to ``T``.
+      offset: position of query 0 relative to key 0.
+
+    Returns:
+      A boolean array of shape ``(T, S)``.
+    """
+    num_keys = num_queries if num_keys is None else num_keys
+    return np.arange(num_keys)[None, :] <= np.arange(num_queries)[:, None] + offset
+
+
+def combine_masks(*masks):
+    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are."""
+    masks = [np.asarray(m) for m in masks if m is not None]
+    if not masks:
+        return None
+    combined = masks[0]
+    for m in masks[1:]:
+        combined = np.logical_and(combined, m)
+    return combined
+
+
+def _check_mask(mask, shape) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(
+            f"mask must be boolean (True = attend), got dtype {mask.dtype} with shape {mask.shape}"
+        )
+    try:
+        if np.broadcast_shapes(mask.shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
+            f"got shape {mask.shape}"
+        ) from None
+    return mask
+
+
+def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
+    """The boolean attention mask for scores of ``shape`` ``(B, ..., T, S)``, or ``None``.
+
+    Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
+    ``shape`` and, with ``is_causal``, :func:`causal_mask` ``(T, S)``. Raises ``ValueError`` for
+    lengths of the wrong shape, type or range.
+    """
+    if len(shape) < 2:
+        raise ValueError(f"attention scores must have shape (..., T, S), got {tuple(shape)}")
+    T, S = shape[-2], shape[-1]
+    parts = []
+    if valid_lens is not None:
+        if len(shape) < 3:
+            raise ValueError(
+                f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {tuple(shape)}"
+            )
+        lens = _check_valid_lens(valid_lens, shape[0], T, S)
+        lens_mask = valid_lens_mask(lens, T, S)
+        parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
+    if mask is not None:
+        parts.append(_check_mask(mask, shape))
+    if is_causal:
+        parts.append(causal_mask(T, S))
+    # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
+    return combine_masks(*(m.reshape((1,) * (len(shape) - m.ndim) + m.shape) for m in parts))
+
+
+def masked_softmax(X, valid_lens=None, *, mask=None):
+    """Softmax over the last axis that gives masked entries exactly zero weight — d2l §11.3.2.
+
+    ``softmax(X)[..., t, s]`` restricted to the keys ``s`` that may be attended: the keys below
+    ``valid_lens`` and where ``mask`` is True. A row with no key to attend has all-zero weights
+    (not the book's uniform weights; see the module docstring). Masking uses ``where``, so NaN or
+    Inf in masked entries of ``X`` never reach the result. ``X`` is never modified.
+
+    Args:
+      X: scores of shape ``(B, ..., T, S)``, usually ``(B, T, S)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)`` integers in ``[0, S]``; they apply to every
+        extra axis ``...`` (for example every head).
+      mask: boolean, broadcastable to ``X.shape``; True = attend.
+
+    Returns:
+      Weights of ``X``'s shape: each row sums to 1, or to 0 when fully masked.
+    """
+    X = np.asarray(X)
+    if not np.issubdtype(X.dtype, np.floating):
+        X = X.astype(np.float64)
+    keep = attention_mask(X.shape, valid_lens, mask=mask)
+    keep = np.ones(X.shape, dtype=bool) if keep is None else np.broadcast_to(keep, X.shape)
+    # The fill value only has to lose every max against a real score; `where` below zeroes it.
+    logits = np.where(keep, X, np.finfo(X.dtype).min)
+    shift = logits.max(axis=-1, keepdims=True)
+    shift = np.where(np.isfinite(shift), shift, 0)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        exps = np.where(keep, np.exp(logits - shift), 0)
+    total = exps.sum(axis=-1, keepdims=True)
+    return exps / np.where(total == 0, 1, total)

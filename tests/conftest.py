@@ -1,0 +1,40 @@
+"""Shared test set-up: strict promotion, backends, float64 and matmul precision.
+
+Strict dtype and rank promotion (as in Equinox's test suite) make any implicit broadcast or
+dtype promotion inside the library an error, so the code under test states every cast.
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@pytest.fixture(params=PLATFORMS)
+def backend(request):
+    """Each platform JAX sees (cpu always); the others are skipped with the reason."""
+    try:
+        device = jax.devices(request.param)[0]
+    except RuntimeError as error:
+        pytest.skip(f"no {request.param} backend on this machine: {error}")
+    with jax.default_device(device):
+        yield device
+
+
+@pytest.fixture
+def x64():
+    """Run the test with 64-bit JAX types, to compare against the float64 NumPy reference."""
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.fixture
+def highest_precision():
+    """Full-precision matmuls (GPUs otherwise default to TF32) for equivalence tests."""
+    with jax.default_matmul_precision("highest"):
+        yield
