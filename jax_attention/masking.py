@@ -50,11 +50,17 @@ def _key_positions(num_keys: int, ndim: int) -> jax.Array:
     return jnp.arange(num_keys, dtype=jnp.int32).reshape((1,) * (ndim - 1) + (num_keys,))
 
 
+def _as_array_like(x):
+    """Lists and tuples as NumPy arrays, so their shape and dtype can be checked; arrays as they are."""
+    return np.asarray(x) if isinstance(x, (list, tuple)) else x
+
+
 def _is_integer_dtype(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
 
 
 def _check_valid_lens(valid_lens, batch: int, num_queries: int, num_keys: int) -> jax.Array:
+    valid_lens = _as_array_like(valid_lens)
     shape, dtype = jnp.shape(valid_lens), jnp.result_type(valid_lens)
     if not _is_integer_dtype(dtype):
         raise ValueError(f"valid_lens must hold integers, got dtype {dtype} with shape {shape}")
@@ -99,6 +105,7 @@ def sequence_mask(X, valid_len, value=0):
     X = jnp.asarray(X)
     if X.ndim < 1:
         raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
+    valid_len = _as_array_like(valid_len)
     lens_shape, lens_dtype = jnp.shape(valid_len), jnp.result_type(valid_len)
     if not _is_integer_dtype(lens_dtype):
         raise ValueError(
@@ -168,6 +175,7 @@ def combine_masks(*masks):
 
 
 def _check_mask(mask, shape) -> jax.Array:
+    mask = _as_array_like(mask)
     mask_shape, mask_dtype = jnp.shape(mask), jnp.result_type(mask)
     if mask_dtype != jnp.bool_:
         raise TypeError(

@@ -1,0 +1,6 @@
+"""Float64 NumPy forward references for jax-attention, written for clarity, not speed.
+
+Each module mirrors the JAX module of the same name in :mod:`jax_attention` (same function names,
+argument order and einsum strings) and is the ground truth the JAX code is tested against.
+Parameters are plain dicts of NumPy arrays; there is no dropout and no training here.
+"""
