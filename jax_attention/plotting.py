@@ -1,0 +1,196 @@
+"""Figures of the attention chapter: heatmaps of attention weights, kernel-regression fits, curves.
+
+Every function builds its own :class:`matplotlib.figure.Figure` with an Agg canvas and never
+touches ``pyplot``: no global figure registry, no interactive backend, so it runs headless (CI, a
+remote GPU box) and concurrently, and the figures are freed like any other object. Each function
+returns the Figure and, given ``path``, also writes it there as a PNG (creating parent folders).
+
+Arrays may be NumPy or JAX arrays of any float dtype (bfloat16 included); they are copied to
+float64 NumPy before plotting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+__all__ = ["show_heatmaps", "plot_kernel_regression", "plot_curve", "save_figure"]
+
+# Resolution of the written PNGs; the book's figures are vector graphics, and 150 dpi keeps the
+# 50 × 50 weight matrices readable while the files stay small.
+DPI = 150
+
+
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write ``fig`` to ``path`` as a PNG, creating the parent folders; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+def _new_figure(figsize) -> Figure:
+    fig = Figure(figsize=figsize, layout="constrained")
+    # An explicit Agg canvas: savefig then never consults (or switches) the global backend.
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _as_float_array(name: str, x) -> np.ndarray:
+    """``x`` as float64 NumPy; JAX arrays (even bfloat16) convert through ``np.asarray``."""
+    try:
+        return np.asarray(x).astype(np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a numeric array, got {type(x).__name__} {np.shape(x)}"
+        ) from None
+
+
+def _as_vector(name: str, x, length: int | None = None, like: str | None = None) -> np.ndarray:
+    x = _as_float_array(name, x)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must have shape (n,), got {x.shape}")
+    if length is not None and x.shape[0] != length:
+        raise ValueError(
+            f"{name} must have the length of {like} ({length},), got shape {x.shape}"
+        )
+    return x
+
+
+def show_heatmaps(matrices, xlabel: str, ylabel: str, titles: Sequence[str] | None = None,
+                  figsize=(2.5, 2.5), cmap: str = "Reds", *, path: str | os.PathLike | None = None
+                  ) -> Figure:
+    """A grid of attention-weight heatmaps with one colour bar — d2l §11.1 ``show_heatmaps``.
+
+    ``matrices[i, j]`` is drawn in row ``i``, column ``j``; all heatmaps share their axes and one
+    colour scale (so the single colour bar holds for every panel, which the book's version, scaled
+    per panel, does not guarantee). ``xlabel`` goes under the bottom row, ``ylabel`` beside the left
+    column, ``titles[j]`` above column ``j``.
+
+    Args:
+      matrices: ``(rows, cols, T, S)``, e.g. ``(1, 1, T, S)`` for one weight matrix or
+        ``(layers, heads, T, S)`` for multi-head attention.
+      xlabel: label of the key axis ``S``.
+      ylabel: label of the query axis ``T``.
+      titles: ``cols`` column titles, or ``None``.
+      figsize: ``(width, height)`` in inches of ONE heatmap; the figure is ``cols`` × ``rows`` of
+        them, so the book's default ``(2.5, 2.5)`` gives the book's figure for a single matrix.
+      cmap: a Matplotlib colour-map name.
+      path: where to write the PNG, or ``None``.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure`, of ``cols * width`` × ``rows * height`` inches.
+    """
+    matrices = _as_float_array("matrices", matrices)
+    if matrices.ndim != 4 or 0 in matrices.shape:
+        raise ValueError(
+            f"matrices must have shape (rows, cols, T, S) with no empty axis, got {matrices.shape}"
+        )
+    num_rows, num_cols = matrices.shape[:2]
+    if titles is not None:
+        titles = list(titles)
+        if len(titles) != num_cols:
+            raise ValueError(
+                f"titles must have one entry per column ({num_cols} for matrices of shape "
+                f"{matrices.shape}), got {len(titles)}"
+            )
+    width, height = figsize
+    fig = _new_figure((num_cols * width, num_rows * height))
+    axes = fig.subplots(num_rows, num_cols, sharex=True, sharey=True, squeeze=False)
+    finite = matrices[np.isfinite(matrices)]
+    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    for i, (row_axes, row_matrices) in enumerate(zip(axes, matrices)):
+        for j, (ax, matrix) in enumerate(zip(row_axes, row_matrices)):
+            image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
+            if i == num_rows - 1:
+                ax.set_xlabel(xlabel)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+            if titles is not None:
+                ax.set_title(titles[j])
+    fig.colorbar(image, ax=axes, shrink=0.6)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_kernel_regression(x_train, y_train, x_test, y_truth, y_hat, *,
+                           path: str | os.PathLike | None = None, title: str | None = None
+                           ) -> Figure:
+    """The book's kernel-regression figure — d2l §11.2 ``plot_kernel_reg``.
+
+    The true function ("Truth") and the prediction ("Pred") as lines over the test inputs, the
+    noisy training points as translucent circles, on the book's window ``x in [0, 5]``,
+    ``y in [-1, 5]``.
+
+    Args:
+      x_train: ``(n_train,)`` training inputs.
+      y_train: ``(n_train,)`` noisy training targets.
+      x_test: ``(n_test,)`` test inputs.
+      y_truth: ``(n_test,)`` noise-free targets at ``x_test``.
+      y_hat: ``(n_test,)`` predictions at ``x_test``.
+      path: where to write the PNG, or ``None``.
+      title: a title above the plot, or ``None``.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure`.
+    """
+    x_train = _as_vector("x_train", x_train)
+    y_train = _as_vector("y_train", y_train, x_train.shape[0], "x_train")
+    x_test = _as_vector("x_test", x_test)
+    y_truth = _as_vector("y_truth", y_truth, x_test.shape[0], "x_test")
+    y_hat = _as_vector("y_hat", y_hat, x_test.shape[0], "x_test")
+    fig = _new_figure((3.5, 2.5))  # d2l.plot's default size
+    ax = fig.subplots()
+    ax.plot(x_test, y_truth, "-", label="Truth")
+    ax.plot(x_test, y_hat, "m--", label="Pred")
+    ax.plot(x_train, y_train, "o", alpha=0.5)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.set_xlim(0, 5)
+    ax.set_ylim(-1, 5)
+    ax.legend()
+    ax.grid(True)
+    if title is not None:
+        ax.set_title(title)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_curve(values, *, xlabel: str = "epoch", ylabel: str = "loss",
+               path: str | os.PathLike | None = None, title: str | None = None) -> Figure:
+    """A training curve: ``values[i]`` at ``x = i + 1`` (epochs count from 1, as in the logs).
+
+    Args:
+      values: ``(n,)`` with ``n >= 1``, e.g. the loss of each epoch.
+      xlabel: label of the horizontal axis.
+      ylabel: label of the vertical axis.
+      path: where to write the PNG, or ``None``.
+      title: a title above the plot, or ``None``.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure`.
+    """
+    values = _as_vector("values", values)
+    if values.shape[0] == 0:
+        raise ValueError(f"values must hold at least one point, got shape {values.shape}")
+    fig = _new_figure((3.5, 2.5))
+    ax = fig.subplots()
+    # Markers so that short runs (the book's 5 epochs, or a single one) stay visible.
+    ax.plot(np.arange(1, values.shape[0] + 1), values, "-o", markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 2.5" ticks
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True)
+    if title is not None:
+        ax.set_title(title)
+    if path is not None:
+        save_figure(fig, path)
+    return fig

@@ -1,0 +1,103 @@
+"""Plots: headless PNGs of the right size, shape checks, JAX inputs."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from jax_attention.plotting import DPI, plot_curve, plot_kernel_regression, show_heatmaps
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _weights(rows, cols, T=4, S=5):
+    """Softmax rows ``(rows, cols, T, S)``, like attention weights."""
+    return jax.nn.softmax(jax.random.normal(jax.random.key(0), (rows, cols, T, S)), axis=-1)
+
+
+def _png_shape(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    return matplotlib.image.imread(path).shape
+
+
+def test_heatmap_grid_writes_png_that_scales_with_rows_and_cols(tmp_path):
+    one = tmp_path / "one.png"
+    grid = tmp_path / "nested" / "grid.png"  # parent folders are created
+    fig = show_heatmaps(np.asarray(_weights(1, 1)), "keys", "queries", path=one)
+    assert isinstance(fig, Figure)
+    show_heatmaps(np.asarray(_weights(2, 3)), "keys", "queries", titles=["a", "b", "c"], path=grid)
+    height_one, width_one, channels = _png_shape(one)
+    assert channels in (3, 4)
+    assert (height_one, width_one) == (round(2.5 * DPI), round(2.5 * DPI))
+    assert _png_shape(grid)[:2] == (2 * height_one, 3 * width_one)
+
+
+def test_heatmap_layout_labels_and_shared_colour_scale():
+    fig = show_heatmaps(_weights(2, 2), "keys", "queries", titles=["h1", "h2"])
+    *heatmaps, colorbar = fig.axes
+    assert len(heatmaps) == 4
+    assert [ax.get_xlabel() for ax in heatmaps] == ["", "", "keys", "keys"]
+    assert [ax.get_ylabel() for ax in heatmaps] == ["queries", "", "queries", ""]
+    assert [ax.get_title() for ax in heatmaps] == ["h1", "h2", "h1", "h2"]
+    limits = {ax.images[0].get_clim() for ax in heatmaps}
+    assert len(limits) == 1  # one colour bar is only honest with one scale
+
+
+def test_heatmap_takes_jax_arrays_in_any_float_dtype(tmp_path):
+    path = tmp_path / "bf16.png"
+    show_heatmaps(_weights(1, 2).astype(jnp.bfloat16), "k", "q", path=path)
+    assert _png_shape(path)[:2] == (round(2.5 * DPI), round(2 * 2.5 * DPI))
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (1, 4, 5), (1, 1, 1, 4, 5), (0, 1, 4, 5)])
+def test_heatmap_rejects_bad_shapes(shape):
+    with pytest.raises(ValueError, match=r"matrices.*\(rows, cols, T, S\).*" + re.escape(str(shape))):
+        show_heatmaps(np.zeros(shape), "k", "q")
+
+
+@pytest.mark.parametrize("titles", [["only one"], ["a", "b", "c"], []])
+def test_heatmap_rejects_titles_of_the_wrong_length(titles):
+    with pytest.raises(ValueError, match=rf"titles.*2.*got {len(titles)}"):
+        show_heatmaps(np.zeros((1, 2, 3, 3)), "k", "q", titles=titles)
+
+
+def test_kernel_regression_plot(tmp_path):
+    x_train = jnp.linspace(0.0, 5.0, 10, dtype=jnp.float32)
+    x_test = np.linspace(0.0, 5.0, 20)
+    path = tmp_path / "fit.png"
+    fig = plot_kernel_regression(x_train, jnp.sin(x_train), x_test, np.sin(x_test), np.cos(x_test),
+                                 path=path, title="fit")
+    _png_shape(path)
+    (ax,) = fig.axes
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["Truth", "Pred"]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("x", "y", "fit")
+    assert ax.get_xlim() == (0, 5) and ax.get_ylim() == (-1, 5)
+    truth, pred, points = ax.get_lines()
+    assert points.get_marker() == "o" and points.get_alpha() == 0.5
+    np.testing.assert_allclose(pred.get_ydata(), np.cos(x_test))
+
+
+def test_kernel_regression_plot_rejects_mismatched_lengths():
+    x = np.arange(5.0)
+    with pytest.raises(ValueError, match=r"y_hat.*\(5,\).*\(4,\)"):
+        plot_kernel_regression(x, x, x, x, x[:4])
+    with pytest.raises(ValueError, match=r"y_train.*\(5,\).*\(3,\)"):
+        plot_kernel_regression(x, x[:3], x, x, x)
+
+
+def test_curve(tmp_path):
+    path = tmp_path / "loss.png"
+    fig = plot_curve(jnp.asarray([3.0, 2.0, 1.5]), path=path, ylabel="loss", title="t")
+    _png_shape(path)
+    (line,) = fig.axes[0].get_lines()
+    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3])
+    with pytest.raises(ValueError, match=r"values.*\(n,\).*\(2, 2\)"):
+        plot_curve(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=r"values.*at least one.*\(0,\)"):
+        plot_curve([])

@@ -1,0 +1,95 @@
+"""Kernel-regression training (d2l §11.2.3): falling loss, reproducibility, learned weights."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from jax_attention.train import train_kernel_regression
+
+
+@pytest.fixture(scope="module")
+def run():
+    """The book's run (seed 0, 5 epochs, lr 0.5), shared by the tests that only read it."""
+    return train_kernel_regression(seed=0, progress=False, log=None)
+
+
+def test_loss_falls_every_epoch(run):
+    assert len(run.losses) == 5
+    assert all(np.isfinite(run.losses))
+    assert all(later < earlier for earlier, later in zip(run.losses, run.losses[1:]))
+
+
+def test_w_is_learned(run):
+    assert run.w != run.w_init
+    assert 0.0 <= run.w_init < 1.0  # the book's uniform initialisation
+    assert run.w > 1.0  # the data favour a narrower window than the plain Gaussian kernel
+
+
+def test_attention_weights_of_the_test_queries(run):
+    assert run.weights.shape == (50, 50)
+    assert run.y_hat.shape == (50,)
+    assert np.all(run.weights >= 0)
+    np.testing.assert_allclose(run.weights.sum(axis=1), 1.0, rtol=1e-5)
+    # Each prediction is the weighted mean of the training targets.
+    np.testing.assert_allclose(run.weights @ run.data["y_train"], run.y_hat, rtol=1e-5, atol=1e-5)
+    # Test inputs and training inputs are both sorted: the heaviest key moves right with the query.
+    assert np.all(np.diff(run.weights.argmax(axis=1)) >= 0)
+
+
+def test_learned_kernel_beats_average_pooling(run):
+    mse = run.test_mse
+    assert set(mse) == {"average_pooling", "gaussian_kernel", "learned_kernel"}
+    assert mse["learned_kernel"] < mse["average_pooling"]
+    assert mse["gaussian_kernel"] < mse["average_pooling"]
+
+
+def test_data_and_arguments_are_reported(run):
+    assert {name: a.shape for name, a in run.data.items()} == {
+        "x_train": (50,), "y_train": (50,), "x_test": (50,), "y_truth": (50,)
+    }
+    assert all(isinstance(a, np.ndarray) for a in run.data.values())
+    assert (run.seed, run.epochs, run.lr, run.n_train) == (0, 5, 0.5, 50)
+    assert run.wall_time_s > 0
+
+
+def test_same_seed_same_run_bit_for_bit(run):
+    again = train_kernel_regression(seed=0, progress=False, log=None)
+    assert again.losses == run.losses
+    assert again.w == run.w
+    np.testing.assert_array_equal(again.weights, run.weights)
+
+
+def test_different_seed_different_run(run):
+    other = train_kernel_regression(seed=1, progress=False, log=None)
+    assert other.losses != run.losses
+    assert other.w != run.w
+
+
+def test_logs_one_line_per_epoch(capsys):
+    lines = []
+    result = train_kernel_regression(seed=2, epochs=3, n_train=10, progress=False, log=lines.append)
+    assert lines == [f"epoch {i}, loss {loss:.6f}" for i, loss in enumerate(result.losses, start=1)]
+    train_kernel_regression(seed=2, epochs=2, n_train=10, progress=True)  # default log=print
+    out = capsys.readouterr().out
+    assert "epoch 1, loss" in out and "epoch 2, loss" in out
+    assert result.weights.shape == (50, 10)
+
+
+@pytest.mark.parametrize("epochs", [0, -1, 2.5, True, "5"])
+def test_rejects_bad_epochs(epochs):
+    with pytest.raises(ValueError, match=r"epochs.*got " + re.escape(repr(epochs))):
+        train_kernel_regression(epochs=epochs, progress=False, log=None)
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.5, float("nan"), float("inf"), "0.5"])
+def test_rejects_bad_lr(lr):
+    with pytest.raises(ValueError, match=r"lr.*got " + re.escape(repr(lr))):
+        train_kernel_regression(lr=lr, progress=False, log=None)
+
+
+def test_rejects_too_few_training_points():
+    with pytest.raises(ValueError, match=r"n_train.*got n_train=1"):
+        train_kernel_regression(n_train=1, progress=False, log=None)
