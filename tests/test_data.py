@@ -1,0 +1,510 @@
+"""The English–French pipeline (d2l §10.5): lookup, download, preprocessing, vocabulary, batches.
+
+Runs on the real file, ``shared/data/fra-eng.zip`` beside the checkout; the download is tested
+with a ``file://`` URL, so nothing here needs the network.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jax_attention import data
+from jax_attention.data import (
+    RESERVED_TOKENS,
+    Vocab,
+    build_array,
+    encode_source,
+    load_data_nmt,
+    preprocess,
+    tokenize,
+    truncate_pad,
+)
+
+FRA_TXT_SHA1 = "c43f99dce27311d3afd4d3e0716848194cfcc103"  # shared/data/README.md
+FRA_TXT_LINES = 167_130
+SAMPLE = "Go.\tVa !\nHi.\tSalut !\n"
+
+
+def book_preprocess_nmt(text):
+    """d2l 0.17 ``preprocess_nmt``, verbatim: the ground truth for :func:`preprocess`."""
+
+    def no_space(char, prev_char):
+        return char in set(',.!?') and prev_char != ' '
+
+    text = text.replace('\u202f', ' ').replace('\xa0', ' ').lower()
+    out = [' ' + char if i > 0 and no_space(char, text[i - 1]) else char
+           for i, char in enumerate(text)]
+    return ''.join(out)
+
+
+@pytest.fixture(scope="module")
+def raw_text():
+    """The whole of fra.txt, found through the default lookup (beside the checkout in CI)."""
+    return data.read_fra_eng()
+
+
+@pytest.fixture(scope="module")
+def preprocessed(raw_text):
+    return preprocess(raw_text)
+
+
+@pytest.fixture(scope="module")
+def book_pairs(preprocessed):
+    """The first 600 pairs, preprocessing the WHOLE text as the book does."""
+    return tokenize(preprocessed, 600)
+
+
+@pytest.fixture(scope="module")
+def nmt():
+    return load_data_nmt(batch_size=64, num_steps=8, num_examples=600)
+
+
+@pytest.fixture
+def no_data_anywhere(monkeypatch, tmp_path):
+    """No env var, an empty cache and no checkout copy: the lookup finds nothing."""
+    monkeypatch.delenv(data.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    missing = [tmp_path / "beside-checkout" / "fra-eng.zip",
+               tmp_path / "beside-cwd" / "fra-eng.zip"]
+    monkeypatch.setattr(data, "checkout_candidates", lambda: list(missing))
+    return missing
+
+
+def make_zip(path: Path, member: str = "fra-eng/fra.txt", text: str = SAMPLE) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(member, text)
+    return path
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def test_data_module_imports_neither_jax_nor_flax():
+    tree = ast.parse(Path(data.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert "numpy" in imported
+    assert not imported & {"jax", "jaxlib", "flax", "optax", "chex"}
+
+
+def test_found_beside_the_checkout(monkeypatch):
+    monkeypatch.delenv(data.ENV_VAR, raising=False)
+    found = data.find_data()
+    assert found in data.checkout_candidates()
+    assert found.name == "fra-eng.zip" and found.parent.name == "data"
+
+
+def test_the_real_file(raw_text):
+    assert hashlib.sha1(raw_text.encode("utf-8")).hexdigest() == FRA_TXT_SHA1
+    lines = raw_text.split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == FRA_TXT_LINES
+    # Exactly two columns everywhere in this edition (later ones add attribution columns).
+    assert all(line.count("\t") == 1 for line in lines[:-1])
+    assert lines[0] == "Go.\tVa !"
+
+
+def test_explicit_path_and_environment_variable(monkeypatch, tmp_path):
+    zip_path = make_zip(tmp_path / "mine.zip")
+    assert data.find_data(zip_path) == zip_path
+    assert data.read_fra_eng(str(zip_path)) == SAMPLE
+    monkeypatch.setenv(data.ENV_VAR, str(zip_path))
+    assert data.find_data() == zip_path
+    # The argument wins over the environment variable.
+    other = make_zip(tmp_path / "other.zip", text="Run!\tCours !\n")
+    assert data.read_fra_eng(other) == "Run!\tCours !\n"
+
+
+@pytest.mark.parametrize("layout", ["folder/fra-eng/fra.txt", "folder/fra.txt", "fra.txt",
+                                    "zip-root"])
+def test_folder_bare_file_and_zip_layouts(tmp_path, layout):
+    if layout == "zip-root":  # manythings.org's own archive holds fra.txt at its root
+        location = make_zip(tmp_path / "fra-eng.zip", member="fra.txt")
+    else:
+        text_file = tmp_path / layout
+        text_file.parent.mkdir(parents=True, exist_ok=True)
+        text_file.write_text(SAMPLE, encoding="utf-8")
+        location = tmp_path / "folder" if layout.startswith("folder") else text_file
+    assert data.find_data(location) == location
+    assert data.read_fra_eng(location) == SAMPLE
+    assert load_data_nmt(2, 4, num_examples=2, data=location).train.src.shape == (2, 4)
+
+
+def test_windows_line_endings_read_as_newlines(tmp_path):
+    text_file = tmp_path / "fra.txt"
+    text_file.write_bytes(SAMPLE.replace("\n", "\r\n").encode("utf-8"))
+    assert data.read_fra_eng(text_file) == SAMPLE
+
+
+def test_user_choice_that_holds_no_data_is_an_error(monkeypatch, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--data.*does not exist.*JAX_ATTENTION_DATA="):
+        data.find_data(tmp_path / "missing.zip")
+    empty_zip = make_zip(tmp_path / "empty.zip", member="readme.txt")
+    with pytest.raises(FileNotFoundError, match="holds neither fra-eng/fra.txt nor fra.txt"):
+        data.find_data(empty_zip)
+    with pytest.raises(FileNotFoundError, match="holds neither"):
+        data.find_data(tmp_path)  # a folder without the file
+    monkeypatch.setenv(data.ENV_VAR, str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="environment variable JAX_ATTENTION_DATA"):
+        data.find_data()
+
+
+def test_nothing_found_lists_every_place(no_data_anywhere, tmp_path):
+    with pytest.raises(FileNotFoundError) as caught:
+        data.read_fra_eng()
+    message = str(caught.value)
+    for place in [*no_data_anywhere, tmp_path / "cache" / "jax-attention" / "fra-eng.zip"]:
+        assert str(place) in message
+    assert data.ENV_VAR in message and data.DATA_URL in message
+    assert "--data PATH" in message and f"{data.ENV_VAR}=PATH" in message
+
+
+def test_user_cache(no_data_anywhere, tmp_path):
+    cached = make_zip(tmp_path / "cache" / "jax-attention" / "fra-eng.zip")
+    assert data.cache_dir() == tmp_path / "cache" / "jax-attention"
+    assert data.find_data() == cached
+
+
+def test_cache_defaults_to_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert data.cache_dir() == tmp_path / ".cache" / "jax-attention"
+
+
+# --------------------------------------------------------------------------- download
+
+
+@pytest.fixture
+def published(tmp_path):
+    """A stand-in for d2l's archive: ``(file:// URL, its SHA-1, its bytes)``."""
+    archive = make_zip(tmp_path / "server" / "fra-eng.zip")
+    payload = archive.read_bytes()
+    return archive.as_uri(), hashlib.sha1(payload).hexdigest(), payload
+
+
+def test_download_with_the_right_checksum(tmp_path, published, monkeypatch):
+    url, sha1, payload = published
+    renames = []
+    real_replace = data.os.replace
+
+    def recording_replace(src, dst):
+        renames.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(data.os, "replace", recording_replace)
+    target = data.download_fra_eng(url, sha1, directory=tmp_path / "cache")
+    assert target == tmp_path / "cache" / "fra-eng.zip"
+    assert target.read_bytes() == payload
+    # Written beside the target under another name, then renamed onto it in one step.
+    [(source, destination)] = renames
+    assert source.parent == destination.parent and source != destination
+    assert destination == target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["fra-eng.zip"]
+
+
+def test_download_with_a_wrong_checksum_leaves_nothing(tmp_path, published):
+    url, _, _ = published
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="SHA-1 mismatch"):
+        data.download_fra_eng(url, "0" * 40, directory=cache)
+    assert list(cache.iterdir()) == []
+    # A good copy already there is not overwritten by a bad download.
+    good = make_zip(cache / "fra-eng.zip")
+    before = good.read_bytes()
+    with pytest.raises(ValueError, match="SHA-1 mismatch"):
+        data.download_fra_eng(url, "0" * 40, directory=cache)
+    assert good.read_bytes() == before and list(cache.iterdir()) == [good]
+
+
+def test_find_data_downloads_into_the_cache_only_when_allowed(no_data_anywhere, tmp_path,
+                                                               published, monkeypatch):
+    url, sha1, _ = published
+    monkeypatch.setattr(data, "DATA_URL", url)
+    monkeypatch.setattr(data, "DATA_SHA1", "f" * 40)
+    with pytest.raises(ValueError, match="SHA-1 mismatch"):
+        data.find_data(download=True)
+    assert list((tmp_path / "cache" / "jax-attention").iterdir()) == []
+    monkeypatch.setattr(data, "DATA_SHA1", sha1)
+    with pytest.raises(FileNotFoundError, match="not downloaded: download=False"):
+        data.find_data()
+    cached = tmp_path / "cache" / "jax-attention" / "fra-eng.zip"
+    assert data.find_data(download=True) == cached
+    assert data.find_data() == cached  # the next lookup finds the cache, no download needed
+    assert data.read_fra_eng() == SAMPLE
+
+
+def test_failed_download_is_listed_in_the_error(no_data_anywhere, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "DATA_URL", (tmp_path / "no-such.zip").as_uri())
+    with pytest.raises(FileNotFoundError, match="download failed"):
+        data.find_data(download=True)
+
+
+# --------------------------------------------------------------------------- preprocessing
+
+
+def test_preprocess_matches_the_book(raw_text):
+    for text in [raw_text[:300_000], raw_text[-50_000:], ".start", "a..b!?", "Hi,you", "x\t!y",
+                 "\n.", "Cours\u202f!", "Ah\xa0?", "Recule\u2009!", "", "ΣΑΣ. ΟΔΟΣ!"]:
+        assert preprocess(text) == book_preprocess_nmt(text)
+
+
+def test_preprocess_the_book_example(preprocessed):
+    text = preprocessed
+    assert text.startswith("go .\tva !\nhi .\tsalut !\nrun !\tcours !\n")
+
+
+def test_tokenize_the_book_examples(book_pairs):
+    source, target = book_pairs
+    assert source[:6] == [["go", "."], ["hi", "."], ["run", "!"], ["run", "!"], ["who", "?"],
+                          ["wow", "!"]]
+    assert target[:6] == [["va", "!"], ["salut", "!"], ["cours", "!"], ["courez", "!"],
+                          ["qui", "?"], ["ça", "alors", "!"]]
+
+
+def test_tokenize_keeps_exactly_num_examples(raw_text):
+    text = preprocess(raw_text[:raw_text.index("\n", 20_000) + 1])
+    for num_examples in (1, 6, 600):
+        source, target = tokenize(text, num_examples)
+        assert len(source) == len(target) == num_examples  # the book's loop keeps one more
+    source, target = tokenize(text)
+    assert len(source) == text.count("\n")
+
+
+def test_tokenize_whole_file(preprocessed):
+    source, target = tokenize(preprocessed)
+    assert len(source) == len(target) == FRA_TXT_LINES
+    assert source[-1][:4] == ["it", "may", "be", "impossible"]
+    assert target[-1][-3:] == ["les", "erreurs", "."]
+    # No empty tokens anywhere, and no token holds a space.
+    assert all(token and " " not in token for line in source + target for token in line)
+
+
+def test_tokenize_columns_and_spaces():
+    text = "go  .\tva !\tCC-BY 2.0 (France)\tAttribution\nno tab here\n tom ! \t\n"
+    source, target = tokenize(text)
+    assert source == [["go", "."], ["tom", "!"]]  # no empty tokens, the tab-less line skipped
+    assert target == [["va", "!"], []]  # attribution columns ignored
+
+
+def test_only_the_lines_needed_are_preprocessed(monkeypatch, book_pairs):
+    seen = []
+    real = data.preprocess
+    monkeypatch.setattr(data, "preprocess", lambda text: (seen.append(len(text)), real(text))[1])
+    nmt = load_data_nmt(64, 8, num_examples=600)
+    assert seen and max(seen) < 50_000  # the whole file has 11.5 million characters
+    # ...and the result is that of preprocessing the whole text.
+    source, target = book_pairs
+    assert nmt.src_vocab == Vocab(source, min_freq=2, reserved_tokens=RESERVED_TOKENS)
+    np.testing.assert_array_equal(nmt.train.src, build_array(source, nmt.src_vocab, 8)[0])
+    np.testing.assert_array_equal(nmt.train.tgt, build_array(target, nmt.tgt_vocab, 8)[0])
+
+
+# --------------------------------------------------------------------------- vocabulary
+
+
+def test_vocabulary_sizes_and_reserved_tokens(nmt):
+    print(f"600 examples, min_freq=2: {len(nmt.src_vocab)} source, {len(nmt.tgt_vocab)} target")
+    # The book reports 184 and 201 for its 601 lines (tokenize_nmt's off-by-one). The 601st pair,
+    # "i exhaled .\tj’ai expiré .", brings no token to the count of 2, and the Vocab here is the
+    # book's (same ordering, same min_freq cut), so exactly 600 pairs give the same sizes.
+    assert (len(nmt.src_vocab), len(nmt.tgt_vocab)) == (184, 201)
+    for vocab in (nmt.src_vocab, nmt.tgt_vocab):
+        assert vocab.idx_to_token[:4] == ["<unk>", "<pad>", "<bos>", "<eos>"]
+        assert [vocab["<unk>"], vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]] == [0, 1, 2, 3]
+        assert vocab.unk == 0
+    assert nmt.src_vocab["."] == 4  # the most frequent word
+    assert nmt.src_vocab["xylophone"] == nmt.src_vocab.unk
+    assert nmt.tgt_vocab[["va", "xylophone", "!"]] == [nmt.tgt_vocab["va"], 0,
+                                                       nmt.tgt_vocab["!"]]
+
+
+def test_vocab_order_frequency_and_ties():
+    tokens = [["b", "a", "c"], ["a", "d", "c"], ["e"]]
+    vocab = Vocab(tokens, reserved_tokens=["<pad>"])
+    # a and c twice (a first seen after b, but more frequent), then b, d, e in first-seen order.
+    assert vocab.idx_to_token == ["<unk>", "<pad>", "a", "c", "b", "d", "e"]
+    assert Vocab([t for line in tokens for t in line], reserved_tokens=["<pad>"]) == vocab
+    assert Vocab(tokens, min_freq=2).idx_to_token == ["<unk>", "a", "c"]
+    assert len(Vocab()) == 1 and Vocab()["anything"] == 0
+
+
+def test_vocab_to_tokens():
+    vocab = Vocab([["a", "b", "a"]])
+    assert vocab.to_tokens(1) == "a"
+    assert vocab.to_tokens([1, 2, 0]) == ["a", "b", "<unk>"]
+    assert vocab.to_tokens(np.array([2, 1], dtype=np.int32)) == ["b", "a"]
+    assert vocab.to_tokens(vocab[["b", "a", "zzz"]]) == ["b", "a", "<unk>"]
+    for index in (3, -1):
+        with pytest.raises(ValueError, match=rf"index {index} is outside the vocabulary.*< 3"):
+            vocab.to_tokens(index)
+    with pytest.raises(ValueError, match="index 7"):
+        vocab.to_tokens([0, 7])
+
+
+def test_vocab_json_round_trip(nmt):
+    for vocab in (nmt.src_vocab, nmt.tgt_vocab, Vocab(), Vocab(["é", "\u2009"], min_freq=1)):
+        again = Vocab.from_json(vocab.to_json())
+        assert again == vocab
+        assert again.idx_to_token == vocab.idx_to_token
+        assert again.token_to_idx == vocab.token_to_idx
+        assert again.token_freqs == vocab.token_freqs
+    with pytest.raises(ValueError, match="Vocab.to_json"):
+        Vocab.from_json('{"idx_to_token": ["a"]}')
+
+
+def test_vocab_bad_arguments():
+    with pytest.raises(ValueError, match="reserved_tokens"):
+        Vocab([["a"]], reserved_tokens=["<unk>"])
+    with pytest.raises(ValueError, match="reserved_tokens"):
+        Vocab([["a"]], reserved_tokens=["<pad>", "<pad>"])
+    with pytest.raises(ValueError, match="min_freq"):
+        Vocab([["a"]], min_freq=-1)
+    with pytest.raises(TypeError, match="tokens"):
+        Vocab([["a", 3]])
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def test_truncate_pad_the_book_example(nmt, book_pairs):
+    source, _ = book_pairs
+    vocab = nmt.src_vocab
+    # The book's example pads "go ." to 10 steps; its printed ids ([47, 4, 1, ...]) come from an
+    # older vocabulary, here "go" is the 6th most frequent word.
+    assert truncate_pad(vocab[source[0]], 10, vocab["<pad>"]) == [9, 4] + [1] * 8
+    assert truncate_pad([5, 6, 7], 2, 0) == [5, 6]
+    assert truncate_pad([], 2, 0) == [0, 0]
+
+
+def test_build_array_by_hand():
+    vocab = Vocab([["a", "b", "a", "b"]], min_freq=2, reserved_tokens=RESERVED_TOKENS)
+    assert vocab.idx_to_token == ["<unk>", "<pad>", "<bos>", "<eos>", "a", "b"]
+    array, valid_len = build_array([["a"], ["b", "zz", "a"], ["a", "a", "a", "a"], []], vocab, 4)
+    np.testing.assert_array_equal(array, [[4, 3, 1, 1], [5, 0, 4, 3], [4, 4, 4, 4], [3, 1, 1, 1]])
+    np.testing.assert_array_equal(valid_len, [2, 4, 4, 1])  # the truncated row lost its <eos>
+    assert array.dtype == np.int32 and valid_len.dtype == np.int32
+    empty, empty_len = build_array([], vocab, 4)
+    assert empty.shape == (0, 4) and empty_len.shape == (0,) and empty.dtype == np.int32
+    with pytest.raises(ValueError, match="'<eos>'"):
+        build_array([["a"]], Vocab([["a"]]), 4)
+    with pytest.raises(ValueError, match="num_steps"):
+        build_array([["a"]], vocab, 0)
+
+
+def test_load_data_nmt_arrays(nmt):
+    for name in ("src", "tgt"):
+        array, valid_len = getattr(nmt.train, name), getattr(nmt.train, name + "_valid_len")
+        assert array.dtype == np.int32 and valid_len.dtype == np.int32
+        assert array.shape == (600, 8) and valid_len.shape == (600,)
+        np.testing.assert_array_equal(valid_len, (array != 1).sum(axis=1))
+        assert valid_len.min() >= 2  # at least a word and <eos>
+    src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
+    assert src_vocab.to_tokens(nmt.train.src[0]) == ["go", ".", "<eos>"] + ["<pad>"] * 5
+    # "alors" occurs once in the 600 pairs: below min_freq=2, so <unk>.
+    assert tgt_vocab.to_tokens(nmt.train.tgt[5]) == ["ça", "<unk>", "!", "<eos>"] + ["<pad>"] * 4
+    assert nmt.val.src.shape == (0, 8) and len(nmt.val) == 0
+    assert (nmt.num_steps, nmt.batch_size) == (8, 64)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def _rows(batches):
+    return np.concatenate([np.concatenate([src, tgt], axis=1) for src, _, tgt, _ in batches])
+
+
+def test_batches_cover_every_example_once(nmt):
+    batches = list(nmt.batches(epoch=0))
+    assert [len(src) for src, *_ in batches] == [64] * 9 + [24]  # the last, partial batch kept
+    assert nmt.num_batches == 10
+    rows = _rows(batches)
+    expected = np.concatenate([nmt.train.src, nmt.train.tgt], axis=1)
+    assert rows.shape == expected.shape
+    np.testing.assert_array_equal(rows[np.lexsort(rows.T)], expected[np.lexsort(expected.T)])
+    for src, src_valid_len, tgt, tgt_valid_len in batches:  # rows and lengths stay together
+        np.testing.assert_array_equal(src_valid_len, (src != 1).sum(axis=1))
+        np.testing.assert_array_equal(tgt_valid_len, (tgt != 1).sum(axis=1))
+        assert all(a.dtype == np.int32 for a in (src, src_valid_len, tgt, tgt_valid_len))
+
+
+def test_batches_deterministic_per_seed_and_epoch(nmt):
+    first = _rows(nmt.batches(0))
+    np.testing.assert_array_equal(first, _rows(nmt.batches(0)))
+    assert not np.array_equal(first, _rows(nmt.batches(1)))
+    other_seed = load_data_nmt(64, 8, num_examples=600, seed=1)
+    assert not np.array_equal(first, _rows(other_seed.batches(0)))
+    with pytest.raises(ValueError, match="epoch"):
+        next(nmt.batches(-1))
+
+
+def test_validation_split_is_the_last_pairs(book_pairs):
+    source, target = book_pairs
+    held = load_data_nmt(32, 8, num_examples=600, val_fraction=0.1)
+    assert (len(held.train), len(held.val)) == (540, 60)
+    # Vocabularies from the training pairs only.
+    assert held.src_vocab == Vocab(source[:540], min_freq=2, reserved_tokens=RESERVED_TOKENS)
+    np.testing.assert_array_equal(held.train.src, build_array(source[:540], held.src_vocab, 8)[0])
+    np.testing.assert_array_equal(held.val.src, build_array(source[540:], held.src_vocab, 8)[0])
+    np.testing.assert_array_equal(held.val.tgt, build_array(target[540:], held.tgt_vocab, 8)[0])
+    # Batches come from the training split only.
+    assert sum(len(src) for src, *_ in held.batches(0)) == 540
+    # A word that occurs twice only among the held-out pairs is unknown.
+    held_out_only = {t for line in target[540:] for t in line} - {t for line in target[:540]
+                                                                  for t in line}
+    assert held_out_only and all(held.tgt_vocab[t] == 0 for t in held_out_only)
+    tiny = load_data_nmt(2, 4, num_examples=5, val_fraction=0.01)
+    assert (len(tiny.train), len(tiny.val)) == (4, 1)  # a positive fraction holds out at least one
+
+
+def test_encode_source(nmt):
+    vocab = nmt.src_vocab
+    ids, valid_len = encode_source("Go.", vocab, 8)
+    np.testing.assert_array_equal(ids, nmt.train.src[0])
+    assert ids.dtype == np.int32 and ids.shape == (8,) and valid_len == 3  # go . <eos>
+    ids, valid_len = encode_source("I'm  HOME!", vocab, 8)
+    assert vocab.to_tokens(ids)[:5] == ["i'm", "home", "!", "<eos>", "<pad>"] and valid_len == 4
+    ids, _ = encode_source("Zebras swim.", vocab, 8)
+    assert vocab.to_tokens(ids)[:4] == ["<unk>", "<unk>", ".", "<eos>"]
+    ids, valid_len = encode_source("go go go go go go go go go go", vocab, 8)
+    assert ids.shape == (8,) and valid_len == 8 and vocab["<eos>"] not in ids
+    for empty in ("", "   "):
+        ids, valid_len = encode_source(empty, vocab, 8)
+        assert vocab.to_tokens(ids) == ["<eos>"] + ["<pad>"] * 7 and valid_len == 1
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"),
+    ({"num_steps": 0}, "num_steps"),
+    ({"num_examples": 0}, "num_examples"),
+    ({"num_examples": True}, "num_examples"),
+    ({"val_fraction": 1.0}, "val_fraction"),
+    ({"val_fraction": -0.1}, "val_fraction"),
+    ({"seed": -1}, "seed"),
+])
+def test_bad_arguments(kwargs, name):
+    arguments = {"batch_size": 2, "num_steps": 4, "num_examples": 10, **kwargs}
+    with pytest.raises(ValueError, match=rf"^{name} must be .* got {kwargs[name]!r}"):
+        load_data_nmt(**arguments)
+
+
+def test_bad_arguments_of_the_helpers():
+    with pytest.raises(ValueError, match="num_examples"):
+        tokenize("a\tb", num_examples=-1)
+    with pytest.raises(ValueError, match="num_steps"):
+        truncate_pad([1], 0, 0)
+    with pytest.raises(TypeError, match="text must be a str"):
+        preprocess(b"go.")
+    with pytest.raises(ValueError, match="leaves no training pair"):
+        load_data_nmt(2, 4, num_examples=1, val_fraction=0.5)
