@@ -19,6 +19,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_attention.masking import attention_mask, masked_softmax
@@ -78,8 +79,56 @@ def _check_inputs(queries, keys, values=None, *, same_depth: bool):
     return arrays
 
 
-def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False):
-    """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d))`` — d2l §11.3.3.
+def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool):
+    """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
+
+    Returns ``(keep, arrays)``: the boolean mask broadcastable to ``(B, ..., T, S)`` (or ``None``)
+    and the checked ``[queries, keys(, values)]`` in which the queries that attend no key and the
+    keys and values that no query attends are zero. Their weights are exactly zero already, but
+    ``0 * NaN`` and ``0 * Inf`` are NaN: NaN or Inf stored in padding would otherwise reach valid
+    outputs through the weighted sum, and valid gradients through the backward pass of the score
+    einsum (and, in additive attention, through ``tanh'`` of a NaN feature).
+    """
+    arrays = _check_inputs(queries, keys, values, same_depth=same_depth)
+    queries, keys = arrays[0], arrays[1]
+    keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
+                          is_causal=is_causal)
+    if keep is None:
+        return keep, arrays
+    query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
+    key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)  # (B, ..., S, 1)
+    zero = jnp.zeros((), queries.dtype)
+    arrays = [jnp.where(query_attends, arrays[0], zero)] + [
+        jnp.where(key_attended, a, zero) for a in arrays[1:]
+    ]
+    return keep, arrays
+
+
+def _add_bias(scores, bias):
+    """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)``."""
+    if bias is None:
+        return scores
+    bias = jnp.asarray(bias)
+    try:
+        if np.broadcast_shapes(bias.shape, scores.shape) != scores.shape:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"bias must broadcast to the scores' shape (B, ..., T, S) = {scores.shape}, "
+            f"got shape {bias.shape}"
+        ) from None
+    # Explicit rank and dtype, so that strict promotion holds.
+    return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
+
+
+def _dot_product_weights(queries, keys, keep, bias):
+    scores = jnp.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
+    return masked_softmax(_add_bias(scores, bias), mask=keep)
+
+
+def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
+                                  bias=None):
+    """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d) + bias)`` — d2l §11.3.3.
 
     Args:
       queries: ``(B, ..., T, d)``.
@@ -87,20 +136,21 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       valid_lens: ``None``, ``(B,)`` or ``(B, T)``: the number of keys each query may attend.
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply :func:`~jax_attention.masking.causal_mask` ``(T, S)``.
+      bias: added to the scores before masking and softmax, broadcastable to ``(B, ..., T, S)``
+        (e.g. a relative position bias).
 
     Returns:
       Weights ``(B, ..., T, S)``; fully masked rows are zero.
     """
-    queries, keys = _check_inputs(queries, keys, same_depth=True)
-    scores = jnp.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
-    keep = attention_mask(scores.shape, valid_lens, mask=mask, is_causal=is_causal)
-    return masked_softmax(scores, mask=keep)
+    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal, same_depth=True)
+    return _dot_product_weights(queries, keys, keep, bias)
 
 
-def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
+def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
+                          bias=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
-    ``softmax(Q K^T / sqrt(d)) V`` with masking (see :mod:`jax_attention.masking`).
+    ``softmax(Q K^T / sqrt(d) + bias) V`` with masking (see :mod:`jax_attention.masking`).
 
     Args:
       queries: ``(B, ..., T, d)``.
@@ -109,12 +159,14 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
+      bias: added to the scores, broadcastable to ``(B, ..., T, S)``.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
     """
-    queries, keys, values = _check_inputs(queries, keys, values, same_depth=True)
-    weights = dot_product_attention_weights(queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+    keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                             same_depth=True)
+    weights = _dot_product_weights(queries, keys, keep, bias)
     return jnp.einsum(WEIGHTED_SUM, weights, values), weights
 
 
@@ -137,6 +189,16 @@ def _check_additive_params(params, queries, keys):
     return (p.astype(queries.dtype) for p in (W_q, W_k, w_v))
 
 
+def _additive_weights(params, queries, keys, keep):
+    W_q, W_k, w_v = _check_additive_params(params, queries, keys)
+    projected_queries = jnp.einsum(PROJECT_QUERIES, queries, W_q)
+    projected_keys = jnp.einsum(PROJECT_KEYS, keys, W_k)
+    # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
+    features = jnp.tanh(projected_queries[..., :, None, :] + projected_keys[..., None, :, :])
+    scores = jnp.einsum(ADDITIVE_SCORES, features, w_v)[..., 0]
+    return masked_softmax(scores, mask=keep)
+
+
 def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=None, is_causal=False):
     """Additive attention weights ``masked_softmax(w_v^T tanh(W_q q + W_k k))`` — d2l §11.3.2.
 
@@ -151,15 +213,8 @@ def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=N
     Returns:
       Weights ``(B, ..., T, S)``; fully masked rows are zero.
     """
-    queries, keys = _check_inputs(queries, keys, same_depth=False)
-    W_q, W_k, w_v = _check_additive_params(params, queries, keys)
-    projected_queries = jnp.einsum(PROJECT_QUERIES, queries, W_q)
-    projected_keys = jnp.einsum(PROJECT_KEYS, keys, W_k)
-    # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
-    features = jnp.tanh(projected_queries[..., :, None, :] + projected_keys[..., None, :, :])
-    scores = jnp.einsum(ADDITIVE_SCORES, features, w_v)[..., 0]
-    keep = attention_mask(scores.shape, valid_lens, mask=mask, is_causal=is_causal)
-    return masked_softmax(scores, mask=keep)
+    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal, same_depth=False)
+    return _additive_weights(params, queries, keys, keep)
 
 
 def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
@@ -177,8 +232,9 @@ def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=N
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
     """
-    queries, keys, values = _check_inputs(queries, keys, values, same_depth=False)
-    weights = additive_attention_weights(params, queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+    keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                             same_depth=False)
+    weights = _additive_weights(params, queries, keys, keep)
     return jnp.einsum(WEIGHTED_SUM, weights, values), weights
 
 
@@ -214,10 +270,11 @@ class DotProductAttention(_Attention):
         self.sow_weights = sow_weights
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                 deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
+                 bias=None, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """Returns the output ``(B, ..., T, v)``; see :func:`dot_product_attention`."""
-        queries, keys, values = _check_inputs(queries, keys, values, same_depth=True)
-        weights = dot_product_attention_weights(queries, keys, valid_lens, mask=mask, is_causal=is_causal)
+        keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                                 same_depth=True)
+        weights = _dot_product_weights(queries, keys, keep, bias)
         return self._pool(weights, values, deterministic, rngs)
 
 
@@ -255,7 +312,7 @@ class AdditiveAttention(_Attention):
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                  deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """Returns the output ``(B, ..., T, v)``; see :func:`additive_attention`."""
-        queries, keys, values = _check_inputs(queries, keys, values, same_depth=False)
-        weights = additive_attention_weights(self.params_dict(), queries, keys, valid_lens,
-                                             mask=mask, is_causal=is_causal)
+        keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                                 same_depth=False)
+        weights = _additive_weights(self.params_dict(), queries, keys, keep)
         return self._pool(weights, values, deterministic, rngs)

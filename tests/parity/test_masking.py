@@ -1,0 +1,192 @@
+"""NumPy reference vs JAX for sequence masks and masked softmax (d2l §10.7, §11.3.2).
+
+Every test runs on each backend JAX sees, in float64 (to 1e-12: the two must compute the same
+thing) and in float32 under full matmul precision (to 1e-5 relative: float32 rounding only).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_attention import masking as jax_masking
+from reference_numpy import masking as np_masking
+
+B, N, T, S = 3, 2, 4, 5
+
+
+@pytest.fixture(params=["float64", "float32"])
+def dtype(request, backend):
+    """The JAX dtype under test; float64 switches x64 on for the duration of the test."""
+    request.getfixturevalue("highest_precision")
+    if request.param == "float64":
+        request.getfixturevalue("x64")
+        return jnp.float64
+    return jnp.float32
+
+
+def _tolerances(dtype):
+    return {"rtol": 1e-12, "atol": 1e-12} if dtype == jnp.float64 else {"rtol": 1e-5, "atol": 1e-6}
+
+
+def _assert_matches(got, expected, dtype, backend):
+    # The dtype and device checks make sure the comparison is not silently of something else:
+    # a float32 result under x64, or an array computed on the CPU while testing the GPU.
+    assert got.dtype == dtype
+    assert got.devices() == {backend}
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(np.asarray(got, np.float64), expected, **_tolerances(dtype))
+
+
+def _scores(shape, seed=0):
+    # Spread of a few units, as attention scores have; large enough that the softmax is not flat.
+    return np.random.default_rng(seed).normal(scale=2.0, size=shape)
+
+
+def _lens(shape, seed=1):
+    """Random lengths in [0, S], with 0 and S always present so empty and full rows are covered."""
+    lens = np.random.default_rng(seed).integers(0, S + 1, size=shape)
+    lens.flat[0], lens.flat[-1] = 0, S
+    return lens.astype(np.int32)
+
+
+def _random_mask(shape, seed=2):
+    return np.random.default_rng(seed).random(shape) < 0.6
+
+
+# --------------------------------------------------------------------------- masks
+
+
+@pytest.mark.parametrize(
+    "x_shape, lens_shape",
+    [((B, S), (B,)), ((B, T, S), (B, T)), ((B, T, S), (B, 1)), ((B, N, T, S), (B, N, T))],
+)
+@pytest.mark.parametrize("value", [0.0, -1.5])
+def test_sequence_mask(backend, dtype, x_shape, lens_shape, value):
+    X, lens = _scores(x_shape), _lens(lens_shape)
+    expected = np_masking.sequence_mask(X, lens, value)
+    got = jax_masking.sequence_mask(jnp.asarray(X, dtype), jnp.asarray(lens), value)
+    _assert_matches(got, expected, dtype, backend)
+
+
+@pytest.mark.parametrize("lens_shape", [(B,), (B, T)])
+def test_valid_lens_mask(backend, lens_shape):
+    lens = _lens(lens_shape)
+    expected = np_masking.valid_lens_mask(lens, T, S)
+    got = jax_masking.valid_lens_mask(jnp.asarray(lens), T, S)
+    assert got.dtype == jnp.bool_ and got.devices() == {backend}
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    assert expected.shape == (B, T, S)
+
+
+def test_valid_lens_mask_none(backend):
+    assert np_masking.valid_lens_mask(None, T, S) is None
+    assert jax_masking.valid_lens_mask(None, T, S) is None
+
+
+@pytest.mark.parametrize(
+    "num_queries, num_keys, offset",
+    [(4, None, 0), (4, 4, 0), (3, 5, 0), (5, 3, 0), (3, 5, 2), (4, 4, -1), (2, 6, 4), (1, 7, 6)],
+)
+def test_causal_mask(backend, num_queries, num_keys, offset):
+    expected = np_masking.causal_mask(num_queries, num_keys, offset=offset)
+    got = jax_masking.causal_mask(num_queries, num_keys, offset=offset)
+    assert got.dtype == jnp.bool_ and got.devices() == {backend}
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def test_causal_mask_offset_aligns_last_query_with_last_key(backend):
+    # The cache case from the docstring: the last of T new queries sees all S cached keys.
+    got = np.asarray(jax_masking.causal_mask(3, 6, offset=3))
+    np.testing.assert_array_equal(got, np_masking.causal_mask(3, 6, offset=3))
+    assert got[-1].all() and got.sum(axis=-1).tolist() == [4, 5, 6]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("lens_shape", [None, (B,), (B, T)])
+def test_attention_mask(backend, lens_shape, with_mask, is_causal):
+    shape = (B, N, T, S)
+    lens = None if lens_shape is None else _lens(lens_shape)
+    mask = _random_mask((B, 1, T, S)) if with_mask else None
+    expected = np_masking.attention_mask(shape, lens, mask=mask, is_causal=is_causal)
+    got = jax_masking.attention_mask(
+        shape,
+        None if lens is None else jnp.asarray(lens),
+        mask=None if mask is None else jnp.asarray(mask),
+        is_causal=is_causal,
+    )
+    if expected is None:
+        assert got is None
+        return
+    assert got.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.broadcast_to(np.asarray(got), shape), np.broadcast_to(expected, shape))
+
+
+def test_combine_masks(backend):
+    a, b = _random_mask((B, T, S), seed=3), _random_mask((1, T, S), seed=4)
+    np.testing.assert_array_equal(
+        np.asarray(jax_masking.combine_masks(jnp.asarray(a), None, jnp.asarray(b))),
+        np_masking.combine_masks(a, None, b),
+    )
+    assert jax_masking.combine_masks(None, None) is None and np_masking.combine_masks(None) is None
+
+
+# --------------------------------------------------------------------------- masked softmax
+
+
+@pytest.mark.parametrize("lens_shape", [None, (B,), (B, T)])
+def test_masked_softmax_valid_lens(backend, dtype, lens_shape):
+    X = _scores((B, T, S))
+    lens = None if lens_shape is None else _lens(lens_shape)
+    expected = np_masking.masked_softmax(X, lens)
+    got = jax_masking.masked_softmax(jnp.asarray(X, dtype), None if lens is None else jnp.asarray(lens))
+    _assert_matches(got, expected, dtype, backend)
+
+
+@pytest.mark.parametrize("mask_shape", [(T, S), (S,), (B, 1, S), (1, T, S), (B, T, 1), (B, T, S)])
+@pytest.mark.parametrize("with_lens", [False, True])
+def test_masked_softmax_boolean_mask(backend, dtype, mask_shape, with_lens):
+    X, mask = _scores((B, T, S)), _random_mask(mask_shape)
+    mask.flat[0] = False  # at least one masked entry in every broadcast case
+    lens = _lens((B,)) if with_lens else None
+    expected = np_masking.masked_softmax(X, lens, mask=mask)
+    got = jax_masking.masked_softmax(
+        jnp.asarray(X, dtype), None if lens is None else jnp.asarray(lens), mask=jnp.asarray(mask)
+    )
+    _assert_matches(got, expected, dtype, backend)
+
+
+@pytest.mark.parametrize("lens_shape", [(B,), (B, T)])
+@pytest.mark.parametrize("mask_shape", [None, (B, 1, 1, S), (B, N, T, S), (T, S)])
+def test_masked_softmax_heads(backend, dtype, lens_shape, mask_shape):
+    X, lens = _scores((B, N, T, S)), _lens(lens_shape)
+    mask = None if mask_shape is None else _random_mask(mask_shape)
+    expected = np_masking.masked_softmax(X, lens, mask=mask)
+    got = jax_masking.masked_softmax(
+        jnp.asarray(X, dtype), jnp.asarray(lens), mask=None if mask is None else jnp.asarray(mask)
+    )
+    _assert_matches(got, expected, dtype, backend)
+    if mask is None:
+        # Lengths index the batch axis and apply to every head alike.
+        np.testing.assert_array_equal(np.asarray(got)[:, 0] == 0, np.asarray(got)[:, 1] == 0)
+
+
+def test_masked_softmax_large_scores(backend, dtype):
+    # Scores far beyond exp's range: both must shift by the row maximum rather than overflow.
+    X = _scores((B, T, S)) * 200.0
+    lens = _lens((B, T))
+    expected = np_masking.masked_softmax(X, lens)
+    got = jax_masking.masked_softmax(jnp.asarray(X, dtype), jnp.asarray(lens))
+    assert np.isfinite(expected).all()
+    _assert_matches(got, expected, dtype, backend)
+
+
+def test_masked_softmax_integer_scores(backend, x64):
+    # Integer scores are promoted to the default float dtype in both implementations.
+    X = np.random.default_rng(5).integers(-3, 4, size=(B, T, S))
+    lens = _lens((B,))
+    expected = np_masking.masked_softmax(X, lens)
+    got = jax_masking.masked_softmax(jnp.asarray(X, jnp.int64), jnp.asarray(lens))
+    _assert_matches(got, expected, jnp.float64, backend)

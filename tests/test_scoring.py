@@ -1,0 +1,694 @@
+"""Properties of JAX additive and scaled dot-product attention (d2l §11.3) and their NNX modules.
+
+jit and no-jit (chex variants), shapes with the DESIGN.md letters, vmap, gradients against finite
+differences, fully masked rows in every float dtype, NaN/Inf in masked positions, hypothesis
+properties against the NumPy reference, bad input (JAX and NumPy alike), sown weights and dropout.
+"""
+
+from __future__ import annotations
+
+import re
+
+import chex
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+from flax import nnx
+from jax.test_util import check_grads
+
+from jax_attention import scoring as jax_scoring
+from reference_numpy import scoring as np_scoring
+
+# H: query/key size for dot product (the per-head size); D: value size and additive key size.
+DIMS = chex.Dimensions(B=2, N=2, T=3, S=5, H=4, D=6)
+HIDDENS = 7  # additive hidden size h
+KINDS = ("dot", "additive")
+
+
+def _normal(shape, dtype=jnp.float32, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def _inputs(kind, batch="B", dtype=jnp.float32):
+    """(queries, keys, values); additive keys are wider than its queries, which it must allow."""
+    key_letters = "SH" if kind == "dot" else "SD"
+    return (
+        _normal(DIMS[batch + "TH"], dtype, 1),
+        _normal(DIMS[batch + key_letters], dtype, 2),
+        _normal(DIMS[batch + "SD"], dtype, 3),
+    )
+
+
+def _params(dtype=jnp.float32, seed=4):
+    return {
+        "W_q": _normal((DIMS.H, HIDDENS), dtype, seed),
+        "W_k": _normal((DIMS.D, HIDDENS), dtype, seed + 1),
+        "w_v": _normal((HIDDENS, 1), dtype, seed + 2),
+    }
+
+
+def _attention(kind, params=None):
+    """The functional attention of ``kind`` as ``f(queries, keys, values, valid_lens, **kw)``."""
+    if kind == "dot":
+        return jax_scoring.dot_product_attention
+    params = _params() if params is None else params
+    return lambda *args, **kw: jax_scoring.additive_attention(params, *args, **kw)
+
+
+def _lens(values):
+    return jnp.asarray(values, jnp.int32)
+
+
+def _keep_from_lens(lens, num_queries, num_keys):
+    lens = np.asarray(lens)
+    if lens.ndim == 1:
+        lens = np.repeat(lens[:, None], num_queries, axis=1)
+    return np.arange(num_keys) < lens[..., None]
+
+
+def _assert_weights_valid(weights, keep):
+    """Masked weights exactly 0; rows sum to 1, or exactly 0 when fully masked."""
+    weights = np.asarray(weights, np.float64)
+    keep = np.broadcast_to(np.asarray(keep), weights.shape)
+    assert (weights[~keep] == 0).all()
+    sums = weights.sum(axis=-1)
+    np.testing.assert_allclose(sums, keep.any(axis=-1).astype(np.float64), rtol=1e-6, atol=1e-6)
+    assert (sums[~keep.any(axis=-1)] == 0).all()
+
+
+def _all_finite(tree):
+    return all(bool(jnp.isfinite(leaf.astype(jnp.float32)).all()) for leaf in jax.tree.leaves(tree))
+
+
+# --------------------------------------------------------------------------- jit and no jit
+
+
+class ScoringVariantsTest(chex.TestCase):
+    """Lengths and masks are arguments, so under jit they are traced like in a training step."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS, lens=[(2, 5), ((0, 1, 3), (5, 2, 4))])
+    def test_shapes_and_weights(self, kind, lens):
+        queries, keys, values = _inputs(kind)
+        output, weights = self.variant(_attention(kind))(queries, keys, values, _lens(lens))
+        chex.assert_shape(output, DIMS["BTD"])
+        chex.assert_shape(weights, DIMS["BTS"])
+        chex.assert_type([output, weights], jnp.float32)
+        _assert_weights_valid(weights, _keep_from_lens(lens, DIMS.T, DIMS.S))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS, lens=[(3, 1), ((0, 1, 3), (5, 2, 4))])
+    def test_heads(self, kind, lens):
+        queries, keys, values = _inputs(kind, batch="BN")
+        output, weights = self.variant(_attention(kind))(queries, keys, values, _lens(lens))
+        chex.assert_shape(output, DIMS["BNTD"])
+        chex.assert_shape(weights, DIMS["BNTS"])
+        _assert_weights_valid(weights, _keep_from_lens(lens, DIMS.T, DIMS.S)[:, None])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS)
+    def test_mask_and_causal(self, kind):
+        queries, keys, values = _inputs(kind)
+        mask = jnp.asarray(np.random.default_rng(5).random((DIMS.B, 1, DIMS.S)) < 0.7)
+        lens = _lens((4, 2))
+
+        def fn(q, k, v, lens, mask):
+            return _attention(kind)(q, k, v, lens, mask=mask, is_causal=True)
+
+        output, weights = self.variant(fn)(queries, keys, values, lens, mask)
+        chex.assert_equal_shape_prefix([output, weights, queries], 2)
+        causal = np.arange(DIMS.S)[None, :] <= np.arange(DIMS.T)[:, None]
+        keep = _keep_from_lens(lens, DIMS.T, DIMS.S) & np.asarray(mask) & causal
+        _assert_weights_valid(weights, keep)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS, dtype=[jnp.float32, jnp.bfloat16, jnp.float16])
+    def test_fully_masked_rows(self, kind, dtype):
+        queries, keys, values = _inputs(kind, dtype=dtype)
+        params = _params()
+        # Batch element 0 has valid length 0; row 0 of batch element 1 has an all-False mask row.
+        lens = _lens((0, 5))
+        mask = jnp.ones(DIMS["BTS"], bool).at[1, 0].set(False)
+        empty = np.zeros(DIMS["BT"], bool)
+        empty[0] = empty[1, 0] = True
+
+        def fn(q, k, v, p, lens, mask):
+            # The gradient of sum(output) w.r.t. queries, keys, values and parameters, from the
+            # same forward pass (vjp with cotangent 1 on the output, 0 on the weights).
+            (output, weights), vjp = jax.vjp(
+                lambda *a: _attention(kind, a[3])(*a[:3], lens, mask=mask), q, k, v, p
+            )
+            return output, weights, vjp((jnp.ones_like(output), jnp.zeros_like(weights)))
+
+        output, weights, grads = self.variant(fn)(queries, keys, values, params, lens, mask)
+        chex.assert_type([output, weights], dtype)
+        assert (np.asarray(weights.astype(jnp.float32))[empty] == 0).all()
+        assert (np.asarray(output.astype(jnp.float32))[empty] == 0).all()
+        assert np.isfinite(np.asarray(output.astype(jnp.float32))).all()
+        # The other rows still sum to 1 in the output dtype (normalised in float32, then rounded).
+        sums = np.asarray(weights.astype(jnp.float32)).sum(-1)[~empty]
+        np.testing.assert_allclose(sums, np.ones_like(sums), atol=2e-2)
+        assert _all_finite(grads)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS, how=["lens", "mask"])
+    def test_nan_and_inf_in_masked_positions_do_not_leak(self, kind, how):
+        queries, keys, values = _inputs(kind)
+        if how == "lens":
+            # Keys/values 2.. of batch 0 are padding; query 2 of batch 0 attends nothing.
+            lens, mask = _lens(((2, 2, 0), (5, 3, 4))), None
+            dirty_keys, dirty_rows = (0, slice(2, None)), (0, 2)
+        else:
+            mask = jnp.ones((DIMS.B, 1, DIMS.S), bool).at[1, 0, 1:3].set(False)
+            mask = jnp.broadcast_to(mask, DIMS["BTS"]).at[1, 0].set(False)
+            lens, dirty_keys, dirty_rows = None, (1, slice(1, 3)), (1, 0)
+
+        def poison(array, index, first, rest):
+            # NaN and +-Inf side by side: each breaks a different shortcut (0 * x, x - x, max).
+            size = array[index].shape[-1]
+            return array.at[index].set(
+                jnp.where(jnp.arange(size) < size // 2, first, rest).astype(array.dtype)
+            )
+
+        dirty = (
+            poison(queries, dirty_rows, np.nan, np.inf),
+            poison(keys, dirty_keys, np.inf, np.nan),
+            poison(values, dirty_keys, -np.inf, np.nan),
+        )
+        valid_rows = np.ones(DIMS["BT"], bool)
+        valid_rows[dirty_rows] = False
+        row_weights = jnp.broadcast_to(jnp.asarray(valid_rows, jnp.float32)[..., None], DIMS["BTD"])
+
+        def fn(q, k, v, p, lens, mask):
+            # Gradients of the sum of the valid rows' outputs (vjp: one forward pass for both).
+            (output, weights), vjp = jax.vjp(
+                lambda *a: _attention(kind, a[3])(*a[:3], lens, mask=mask), q, k, v, p
+            )
+            return (output, weights), vjp((row_weights, jnp.zeros_like(weights)))
+
+        params = _params()
+        (clean_out, clean_w), clean_grads = self.variant(fn)(queries, keys, values, params, lens, mask)
+        (dirty_out, dirty_w), dirty_grads = self.variant(fn)(*dirty, params, lens, mask)
+        np.testing.assert_array_equal(np.asarray(dirty_out)[valid_rows], np.asarray(clean_out)[valid_rows])
+        np.testing.assert_array_equal(np.asarray(dirty_w), np.asarray(clean_w))
+        assert (np.asarray(dirty_out)[~valid_rows] == 0).all()
+        assert _all_finite(dirty_grads)
+        chex.assert_trees_all_equal(dirty_grads, clean_grads)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(kind=KINDS)
+    def test_identical_keys_give_the_mean_of_valid_values(self, kind):
+        # Equal scores for every key: the weights are uniform over the valid keys (d2l §11.3.3's
+        # observation), so the output is the plain mean of the valid values.
+        queries, keys, values = _inputs(kind)
+        keys = jnp.broadcast_to(keys[:, :1], keys.shape)
+        lens = _lens((2, 5))
+        output, weights = self.variant(_attention(kind))(queries, keys, values, lens)
+        expected = np.stack([np.asarray(values[0, :2]).mean(0), np.asarray(values[1]).mean(0)])
+        np.testing.assert_allclose(
+            np.asarray(output), np.broadcast_to(expected[:, None], DIMS["BTD"]), rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(np.asarray(weights[0, :, :2]), 0.5, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(weights[1]), 0.2, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- traced lengths
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_traced_out_of_range_lengths_under_jit(kind):
+    # Documented in jax_attention/masking.py: traced lengths are not range-checked and act as if
+    # clipped to [0, S]; a closed-over constant is still checked at trace time.
+    queries, keys, values = _inputs(kind)
+    jitted = jax.jit(_attention(kind))
+    output, weights = jitted(queries, keys, values, _lens((-1, 9)))
+    expected_output, expected_weights = jitted(queries, keys, values, _lens((0, DIMS.S)))
+    assert (np.asarray(output[0]) == 0).all() and (np.asarray(weights[0]) == 0).all()
+    np.testing.assert_array_equal(np.asarray(output), np.asarray(expected_output))
+    np.testing.assert_array_equal(np.asarray(weights), np.asarray(expected_weights))
+    lens = _lens((-1, 3))
+    with pytest.raises(
+        ValueError, match=r"valid_lens must lie in \[0, S\] = \[0, 5\], got values from -1 to 3"
+    ):
+        jax.jit(lambda q, k, v: _attention(kind)(q, k, v, lens))(queries, keys, values)
+
+
+# --------------------------------------------------------------------------- vmap
+
+
+@pytest.mark.parametrize(
+    "kind, lens_shape",
+    [("dot", (4, DIMS.B)), ("dot", (4, DIMS.B, DIMS.T)), ("additive", (4, DIMS.B, DIMS.T))],
+)
+def test_vmap_matches_loop(kind, lens_shape):
+    # An extra leading axis of 4 over queries, keys, values and lengths (e.g. several batches).
+    queries, keys, values = (jnp.stack([a * (i + 1) for i in range(4)]) for a in _inputs(kind))
+    lens = _lens(np.random.default_rng(6).integers(0, DIMS.S + 1, size=lens_shape))
+    attention = _attention(kind)
+    # Jitted so the batched program compiles once rather than primitive by primitive.
+    got = jax.jit(jax.vmap(attention))(queries, keys, values, lens)
+    expected = [attention(queries[i], keys[i], values[i], lens[i]) for i in range(4)]
+    expected = jax.tree.map(lambda *xs: jnp.stack(xs), *expected)
+    chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
+    chex.assert_shape(got[0], (4,) + DIMS["BTD"])
+
+
+def test_vmap_shared_additive_params_and_mask():
+    queries, keys, values = (jnp.stack([a, -a]) for a in _inputs("additive"))
+    mask = jnp.asarray(np.random.default_rng(7).random((2,) + DIMS["BTS"]) < 0.6)
+    params = _params()
+
+    def attention(q, k, v, m):
+        return jax_scoring.additive_attention(params, q, k, v, mask=m)
+
+    got = jax.jit(jax.vmap(attention))(queries, keys, values, mask)
+    expected = jax.tree.map(
+        lambda *xs: jnp.stack(xs), *[attention(queries[i], keys[i], values[i], mask[i]) for i in range(2)]
+    )
+    chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+MASKINGS = [
+    ("no mask", None, None, False),
+    ("lens B", (2, 5), None, False),
+    ("lens BT with an empty row, mask and causal", ((1, 0, 3), (5, 2, 4)), "random", True),
+]
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal", MASKINGS, ids=[m[0] for m in MASKINGS])
+def test_dot_product_gradients(x64, name, lens, mask, is_causal):
+    queries, keys, values = _inputs("dot", dtype=jnp.float64)
+    lens = None if lens is None else _lens(lens)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+
+    def f(q, k, v):
+        return jax_scoring.dot_product_attention(q, k, v, lens, mask=mask, is_causal=is_causal)
+
+    # jit only to compile the many finite-difference evaluations once; the eager gradients are
+    # exercised by the chex variants above.
+    check_grads(jax.jit(f), (queries, keys, values), order=1, modes=("rev",))
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal", MASKINGS, ids=[m[0] for m in MASKINGS])
+def test_additive_gradients(x64, name, lens, mask, is_causal):
+    queries, keys, values = _inputs("additive", dtype=jnp.float64)
+    lens = None if lens is None else _lens(lens)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+
+    def f(p, q, k, v):
+        return jax_scoring.additive_attention(p, q, k, v, lens, mask=mask, is_causal=is_causal)
+
+    check_grads(jax.jit(f), (_params(jnp.float64), queries, keys, values), order=1, modes=("rev",))
+
+
+# --------------------------------------------------------------------------- NumPy reference
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_reference_fully_masked_rows_are_zero(kind, dtype):
+    queries, keys, values = (np.asarray(a, dtype) for a in _inputs(kind))
+    params = {k: np.asarray(v, dtype) for k, v in _params().items()}
+    lens = np.array([[2, 0, 5], [0, 0, 1]], np.int32)
+    if kind == "dot":
+        output, weights = np_scoring.dot_product_attention(queries, keys, values, lens)
+    else:
+        output, weights = np_scoring.additive_attention(params, queries, keys, values, lens)
+    assert output.dtype == dtype and weights.dtype == dtype
+    empty = np.array([[False, True, False], [True, True, False]])
+    assert (weights[empty] == 0).all() and (output[empty] == 0).all()
+    np.testing.assert_allclose(weights[~empty].sum(-1).astype(np.float64), 1.0, rtol=2e-3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_nan_and_inf_in_masked_positions_do_not_leak(kind):
+    queries, keys, values = (np.asarray(a, np.float64) for a in _inputs(kind))
+    params = {k: np.asarray(v, np.float64) for k, v in _params().items()}
+    lens = np.array([[2, 2, 0], [5, 3, 4]], np.int32)  # keys 2.. of batch 0 padding, query (0, 2) empty
+    dirty_queries, dirty_keys, dirty_values = queries.copy(), keys.copy(), values.copy()
+    dirty_queries[0, 2, :2], dirty_queries[0, 2, 2:] = np.nan, np.inf
+    dirty_keys[0, 2], dirty_keys[0, 3:] = np.inf, np.nan
+    dirty_values[0, 2], dirty_values[0, 3:] = -np.inf, np.nan
+
+    def run(q, k, v):
+        if kind == "dot":
+            return np_scoring.dot_product_attention(q, k, v, lens)
+        return np_scoring.additive_attention(params, q, k, v, lens)
+
+    clean_output, clean_weights = run(queries, keys, values)
+    dirty_output, dirty_weights = run(dirty_queries, dirty_keys, dirty_values)
+    valid_rows = np.ones(DIMS["BT"], bool)
+    valid_rows[0, 2] = False
+    np.testing.assert_array_equal(dirty_output[valid_rows], clean_output[valid_rows])
+    np.testing.assert_array_equal(dirty_weights, clean_weights)
+    assert (dirty_output[0, 2] == 0).all()
+
+
+# --------------------------------------------------------------------------- hypothesis
+
+
+# Every new shape costs a compilation: one per jitted function, but one per primitive when run
+# eagerly (about three times slower here). Hence jitted functions built once, and small ranges.
+_jitted_dot_product_attention = jax.jit(jax_scoring.dot_product_attention)
+_jitted_additive_attention = jax.jit(jax_scoring.additive_attention)
+
+
+@st.composite
+def _cases(draw):
+    B, T, S = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+    depth = draw(st.integers(1, 2))
+    per_query = draw(st.booleans())
+    count = B * T if per_query else B
+    lens = np.asarray(draw(st.lists(st.integers(0, S), min_size=count, max_size=count)), np.int32)
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    queries = rng.normal(size=(B, T, depth))
+    keys, values = rng.normal(size=(B, S, depth)), rng.normal(size=(B, S, 2))
+    return queries, keys, values, lens.reshape((B, T) if per_query else (B,))
+
+
+def _check_property(expected, got, lens, shape):
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-12, atol=1e-12)
+    keep = _keep_from_lens(lens, *shape)
+    _assert_weights_valid(got[1], keep)
+    assert (expected[1][~keep] == 0).all()
+    assert (np.asarray(got[0])[~keep.any(-1)] == 0).all()
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(_cases())
+def test_dot_product_property(case):
+    queries, keys, values, lens = case
+    expected = np_scoring.dot_product_attention(queries, keys, values, lens)
+    with jax.enable_x64(True):
+        got = _jitted_dot_product_attention(
+            *(jnp.asarray(a, jnp.float64) for a in (queries, keys, values)), jnp.asarray(lens)
+        )
+        got = [np.asarray(g) for g in got]
+    _check_property(expected, got, lens, (queries.shape[1], keys.shape[1]))
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(_cases(), st.integers(1, 2), st.integers(0, 2**16))
+def test_additive_property(case, hiddens, seed):
+    queries, keys, values, lens = case
+    keys = np.concatenate([keys, keys], axis=-1)  # a key size different from the query size
+    rng = np.random.default_rng(seed)
+    params = {
+        "W_q": rng.normal(size=(queries.shape[-1], hiddens)),
+        "W_k": rng.normal(size=(keys.shape[-1], hiddens)),
+        "w_v": rng.normal(size=(hiddens, 1)),
+    }
+    expected = np_scoring.additive_attention(params, queries, keys, values, lens)
+    with jax.enable_x64(True):
+        got = _jitted_additive_attention(
+            {k: jnp.asarray(v, jnp.float64) for k, v in params.items()},
+            *(jnp.asarray(a, jnp.float64) for a in (queries, keys, values)),
+            jnp.asarray(lens),
+        )
+        got = [np.asarray(g) for g in got]
+    _check_property(expected, got, lens, (queries.shape[1], keys.shape[1]))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _both(kind):
+    """The JAX and the NumPy function of ``kind``, each with its own array module."""
+    if kind == "dot":
+        return [(jax_scoring.dot_product_attention, jnp), (np_scoring.dot_product_attention, np)]
+    params = {k: np.asarray(v) for k, v in _params().items()}
+    return [
+        (
+            lambda *a, **kw: jax_scoring.additive_attention(
+                {k: jnp.asarray(v) for k, v in params.items()}, *a, **kw
+            ),
+            jnp,
+        ),
+        (lambda *a, **kw: np_scoring.additive_attention(params, *a, **kw), np),
+    ]
+
+
+def _np_inputs(kind):
+    return [np.asarray(a) for a in _inputs(kind)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "lens, dtype, message",
+    [
+        (
+            (-1, 2),
+            "int32",
+            r"valid_lens must lie in \[0, S\] = \[0, 5\], got values from -1 to 2 \(shape \(2,\)\)",
+        ),
+        ((1, 6), "int32", r"valid_lens must lie in \[0, S\] = \[0, 5\], got values from 1 to 6"),
+        ((1.0, 2.0), "float32", r"valid_lens must hold integers, got dtype float32 with shape \(2,\)"),
+        (
+            (1, 2, 3),
+            "int32",
+            r"valid_lens must have shape \(B,\) = \(2,\) or \(B, T\) = \(2, 3\), got \(3,\)",
+        ),
+        ((((1,),) * 3,) * 2, "int32", r"valid_lens must have shape .* got \(2, 3, 1\)"),
+    ],
+)
+def test_bad_valid_lens(kind, lens, dtype, message):
+    for attention, xnp in _both(kind):
+        with pytest.raises(ValueError, match=message):
+            attention(*(xnp.asarray(a) for a in _np_inputs(kind)), xnp.asarray(lens, dtype))
+
+
+def test_dot_product_depth_mismatch():
+    queries, _, values = _np_inputs("dot")
+    keys = np.zeros((DIMS.B, DIMS.S, 3), np.float32)
+    message = re.escape(
+        "queries and keys must have the same size for dot-product scores, got queries "
+        "(2, 3, 4) (size 4) and keys (2, 5, 3) (size 3)"
+    )
+    for attention, xnp in _both("dot"):
+        with pytest.raises(ValueError, match=message):
+            attention(xnp.asarray(queries), xnp.asarray(keys), xnp.asarray(values))
+    for weights_fn, xnp in (
+        (jax_scoring.dot_product_attention_weights, jnp),
+        (np_scoring.dot_product_attention_weights, np),
+    ):
+        with pytest.raises(ValueError, match=message):
+            weights_fn(xnp.asarray(queries), xnp.asarray(keys))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keys_and_values_of_different_lengths(kind):
+    queries, keys, _ = _np_inputs(kind)
+    values = np.zeros((DIMS.B, DIMS.S + 1, DIMS.D), np.float32)
+    message = re.escape(
+        f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
+        f"length S, got keys {keys.shape} and values (2, 6, 6)"
+    )
+    for attention, xnp in _both(kind):
+        with pytest.raises(ValueError, match=message):
+            attention(xnp.asarray(queries), xnp.asarray(keys), xnp.asarray(values))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batch_axes_and_rank(kind):
+    queries, keys, values = _np_inputs(kind)
+    for attention, xnp in _both(kind):
+        with pytest.raises(ValueError, match=r"must share their batch axes, got queries \(1, 3, 4\)"):
+            attention(xnp.asarray(queries[:1]), xnp.asarray(keys), xnp.asarray(values))
+        with pytest.raises(
+            ValueError, match=re.escape("queries must have shape (B, ..., len, size), got (3, 4)")
+        ):
+            attention(xnp.asarray(queries[0]), xnp.asarray(keys), xnp.asarray(values))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_mixed_dtypes_are_a_type_error(kind, which):
+    arrays = _np_inputs(kind)
+    arrays[which] = arrays[which].astype(np.float16)
+    names = ["queries float32", "keys float32", "values float32"]
+    names[which] = names[which].replace("float32", "float16")
+    message = re.escape("queries, keys and values must share one float dtype, got " + ", ".join(names))
+    for attention, xnp in _both(kind):
+        with pytest.raises(TypeError, match=message):
+            attention(*(xnp.asarray(a) for a in arrays))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_numeric_inputs_are_a_type_error(kind):
+    queries, keys, values = _np_inputs(kind)
+    for attention, xnp in _both(kind):
+        with pytest.raises(
+            TypeError, match=re.escape("values must be numeric, got dtype bool with shape (2, 5, 6)")
+        ):
+            attention(xnp.asarray(queries), xnp.asarray(keys), xnp.asarray(values > 0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_masks(kind):
+    arrays = _np_inputs(kind)
+    for attention, xnp in _both(kind):
+        with pytest.raises(
+            TypeError, match=r"mask must be boolean \(True = attend\), got dtype int32 with shape \(3, 5\)"
+        ):
+            attention(*(xnp.asarray(a) for a in arrays), mask=xnp.ones(DIMS["TS"], xnp.int32))
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "mask must broadcast to the scores' shape (B, ..., T, S) = (2, 3, 5), got shape (3, 3, 5)"
+            ),
+        ):
+            attention(*(xnp.asarray(a) for a in arrays), mask=xnp.ones((3, 3, 5), bool))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"W_k": np.zeros((5, HIDDENS), np.float32)},
+            r"params\['W_k'\] must have shape \(6, 7\) "
+            r"\(q = query size, k = key size, h = hidden size\), got \(5, 7\)",
+        ),
+        (
+            {"W_q": np.zeros((DIMS.H, 2), np.float32)},
+            r"params\['W_k'\] must have shape \(6, 2\) .*got \(6, 7\)",
+        ),
+        (
+            {"w_v": np.zeros((1, HIDDENS), np.float32)},
+            r"params\['w_v'\] must have shape \(7, 1\) .*got \(1, 7\)",
+        ),
+        (
+            {"W_q": np.zeros((DIMS.H,), np.float32)},
+            r"params\['W_q'\] must have shape \(4, None\) .*got \(4,\)",
+        ),
+        (
+            {"w_v": None},
+            r"params must be a mapping with 'W_q', 'W_k' and 'w_v', got dict with \['W_k', 'W_q'\]",
+        ),
+    ],
+)
+def test_bad_additive_params(change, message):
+    params = {k: np.asarray(v) for k, v in _params().items()}
+    params.update(change)
+    params = {k: v for k, v in params.items() if v is not None}
+    queries, keys, values = _np_inputs("additive")
+    for fn, xnp in ((jax_scoring.additive_attention, jnp), (np_scoring.additive_attention, np)):
+        with pytest.raises(ValueError, match=message):
+            fn(
+                {k: xnp.asarray(v) for k, v in params.items()},
+                xnp.asarray(queries),
+                xnp.asarray(keys),
+                xnp.asarray(values),
+            )
+
+
+def test_additive_params_not_a_mapping():
+    queries, keys, values = _np_inputs("additive")
+    for fn, xnp in ((jax_scoring.additive_attention, jnp), (np_scoring.additive_attention, np)):
+        with pytest.raises(
+            ValueError, match="params must be a mapping with 'W_q', 'W_k' and 'w_v', got list"
+        ):
+            fn([1, 2, 3], xnp.asarray(queries), xnp.asarray(keys), xnp.asarray(values))
+
+
+# --------------------------------------------------------------------------- NNX modules
+
+
+def _module(kind, dropout=0.0, sow_weights=True, seed=0):
+    if kind == "dot":
+        return jax_scoring.DotProductAttention(dropout, sow_weights=sow_weights, rngs=nnx.Rngs(seed))
+    return jax_scoring.AdditiveAttention(
+        DIMS.H, DIMS.D, HIDDENS, dropout, sow_weights=sow_weights, rngs=nnx.Rngs(seed)
+    )
+
+
+def _functional(kind, module):
+    return _attention(kind, module.params_dict() if kind == "additive" else None)
+
+
+def _sown(intermediates):
+    (weights,) = intermediates["attention_weights"].get_value()
+    return weights
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sown_weights_equal_functional_weights(kind):
+    module = _module(kind)
+    queries, keys, values = _inputs(kind)
+    lens = _lens(((1, 2, 0), (5, 4, 3)))
+    output, intermediates = nnx.capture(module, nnx.Intermediate)(queries, keys, values, lens)
+    expected_output, expected_weights = _functional(kind, module)(queries, keys, values, lens)
+    chex.assert_trees_all_equal(_sown(intermediates), expected_weights)
+    chex.assert_trees_all_equal(output, expected_output)
+    chex.assert_shape(_sown(intermediates), DIMS["BTS"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_weights_sown_unless_asked(kind):
+    module = _module(kind, sow_weights=False)
+    queries, keys, values = _inputs(kind)
+    output, intermediates = nnx.capture(module, nnx.Intermediate)(queries, keys, values)
+    assert "attention_weights" not in intermediates
+    chex.assert_shape(output, DIMS["BTD"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropout_in_train_mode_and_eval(kind):
+    module = _module(kind, dropout=0.5)
+    queries, keys, values = _inputs(kind)
+    lens = _lens((4, 5))
+    capture = nnx.capture(module, nnx.Intermediate)
+    expected_output, expected_weights = _functional(kind, module)(queries, keys, values, lens)
+
+    train_output, intermediates = capture(queries, keys, values, lens)
+    second_output, _ = capture(queries, keys, values, lens)
+    # Weights are sown before dropout; the output uses dropped-out weights, fresh on each call.
+    chex.assert_trees_all_equal(_sown(intermediates), expected_weights)
+    assert not np.allclose(np.asarray(train_output), np.asarray(expected_output))
+    assert not np.allclose(np.asarray(train_output), np.asarray(second_output))
+    chex.assert_trees_all_equal(capture(queries, keys, values, lens, deterministic=True)[0], expected_output)
+
+    module.eval()
+    eval_outputs = [capture(queries, keys, values, lens)[0] for _ in range(2)]
+    chex.assert_trees_all_equal(eval_outputs[0], eval_outputs[1], expected_output)
+    module.train()
+    assert not np.allclose(np.asarray(capture(queries, keys, values, lens)[0]), np.asarray(expected_output))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropout_with_call_time_rngs_is_reproducible(kind):
+    module = _module(kind, dropout=0.5, sow_weights=False)
+    queries, keys, values = _inputs(kind)
+    first = module(queries, keys, values, rngs=nnx.Rngs(dropout=11))
+    again = module(queries, keys, values, rngs=nnx.Rngs(dropout=11))
+    other = module(queries, keys, values, rngs=nnx.Rngs(dropout=12))
+    chex.assert_trees_all_equal(first, again)
+    assert not np.allclose(np.asarray(first), np.asarray(other))
+
+
+def test_additive_module_is_reproducible_from_its_seed():
+    first, again, other = (_module("additive", seed=s).params_dict() for s in (3, 3, 4))
+    chex.assert_trees_all_equal(first, again)
+    assert all(not np.array_equal(np.asarray(first[k]), np.asarray(other[k])) for k in first)
+    chex.assert_shape(
+        [first["W_q"], first["W_k"], first["w_v"]], [(DIMS.H, HIDDENS), (DIMS.D, HIDDENS), (HIDDENS, 1)]
+    )
+    chex.assert_type(list(first.values()), jnp.float32)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_module_under_nnx_jit(kind):
+    module = _module(kind, sow_weights=False)
+    queries, keys, values = _inputs(kind)
+    lens = _lens((2, 0))
+    got = nnx.jit(lambda m, *args: m(*args))(module, queries, keys, values, lens)
+    expected, _ = _functional(kind, module)(queries, keys, values, lens)
+    chex.assert_trees_all_close(got, expected, rtol=1e-6, atol=1e-7)
+    assert (np.asarray(got[1]) == 0).all()
