@@ -20,7 +20,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["show_heatmaps", "plot_kernel_regression", "plot_curve", "save_figure"]
+__all__ = [
+    "show_heatmaps",
+    "plot_kernel_regression",
+    "plot_curve",
+    "plot_positional_columns",
+    "plot_positional_heatmap",
+    "save_figure",
+]
 
 # Resolution of the written PNGs; the book's figures are vector graphics, and 150 dpi keeps the
 # 50 × 50 weight matrices readable while the files stay small.
@@ -194,3 +201,70 @@ def plot_curve(values, *, xlabel: str = "epoch", ylabel: str = "loss",
     if path is not None:
         save_figure(fig, path)
     return fig
+
+
+# d2l.plot's line formats, cycled over the curves.
+_LINE_FORMATS = ("-", "m--", "g-.", "r:")
+
+
+def _as_table(name: str, P) -> np.ndarray:
+    P = _as_float_array(name, P)
+    if P.ndim != 2 or 0 in P.shape:
+        raise ValueError(f"{name} must have shape (T, D) with no empty axis, got {P.shape}")
+    return P
+
+
+def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
+                            path: str | os.PathLike | None = None) -> Figure:
+    """Columns of a positional-encoding table over the positions — d2l §11.6.3, first figure.
+
+    The book draws columns 6 to 9 of ``positional_encoding(60, 32)``: two (sin, cos) pairs whose
+    frequency falls with the column index.
+
+    Args:
+      P: ``(T, D)``, e.g. :func:`jax_attention.positional.positional_encoding`.
+      columns: the column indices to draw, each in ``[0, D)``; one curve each, labelled
+        ``"Col c"``.
+      path: where to write the PNG, or ``None``.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure` (6 × 2.5 inches, as in the book).
+    """
+    P = _as_table("P", P)
+    columns = [int(c) for c in columns]
+    if not columns or any(not 0 <= c < P.shape[1] for c in columns):
+        raise ValueError(
+            f"columns must be a non-empty list of indices in [0, D) = [0, {P.shape[1]}) for P of "
+            f"shape {P.shape}, got {columns}"
+        )
+    fig = _new_figure((6, 2.5))
+    ax = fig.subplots()
+    positions = np.arange(P.shape[0])
+    for i, column in enumerate(columns):
+        ax.plot(positions, P[:, column], _LINE_FORMATS[i % len(_LINE_FORMATS)], label=f"Col {column}")
+    ax.set_xlabel("Row (position)")
+    ax.set_xlim(0, P.shape[0] - 1 if P.shape[0] > 1 else 1)
+    ax.legend()
+    ax.grid(True)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figure:
+    """A positional-encoding table as a heatmap — d2l §11.6.3, second figure.
+
+    The book's ``show_heatmaps(P, xlabel='Column (encoding dimension)', ylabel='Row (position)',
+    figsize=(3.5, 4), cmap='Blues')`` for ``P = positional_encoding(60, 32)``: the left columns
+    alternate quickly down the positions, the right ones hardly change.
+
+    Args:
+      P: ``(T, D)``.
+      path: where to write the PNG, or ``None``.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure` (3.5 × 4 inches).
+    """
+    P = _as_table("P", P)
+    return show_heatmaps(P[None, None], xlabel="Column (encoding dimension)", ylabel="Row (position)",
+                         figsize=(3.5, 4), cmap="Blues", path=path)
