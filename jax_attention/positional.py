@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_attention.masking import _as_array_like, _concrete, _is_integer_dtype
+
 __all__ = [
     "positional_encoding",
     "add_positional_encoding",
@@ -78,22 +80,6 @@ def _check_base(base) -> float:
     if not (math.isfinite(base) and base > 0):
         raise ValueError(f"base must be a finite number > 0, got {base}")
     return base
-
-
-def _is_integer_dtype(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
-
-
-def _as_array_like(x):
-    """Lists and tuples as NumPy arrays, so their shape and dtype can be checked; arrays as they are."""
-    return np.asarray(x) if isinstance(x, (list, tuple)) else x
-
-
-def _concrete(x):
-    """``x`` as a NumPy array when its values are known now, else ``None`` (traced under jit/vmap)."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
 
 
 def _inverse_frequencies(width: int, base: float) -> np.ndarray:
