@@ -12,31 +12,9 @@ import pytest
 
 from jax_attention import masking as jax_masking
 from reference_numpy import masking as np_masking
+from tests.parity._support import assert_matches as _assert_matches
 
 B, N, T, S = 3, 2, 4, 5
-
-
-@pytest.fixture(params=["float64", "float32"])
-def dtype(request, backend):
-    """The JAX dtype under test; float64 switches x64 on for the duration of the test."""
-    request.getfixturevalue("highest_precision")
-    if request.param == "float64":
-        request.getfixturevalue("x64")
-        return jnp.float64
-    return jnp.float32
-
-
-def _tolerances(dtype):
-    return {"rtol": 1e-12, "atol": 1e-12} if dtype == jnp.float64 else {"rtol": 1e-5, "atol": 1e-6}
-
-
-def _assert_matches(got, expected, dtype, backend):
-    # The dtype and device checks make sure the comparison is not silently of something else:
-    # a float32 result under x64, or an array computed on the CPU while testing the GPU.
-    assert got.dtype == dtype
-    assert got.devices() == {backend}
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(np.asarray(got, np.float64), expected, **_tolerances(dtype))
 
 
 def _scores(shape, seed=0):

@@ -22,27 +22,7 @@ from flax import nnx
 
 from jax_attention import positional as jax_pos
 from reference_numpy import positional as np_pos
-
-
-@pytest.fixture(params=["float64", "float32"])
-def dtype(request, backend):
-    """The JAX dtype under test; float64 switches x64 on for the duration of the test."""
-    request.getfixturevalue("highest_precision")
-    if request.param == "float64":
-        request.getfixturevalue("x64")
-        return jnp.float64
-    return jnp.float32
-
-
-def _tolerances(dtype, atol32=1e-6):
-    return {"rtol": 1e-12, "atol": 1e-12} if dtype == jnp.float64 else {"rtol": 1e-5, "atol": atol32}
-
-
-def _assert_matches(got, expected, dtype, backend, atol32=1e-6):
-    assert got.dtype == dtype
-    assert got.devices() == {backend}
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(np.asarray(got, np.float64), expected, **_tolerances(dtype, atol32))
+from tests.parity._support import assert_matches as _assert_matches
 
 
 def _assert_equal_ints(got, expected, backend=None):

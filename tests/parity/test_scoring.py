@@ -14,33 +14,11 @@ from flax import nnx
 
 from jax_attention import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
+from tests.parity._support import assert_matches as _assert_matches
 
 B, N, T, S = 3, 2, 4, 5
 QUERY_SIZE, KEY_SIZE, HIDDENS, VALUE_SIZE = 3, 6, 7, 2  # additive: q != k on purpose
 DEPTH = 4  # dot-product: shared query/key size
-
-
-@pytest.fixture(params=["float64", "float32"])
-def dtype(request, backend):
-    """The JAX dtype under test; float64 switches x64 on for the duration of the test."""
-    request.getfixturevalue("highest_precision")
-    if request.param == "float64":
-        request.getfixturevalue("x64")
-        return jnp.float64
-    return jnp.float32
-
-
-def _tolerances(dtype):
-    return {"rtol": 1e-12, "atol": 1e-12} if dtype == jnp.float64 else {"rtol": 1e-5, "atol": 1e-6}
-
-
-def _assert_matches(got, expected, dtype, backend):
-    # dtype and device checks: a float32 result under x64, or a CPU result while testing the GPU,
-    # would otherwise pass unnoticed.
-    assert got.dtype == dtype
-    assert got.devices() == {backend}
-    assert got.shape == expected.shape
-    np.testing.assert_allclose(np.asarray(got, np.float64), expected, **_tolerances(dtype))
 
 
 def _normal(shape, seed):

@@ -1,0 +1,17 @@
+"""Fixtures of the NumPy-vs-JAX parity tests."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+
+@pytest.fixture(params=["float64", "float32"])
+def dtype(request, backend):
+    """The JAX dtype under test, on every backend, with full-precision matmuls; float64 switches
+    x64 on for the duration of the test."""
+    request.getfixturevalue("highest_precision")
+    if request.param == "float64":
+        request.getfixturevalue("x64")
+        return jnp.float64
+    return jnp.float32
