@@ -1,0 +1,288 @@
+"""Multi-head attention and self-attention — d2l §11.5 and §11.6, in JAX.
+
+Pure functions first, the NNX module below. Mirror of :mod:`reference_numpy.multihead` (same
+names, argument order and einsum strings).
+Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``N`` heads, ``H = D / N`` head size,
+``D`` = ``num_hiddens``; ``q``/``k``/``v`` the input sizes of queries, keys and values, ``E`` the
+output size (``D`` in the book).
+
+Parameters are a dict of dense kernels stored ``(in, out)`` — ``W_q (q, D)``, ``W_k (k, D)``,
+``W_v (v, D)``, ``W_o (D, E)`` — and optional biases ``b_q (D,)``, ``b_k (D,)``, ``b_v (D,)``,
+``b_o (E,)``. Head ``n`` uses columns ``n*H .. (n+1)*H - 1`` of the projected width, as the book's
+``transpose_qkv`` splits them (and as ``flax.nnx.MultiHeadAttention``'s ``(in, N, H)`` kernels
+reshape). The computation runs in the queries' float dtype; parameters are cast to it.
+Self-attention is the same function on ``(X, X, X)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_attention.masking import attention_mask
+from jax_attention.scoring import DotProductAttention, dot_product_attention
+from jax_attention.scoring import _check_inputs as _check_scoring_inputs
+
+__all__ = [
+    "split_heads",
+    "merge_heads",
+    "transpose_qkv",
+    "transpose_output",
+    "project_heads",
+    "combine_heads",
+    "multi_head_attention",
+    "MultiHeadAttention",
+]
+
+# The same strings as in reference_numpy/multihead.py.
+PROJECT = "bti,io->bto"
+
+
+def _check_num_heads(num_hiddens: int | None, num_heads) -> None:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    if num_hiddens is not None and num_hiddens % num_heads:
+        raise ValueError(
+            f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
+            f"num_heads={num_heads}"
+        )
+
+
+def split_heads(X, num_heads: int):
+    """``(B, T, D) -> (B, N, T, D / N)``: head ``n`` takes columns ``n*H .. (n+1)*H - 1``."""
+    X = jnp.asarray(X)
+    if X.ndim != 3:
+        raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
+    _check_num_heads(X.shape[-1], num_heads)
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(X):
+    """``(B, N, T, H) -> (B, T, N * H)``, the inverse of :func:`split_heads`."""
+    X = jnp.asarray(X)
+    if X.ndim != 4:
+        raise ValueError(f"X must have shape (B, N, T, H), got {X.shape}")
+    B, N, T, H = X.shape
+    return X.transpose(0, 2, 1, 3).reshape(B, T, N * H)
+
+
+def transpose_qkv(X, num_heads: int):
+    """The book's head split, ``(B, T, D) -> (B * N, T, D / N)`` — d2l §11.5.2."""
+    heads = split_heads(X, num_heads)
+    return heads.reshape((-1,) + heads.shape[2:])
+
+
+def transpose_output(X, num_heads: int):
+    """The book's head merge, ``(B * N, T, H) -> (B, T, N * H)``, inverse of :func:`transpose_qkv`."""
+    X = jnp.asarray(X)
+    _check_num_heads(None, num_heads)
+    if X.ndim != 3 or X.shape[0] % num_heads:
+        raise ValueError(f"X must have shape (B * N, T, H) with N = {num_heads}, got {X.shape}")
+    return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
+
+
+def _param(params, name, shape):
+    array = jnp.asarray(params[name])
+    if array.shape != shape:
+        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}")
+    return array
+
+
+def _check_params(params, queries, keys, values):
+    missing = [name for name in ("W_q", "W_k", "W_v", "W_o") if name not in params]
+    if missing:
+        raise ValueError(f"params must hold 'W_q', 'W_k', 'W_v' and 'W_o', missing {missing}")
+    D = jnp.shape(params["W_q"])[-1]
+    E = jnp.shape(params["W_o"])[-1]
+    shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D),
+              "W_v": (values.shape[-1], D), "W_o": (D, E),
+              "b_q": (D,), "b_k": (D,), "b_v": (D,), "b_o": (E,)}
+    return {name: _param(params, name, shape).astype(queries.dtype)
+            for name, shape in shapes.items() if name in params}
+
+
+def _check_inputs(queries, keys, values):
+    arrays = {"queries": jnp.asarray(queries), "keys": jnp.asarray(keys), "values": jnp.asarray(values)}
+    for name, array in arrays.items():
+        if array.ndim != 3:
+            raise ValueError(f"{name} must have shape (B, len, size), got {array.shape}")
+    q, k, v = arrays.values()
+    if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"queries (B, T, q), keys (B, S, k) and values (B, S, v) must share B and keys and "
+            f"values S, got queries {q.shape}, keys {k.shape}, values {v.shape}"
+        )
+    # Integers become floats and one float dtype is required, as in scoring (the parameters are
+    # cast to the inputs' dtype, so integer inputs would otherwise truncate them).
+    return tuple(_check_scoring_inputs(q, k, v, same_depth=False))
+
+
+def _mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
+    """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
+
+    Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
+    (or ``None``) and the inputs in which the queries that attend no key, and the keys and values
+    that no query of any head attends, are zero. Their weights are zero already, but NaN or Inf
+    stored there (padding) would reach the gradients of ``W_q``, ``W_k`` and ``W_v`` through
+    the projections (``0 * NaN`` is NaN).
+    """
+    queries, keys, values = _check_inputs(queries, keys, values)
+    _check_num_heads(None, num_heads)
+    keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]), valid_lens,
+                          mask=mask, is_causal=is_causal)
+    if keep is None:
+        return keep, queries, keys, values
+    query_attends = jnp.any(keep, axis=(1, 3))[..., None]  # (B | 1, T, 1)
+    key_attended = jnp.any(keep, axis=(1, 2))[..., None]  # (B | 1, S, 1)
+    zero = jnp.zeros((), queries.dtype)
+    return (keep, jnp.where(query_attends, queries, zero), jnp.where(key_attended, keys, zero),
+            jnp.where(key_attended, values, zero))
+
+
+def _dense(X, params, kernel, bias):
+    out = jnp.einsum(PROJECT, X, params[kernel])
+    return out + params[bias].reshape(1, 1, -1) if bias in params else out
+
+
+def project_heads(params, queries, keys, values, *, num_heads: int):
+    """Project queries, keys and values with ``W_q``, ``W_k``, ``W_v`` and split the heads.
+
+    Args:
+      params: see the module docstring.
+      queries: ``(B, T, q)``.
+      keys: ``(B, S, k)``.
+      values: ``(B, S, v)``.
+      num_heads: ``N``; must divide ``D``.
+
+    Returns:
+      ``(queries (B, N, T, H), keys (B, N, S, H), values (B, N, S, H))``.
+    """
+    queries, keys, values = _check_inputs(queries, keys, values)
+    params = _check_params(params, queries, keys, values)
+    _check_num_heads(params["W_q"].shape[-1], num_heads)
+    return tuple(
+        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
+        for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
+    )
+
+
+def combine_heads(params, heads):
+    """Merge the heads ``(B, N, T, H)`` and apply the output projection: ``(B, T, E)``."""
+    merged = merge_heads(heads)
+    W_o = _param(params, "W_o", (merged.shape[-1], jnp.shape(params["W_o"])[-1])).astype(merged.dtype)
+    out = jnp.einsum(PROJECT, merged, W_o)
+    if "b_o" not in params:
+        return out
+    return out + _param(params, "b_o", (W_o.shape[-1],)).astype(merged.dtype).reshape(1, 1, -1)
+
+
+def _per_head(name, array):
+    """Masks and biases are ``(T, S)`` or ``(B | 1, N | 1, T, S)``; a 3-D one is ambiguous
+    (``(B, T, S)`` or ``(N, T, S)``?), so it is refused rather than guessed."""
+    if array is None:
+        return None
+    array = jnp.asarray(array)
+    if array.ndim not in (2, 4):
+        raise ValueError(
+            f"{name} must have shape (T, S) or (B, N, T, S) (1 for broadcast axes); add the head "
+            f"axis explicitly, e.g. {name}[:, None] for (B, T, S), got shape {array.shape}"
+        )
+    return array
+
+
+def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_heads: int,
+                         mask=None, is_causal=False, bias=None):
+    """Multi-head scaled dot-product attention — d2l §11.5.
+
+    ``head_n = softmax(Q_n K_n^T / sqrt(H) + bias_n) V_n`` with ``Q_n = queries W_q[:, n]`` etc.,
+    then ``concat(head_1, ..., head_N) W_o``. Masking as in :mod:`jax_attention.masking`; a
+    fully masked query row gives zero weights, so its output is ``b_o`` (zero without biases).
+
+    Args:
+      params: ``W_q (q, D)``, ``W_k (k, D)``, ``W_v (v, D)``, ``W_o (D, E)``, optional
+        ``b_q, b_k, b_v (D,)``, ``b_o (E,)``.
+      queries: ``(B, T, q)``.
+      keys: ``(B, S, k)``.
+      values: ``(B, S, v)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``, shared by all heads.
+      num_heads: ``N``; must divide ``D``.
+      mask: boolean ``(T, S)`` or ``(B | 1, N | 1, T, S)``; True = attend.
+      is_causal: also apply a causal mask ``(T, S)``.
+      bias: added to the scores before the softmax, ``(T, S)`` or ``(B | 1, N | 1, T, S)``
+        (e.g. a relative position bias ``(1, N, T, S)``).
+
+    Returns:
+      ``(output (B, T, E), weights (B, N, T, S))``.
+    """
+    mask, bias = _per_head("mask", mask), _per_head("bias", bias)
+    keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
+                                               num_heads)
+    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
+    output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias)
+    return combine_heads(params, output), weights
+
+
+# --------------------------------------------------------------------------- NNX module
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head attention with dropout on the weights — d2l §11.5.
+
+    Holds ``W_q (query_size, D)``, ``W_k (key_size, D)``, ``W_v (value_size, D)``,
+    ``W_o (D, D)`` (Xavier-uniform) and, with ``bias=True``, zero-initialised ``b_q, b_k, b_v,
+    b_o``; :meth:`params_dict` gives them as the plain dict :func:`multi_head_attention` and the
+    NumPy reference take. Self-attention: ``module(X, X, X, valid_lens)``.
+
+    With ``sow_weights=True`` the weights ``(B, N, T, S)`` (before dropout) are sown by the inner
+    :class:`~jax_attention.scoring.DotProductAttention` as ``nnx.Intermediate``
+    ``"attention_weights"``; read them with ``nnx.capture(module, nnx.Intermediate)``.
+
+    Args:
+      num_hiddens: ``D``.
+      num_heads: ``N``; must divide ``D``.
+      dropout: dropout rate on the attention weights.
+      bias: whether the four projections have biases (the book's ``bias=False``).
+      query_size, key_size, value_size: input sizes (default ``D``).
+      sow_weights: sow the attention weights on every call (use inside ``nnx.capture``).
+      param_dtype: dtype of the parameters.
+      rngs: ``nnx.Rngs`` with a ``params`` stream (and ``dropout`` when dropout is active).
+    """
+
+    def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, bias: bool = False, *,
+                 query_size: int | None = None, key_size: int | None = None,
+                 value_size: int | None = None, sow_weights: bool = False,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        _check_num_heads(num_hiddens, num_heads)
+        self.num_heads = num_heads
+        init = nnx.initializers.xavier_uniform()
+        sizes = {"q": query_size or num_hiddens, "k": key_size or num_hiddens,
+                 "v": value_size or num_hiddens}
+        self.W_q, self.W_k, self.W_v = (
+            nnx.Param(init(rngs.params(), (sizes[name], num_hiddens), param_dtype)) for name in "qkv"
+        )
+        self.W_o = nnx.Param(init(rngs.params(), (num_hiddens, num_hiddens), param_dtype))
+        if bias:
+            self.b_q, self.b_k, self.b_v, self.b_o = (
+                nnx.Param(jnp.zeros((num_hiddens,), param_dtype)) for _ in range(4)
+            )
+        self.attention = DotProductAttention(dropout, sow_weights=sow_weights, rngs=rngs)
+
+    def params_dict(self) -> dict[str, jax.Array]:
+        """The parameters as plain arrays ``{"W_q", "W_k", "W_v", "W_o"[, "b_q", ...]}``."""
+        names = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+        return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
+
+    def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
+                 bias=None, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
+        """Returns the output ``(B, T, D)``; see :func:`multi_head_attention` for the arguments."""
+        params = self.params_dict()
+        mask, bias = _per_head("mask", mask), _per_head("bias", bias)
+        keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
+                                                   self.num_heads)
+        heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=self.num_heads)
+        heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
+                               deterministic=deterministic, rngs=rngs)
+        return combine_heads(params, heads)
