@@ -19,11 +19,15 @@ $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
 
+# The book's seq2seq with Bahdanau attention (d2l §11.4), with the book's settings: prints the
+# loss and the translations of its four sentences with their BLEU, writes the loss curve and the
+# attention heatmap into $(OUT) and the checkpoint that `jax-attention translate` reads into
+# runs/bahdanau.
 run: $(VENV)/.installed
-	$(BIN)/jax-attention train kernel-regression --out $(OUT) --json $(OUT)/kernel_regression.json
+	$(BIN)/jax-attention train bahdanau --out $(OUT) --json $(OUT)/bahdanau.json
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info

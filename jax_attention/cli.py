@@ -256,6 +256,323 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
     return 0
 
 
+# --------------------------------------------------------------------------- plot
+
+register_group("plot", help="draw the chapter's figures (PNG)")
+
+
+def _add_plot_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
+    """``--out DIR`` (required), ``--json FILE`` and ``--seed``, shared by the ``plot`` commands."""
+    parser.add_argument("--out", metavar="DIR", type=Path, required=True,
+                        help="write the plots (PNG) into DIR (created if missing)")
+    parser.add_argument("--json", metavar="FILE", type=Path, default=None,
+                        help="write the paths written, the shapes and the seed to FILE as JSON")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0, help=seed_help)
+
+
+def _finish_plot(args: argparse.Namespace, command: str, plots: dict[str, Path], record: dict) -> int:
+    for path in plots.values():
+        print(f"wrote {path}")
+    if args.json is not None:
+        _write_json(args.json, {"command": command, "seed": args.seed, **record, **_environment(),
+                                "plots": {name: str(path) for name, path in plots.items()}})
+        print(f"wrote {args.json}")
+    return 0
+
+
+@register("plot positional-encoding",
+          help="the sinusoidal position table: some columns over the positions, and its heatmap "
+               "(d2l §11.6.3)",
+          description="Draw the book's two figures of the sinusoidal positional encoding "
+                      "(d2l §11.6.3): columns 6 to 9 of the table over 60 positions with encoding "
+                      "dimension 32, and the whole table as a heatmap (encoding dimension across, "
+                      "position down). Writes positional_encoding_columns.png and "
+                      "positional_encoding_heatmap.png into --out.")
+def _plot_positional_encoding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-steps", metavar="T", type=positive_int, default=60,
+                        help="positions, the rows of the table (default: %(default)s)")
+    parser.add_argument("--encoding-dim", metavar="D", type=positive_int, default=32,
+                        help="encoding dimension, the columns of the table (default: %(default)s)")
+    parser.add_argument("--columns", metavar="C", type=int_at_least(0), nargs="+", default=[6, 7, 8, 9],
+                        help="the columns drawn in the first figure (default: 6 7 8 9)")
+    _add_plot_arguments(parser, "recorded in the JSON only: the table is deterministic "
+                                "(default: %(default)s)")
+    parser.set_defaults(handler=run_plot_positional_encoding)
+
+
+def run_plot_positional_encoding(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``plot positional-encoding``; see its ``--help``."""
+    _check_output_arguments(args, parser)
+    bad = [c for c in args.columns if c >= args.encoding_dim]
+    if bad:
+        parser.error(f"argument --columns: columns must be < --encoding-dim = {args.encoding_dim}, "
+                     f"got {bad}")
+    from jax_attention.plotting import plot_positional_columns, plot_positional_heatmap
+    from jax_attention.positional import positional_encoding
+
+    P = positional_encoding(args.num_steps, args.encoding_dim)
+    plots = {"columns": args.out / "positional_encoding_columns.png",
+             "heatmap": args.out / "positional_encoding_heatmap.png"}
+    plot_positional_columns(P, args.columns, path=plots["columns"])
+    plot_positional_heatmap(P, path=plots["heatmap"])
+    record = {"num_steps": args.num_steps, "encoding_dim": args.encoding_dim,
+              "columns": args.columns, "shapes": {"P": list(P.shape)}}
+    return _finish_plot(args, "plot positional-encoding", plots, record)
+
+
+@register("plot attention",
+          help="per-head attention weights of a multi-head self-attention on a sample batch "
+               "(d2l §11.5, §11.6)",
+          description="Build a multi-head attention with random (Xavier) weights, run it as "
+                      "self-attention on a random batch X of shape (batch, queries, num-hiddens) "
+                      "with the given valid lengths, and draw the weights of every head: one row "
+                      "of heatmaps per example of the batch, one column per head. The defaults are "
+                      "the book's example (d2l §11.5.3 and §11.6.1): 100 hiddens, 5 heads, a batch "
+                      "of 2 with 4 tokens and valid lengths 3 and 2. Writes "
+                      "multihead_attention.png into --out.")
+def _plot_attention(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-hiddens", metavar="D", type=positive_int, default=100,
+                        help="model width D (default: %(default)s)")
+    parser.add_argument("--num-heads", metavar="N", type=positive_int, default=5,
+                        help="heads; must divide --num-hiddens (default: %(default)s)")
+    parser.add_argument("--batch-size", metavar="B", type=positive_int, default=2,
+                        help="examples in the batch (default: %(default)s)")
+    parser.add_argument("--num-queries", metavar="T", type=positive_int, default=4,
+                        help="tokens per example (default: %(default)s)")
+    parser.add_argument("--valid-lens", metavar="L", type=int_at_least(0), nargs="+", default=[3, 2],
+                        help="valid length of each example, or one for all, each <= --num-queries "
+                             "(default: 3 2)")
+    _add_plot_arguments(parser, "seeds the batch X and the initial weights (default: %(default)s)")
+    parser.set_defaults(handler=run_plot_attention)
+
+
+def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``plot attention``; see its ``--help``."""
+    _check_output_arguments(args, parser)
+    if args.num_hiddens % args.num_heads:
+        parser.error(f"argument --num-heads: must divide --num-hiddens = {args.num_hiddens}, "
+                     f"got {args.num_heads}")
+    valid_lens = args.valid_lens
+    if len(valid_lens) == 1:
+        valid_lens = valid_lens * args.batch_size
+    if len(valid_lens) != args.batch_size:
+        parser.error(f"argument --valid-lens: expected one length or --batch-size = {args.batch_size} "
+                     f"lengths, got {len(valid_lens)}: {args.valid_lens}")
+    if max(valid_lens) > args.num_queries:
+        parser.error(f"argument --valid-lens: lengths must be <= --num-queries = {args.num_queries}, "
+                     f"got {args.valid_lens}")
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jax_attention.multihead import MultiHeadAttention
+    from jax_attention.plotting import show_heatmaps
+
+    shape = (args.batch_size, args.num_queries, args.num_hiddens)
+    X = jnp.asarray(np.random.default_rng(args.seed).normal(size=shape), jnp.float32)
+    model = MultiHeadAttention(args.num_hiddens, args.num_heads, 0.5, sow_weights=True,
+                               rngs=nnx.Rngs(args.seed))
+    model.eval()  # the weights are sown before dropout; eval keeps the output deterministic too
+    output, intermediates = nnx.capture(model, nnx.Intermediate)(
+        X, X, X, jnp.asarray(valid_lens, jnp.int32))
+    (weights,) = intermediates["attention"]["attention_weights"].get_value()  # (B, N, T, S)
+    plots = {"attention": args.out / "multihead_attention.png"}
+    show_heatmaps(weights, xlabel="Key positions", ylabel="Query positions",
+                  titles=[f"Head {n}" for n in range(1, args.num_heads + 1)], figsize=(2, 2),
+                  path=plots["attention"])
+    record = {"num_hiddens": args.num_hiddens, "num_heads": args.num_heads,
+              "batch_size": args.batch_size, "num_queries": args.num_queries,
+              "valid_lens": valid_lens,
+              "shapes": {"X": list(X.shape), "output": list(output.shape),
+                         "weights": list(weights.shape)}}
+    return _finish_plot(args, "plot attention", plots, record)
+
+
+# --------------------------------------------------------------------------- Bahdanau: train, translate
+
+
+def _dropout_rate(text: str) -> float:
+    """argparse type: a number ``0 <= p < 1``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _check_checkpoint_argument(path: Path, parser: argparse.ArgumentParser) -> None:
+    """Fail before training, not after, when the checkpoint cannot be written there."""
+    if path.exists() and not path.is_dir():
+        parser.error(f"argument --checkpoint: {str(path)!r} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        parser.error(f"argument --checkpoint: {str(path)!r} is a non-empty directory that holds "
+                     "no checkpoint; choose another")
+
+
+def _attention_heatmap(translation, path: Path) -> None:
+    """The book's heatmap of one translation's attention weights, with the tokens as tick labels:
+    the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down."""
+    from jax_attention.plotting import save_figure, show_heatmaps
+
+    steps, keys = translation.weights.shape
+    queries = translation.tokens + (["<eos>"] if translation.finished else [])
+    fig = show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
+                        ylabel="Translation (queries)",
+                        figsize=(max(2.5, 0.45 * keys + 1.2), max(2.5, 0.35 * steps + 1.2)))
+    axes = fig.axes[0]
+    axes.set_xticks(range(keys), labels=translation.source_tokens, rotation=90)
+    axes.set_yticks(range(steps), labels=queries)
+    save_figure(fig, path)
+
+
+@register("train bahdanau",
+          help="seq2seq with Bahdanau attention on English–French (d2l §11.4)",
+          description="Train the book's seq2seq model with Bahdanau (additive) attention on the "
+                      "first --num-examples English–French pairs (d2l §11.4.3): GRU encoder and "
+                      "attention decoder, teacher forcing, masked cross-entropy, Adam with "
+                      "gradients clipped to norm 1. The defaults are the book's. Prints the loss "
+                      "and tokens/sec, translates the book's four sentences with their BLEU, and "
+                      "writes a checkpoint that 'jax-attention translate' reads.")
+def _train_bahdanau(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--embed-size", metavar="E", type=positive_int, default=32,
+                        help="embedding size (default: %(default)s)")
+    parser.add_argument("--num-hiddens", metavar="H", type=positive_int, default=32,
+                        help="GRU and attention hidden size (default: %(default)s)")
+    parser.add_argument("--num-layers", metavar="L", type=positive_int, default=2,
+                        help="GRU layers in the encoder and the decoder (default: %(default)s)")
+    parser.add_argument("--dropout", metavar="P", type=_dropout_rate, default=0.1,
+                        help="dropout between GRU layers and on the attention weights "
+                             "(default: %(default)s)")
+    parser.add_argument("--batch-size", metavar="N", type=positive_int, default=64,
+                        help="examples per batch (default: %(default)s)")
+    parser.add_argument("--num-steps", metavar="T", type=positive_int, default=10,
+                        help="tokens per sequence, padded or cut (default: %(default)s)")
+    parser.add_argument("--lr", metavar="LR", type=positive_float, default=0.005,
+                        help="Adam learning rate (default: %(default)s)")
+    parser.add_argument("--epochs", metavar="N", type=positive_int, default=250,
+                        help="passes over the data (default: %(default)s)")
+    parser.add_argument("--num-examples", metavar="N", type=positive_int, default=600,
+                        help="English–French pairs used (default: %(default)s)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the batch order, the parameters and dropout; the same seed "
+                             "gives the same losses bit for bit on CPU (default: %(default)s)")
+    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
+                        help="the English–French data: fra-eng.zip, a folder or fra.txt "
+                             "(default: $JAX_ATTENTION_DATA, then ../shared/data/fra-eng.zip "
+                             "beside the checkout, then the user cache)")
+    parser.add_argument("--checkpoint", metavar="DIR", type=Path, default=Path("runs/bahdanau"),
+                        help="write the trained model here (default: %(default)s)")
+    parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
+                        help="print the loss every N epochs (default: %(default)s)")
+    add_output_arguments(parser)
+    parser.set_defaults(handler=run_train_bahdanau)
+
+
+def run_train_bahdanau(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``train bahdanau``; see its ``--help``."""
+    _check_output_arguments(args, parser)
+    _check_checkpoint_argument(args.checkpoint, parser)
+    from jax_attention.data import find_data
+    from jax_attention.train import train_bahdanau
+
+    try:
+        find_data(args.data)  # before compiling anything: a missing file is a usage error
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    result = train_bahdanau(
+        embed_size=args.embed_size, num_hiddens=args.num_hiddens, num_layers=args.num_layers,
+        dropout=args.dropout, batch_size=args.batch_size, num_steps=args.num_steps, lr=args.lr,
+        epochs=args.epochs, num_examples=args.num_examples, seed=args.seed, data=args.data,
+        checkpoint=args.checkpoint, progress=args.progress, log_every=args.log_every)
+    environment = _environment()
+    # The book's summary line: its loss is the cross-entropy per token divided by num_steps.
+    print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
+          f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
+          f"{environment['backend']}")
+    for (reference, translation), score in zip(result.translations, result.bleu):
+        print(f"{translation.source} => {translation.translation}, bleu {score:.3f}")
+    print(f"wall time {result.wall_time_s:.2f} s")
+    print(f"wrote checkpoint {result.checkpoint}")
+
+    plots = {}
+    if args.out is not None:
+        from jax_attention.plotting import plot_curve
+
+        plots["loss"] = args.out / "bahdanau_loss.png"
+        plot_curve(result.losses, ylabel="loss", path=plots["loss"],
+                   title="Bahdanau seq2seq, training loss")
+        # The book's figure: the weights of the last sentence, keys cut to its source tokens.
+        plots["attention"] = args.out / "bahdanau_attention.png"
+        _attention_heatmap(result.translations[-1][1], plots["attention"])
+        for path in plots.values():
+            print(f"wrote {path}")
+    if args.json is not None:
+        record = {"command": "train bahdanau", **result.figures(), **environment,
+                  "plots": {name: str(path) for name, path in plots.items()}}
+        _write_json(args.json, record)
+        print(f"wrote {args.json}")
+    return 0
+
+
+@register("translate",
+          help="translate English sentences with a trained Bahdanau checkpoint",
+          description="Translate one or more English sentences into French with a checkpoint "
+                      "written by 'jax-attention train bahdanau': the book's preprocessing, "
+                      "greedy decoding. Unknown words are read as <unk>; a sentence longer than "
+                      "the model's num_steps is cut, with a note. Quote each sentence.")
+def _translate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sentences", metavar="SENTENCE", nargs="+",
+                        help="an English sentence, e.g. \"i lost .\"")
+    parser.add_argument("--checkpoint", metavar="DIR", type=Path, default=Path("runs/bahdanau"),
+                        help="the checkpoint directory (default: %(default)s)")
+    parser.add_argument("--max-len", metavar="N", type=positive_int, default=None,
+                        help="decoding steps (default: the checkpoint's num_steps)")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=None,
+                        help="write the attention heatmap of each sentence into DIR "
+                             "(translation_1.png, ...)")
+    parser.add_argument("--json", metavar="FILE", type=Path, default=None,
+                        help="write the translations, notes and attention weights to FILE as JSON")
+    parser.set_defaults(handler=run_translate)
+
+
+def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``translate``; see its ``--help``."""
+    _check_output_arguments(args, parser)
+    from jax_attention.bahdanau import translate
+    from jax_attention.train import load_checkpoint
+
+    try:
+        checkpoint = load_checkpoint(args.checkpoint)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(f"argument --checkpoint: {error}")
+    results = translate(checkpoint.params, args.sentences, checkpoint.src_vocab,
+                        checkpoint.tgt_vocab, checkpoint.config["num_steps"], max_len=args.max_len)
+    plots = {}
+    for number, result in enumerate(results, start=1):
+        print(f"{result.source} => {result.translation}")
+        for note in result.notes:
+            print(f"  note: {note}")
+        if args.out is not None:
+            plots[f"translation_{number}"] = args.out / f"translation_{number}.png"
+            _attention_heatmap(result, plots[f"translation_{number}"])
+    for path in plots.values():
+        print(f"wrote {path}")
+    if args.json is not None:
+        record = {"command": "translate", "checkpoint": str(args.checkpoint),
+                  "translations": [{"source": r.source, "translation": r.translation,
+                                    "source_tokens": r.source_tokens, "finished": r.finished,
+                                    "truncated": r.truncated, "unknown_words": r.unknown_words,
+                                    "notes": r.notes, "attention_weights": r.weights.tolist()}
+                                   for r in results],
+                  **_environment(),
+                  "plots": {name: str(path) for name, path in plots.items()}}
+        _write_json(args.json, record)
+        print(f"wrote {args.json}")
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 

@@ -4,16 +4,27 @@
 width ``w``, trained exactly as in the book: full batch, leave-one-out keys and values, summed
 squared error, SGD with learning rate 0.5, one step per epoch.
 
+:func:`train_bahdanau` — d2l §11.4.3, seq2seq with Bahdanau attention on English–French, the
+book's ``train_seq2seq``: teacher forcing, masked cross-entropy, Adam, gradients clipped to global
+norm 1; :func:`save_checkpoint` and :func:`load_checkpoint` store the result.
+
 Randomness comes only from ``seed``; on CPU the same seed gives bit-identical losses and ``w``.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import numbers
+import os
+import shutil
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +40,11 @@ from jax_attention.attention_pooling import (
     leave_one_out,
     nadaraya_watson,
 )
+from jax_attention.bahdanau import masked_cross_entropy
 
-__all__ = ["KernelRegressionResult", "train_kernel_regression"]
+__all__ = ["KernelRegressionResult", "train_kernel_regression", "BOOK_PAIRS", "BahdanauResult",
+           "train_bahdanau", "evaluate_translations", "Checkpoint", "save_checkpoint",
+           "load_checkpoint"]
 
 
 @dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
@@ -203,3 +217,440 @@ def train_kernel_regression(*, seed: int = 0, epochs: int = 5, lr: float = 0.5, 
         n_train=n_train,
         wall_time_s=time.perf_counter() - start,
     )
+
+
+# --------------------------------------------------------------------------- Bahdanau seq2seq
+
+#: The book's test sentences and references (d2l §10.7.6 and §11.4.3).
+BOOK_PAIRS = (
+    ("go .", "va !"),
+    ("i lost .", "j'ai perdu ."),
+    ("he's calm .", "il est calme ."),
+    ("i'm home .", "je suis chez moi ."),
+)
+
+CHECKPOINT_FORMAT = "jax-attention.bahdanau-checkpoint/1"
+_CHECKPOINT_FILES = ("config.json", "params.npz", "src_vocab.json", "tgt_vocab.json")
+_MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size", "embed_size", "num_hiddens", "num_layers",
+               "dropout", "num_steps")
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class BahdanauResult:
+    """What :func:`train_bahdanau` trained and measured.
+
+    Attributes:
+      losses: the book's loss of each epoch: ``sum`` of the per-sequence losses (masked
+        cross-entropy summed over steps, divided by ``num_steps``) over the epoch's batches,
+        divided by the number of target tokens — the cross-entropy per token divided by
+        ``num_steps``, which is what the book prints (``loss 0.020``).
+      cross_entropy: the cross-entropy per target token of each epoch (``losses * num_steps``).
+      tokens_per_sec: target tokens per second of each epoch (the first includes compilation).
+      model: the trained :class:`~jax_attention.bahdanau.BahdanauSeq2Seq`, in eval mode.
+      params: its parameters as the nested dict of NumPy arrays.
+      src_vocab, tgt_vocab: the vocabularies of the data.
+      config: the model's sizes and the training settings (JSON-ready; stored in checkpoints).
+      translations: ``(reference, Translation)`` for each of the book's sentences.
+      bleu: the BLEU (``k = 2``) of each translation against its reference.
+      wall_time_s: seconds for the whole run (data, compilation, training, translation).
+      checkpoint: where the checkpoint was written, or ``None``.
+    """
+
+    losses: list[float]
+    cross_entropy: list[float]
+    tokens_per_sec: list[float]
+    model: object
+    params: dict
+    src_vocab: object
+    tgt_vocab: object
+    config: dict
+    translations: list
+    bleu: list[float]
+    wall_time_s: float
+    checkpoint: Path | None
+
+    def figures(self) -> dict:
+        """The results as JSON-ready Python values (no arrays)."""
+        return {
+            "final_loss": self.losses[-1],
+            "final_cross_entropy": self.cross_entropy[-1],
+            "tokens_per_sec": self.tokens_per_sec[-1],
+            "losses": list(self.losses),
+            "cross_entropy": list(self.cross_entropy),
+            "tokens_per_sec_per_epoch": list(self.tokens_per_sec),
+            "translations": [
+                {"source": t.source, "translation": t.translation, "reference": reference,
+                 "bleu": score}
+                for (reference, t), score in zip(self.translations, self.bleu)
+            ],
+            "num_bleu_1": sum(score == 1.0 for score in self.bleu),
+            "config": self.config,
+            "wall_time_s": self.wall_time_s,
+            "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+        }
+
+
+@nnx.jit
+def _bahdanau_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
+                   tgt_valid_len):
+    """One teacher-forced Adam step on ``sum`` of the per-sequence losses; returns that sum.
+
+    The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
+    gradient is clipped to norm 1 before Adam.
+    """
+
+    def loss_fn(model):
+        logits = model(src, src_valid_len, dec_input)
+        return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len))
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    # optax's Adam computes its bias correction as `decay ** count`, a Python float to the power
+    # of an int32 count, which strict dtype promotion (the tests' setting) rejects; our own code
+    # above stays strict.
+    with jax.numpy_dtype_promotion("standard"):
+        optimizer.update(model, grads)
+    return loss
+
+
+@functools.lru_cache(maxsize=None)
+def _clipped_adam(lr: float) -> optax.GradientTransformation:
+    """``clip_by_global_norm(1)`` then ``adam(lr)``; one object per ``lr``.
+
+    The optimizer's transformation is part of the compiled step's static structure: a fresh one
+    per run would recompile the step on every call of :func:`train_bahdanau` in a process.
+    """
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(lr))
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _pad_batch(batch, batch_size: int, src_pad: int, tgt_pad: int):
+    """The last, smaller batch filled up to ``batch_size`` with rows of target valid length 0.
+
+    Their masked loss is exactly 0, and so are their gradients, so the step computes the book's
+    loss and gradient of the smaller batch — with one compiled shape instead of two.
+    """
+    src, src_valid_len, tgt, tgt_valid_len = batch
+    missing = batch_size - src.shape[0]
+    if missing == 0:
+        return batch
+    return (np.concatenate([src, np.full((missing, src.shape[1]), src_pad, src.dtype)]),
+            np.concatenate([src_valid_len, np.ones(missing, src_valid_len.dtype)]),
+            np.concatenate([tgt, np.full((missing, tgt.shape[1]), tgt_pad, tgt.dtype)]),
+            np.concatenate([tgt_valid_len, np.zeros(missing, tgt_valid_len.dtype)]))
+
+
+def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BOOK_PAIRS, *,
+                          k: int = 2):
+    """Translate each ``(source, reference)`` of ``pairs`` and score it with BLEU (``k``).
+
+    Returns:
+      ``(translations, scores)``: ``[(reference, Translation)]`` and the BLEU of each.
+    """
+    from jax_attention.bahdanau import translate
+    from jax_attention.metrics import bleu
+
+    pairs = list(pairs)
+    results = translate(params, [source for source, _ in pairs], src_vocab, tgt_vocab, num_steps)
+    scores = [bleu(t.translation, reference, k) for (_, reference), t in zip(pairs, results)]
+    return [(reference, t) for (_, reference), t in zip(pairs, results)], scores
+
+
+def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: int = 2,
+                   dropout: float = 0.1, batch_size: int = 64, num_steps: int = 10,
+                   lr: float = 0.005, epochs: int = 250, num_examples: int = 600, seed: int = 0,
+                   data: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
+                   progress: bool = True, log: Callable[[str], object] | None = print,
+                   log_every: int = 10) -> BahdanauResult:
+    """Train seq2seq with Bahdanau attention on English–French — d2l §11.4.3 (``train_seq2seq``).
+
+    The book's recipe and defaults: the first ``num_examples`` pairs (:func:`jax_attention.data.
+    load_data_nmt`), shuffled mini-batches; decoder inputs ``<bos>`` + target[:-1] (teacher
+    forcing); the per-sequence masked cross-entropy (:func:`~jax_attention.bahdanau.
+    masked_cross_entropy`) summed over the batch; its gradient clipped to global norm 1, then
+    Adam (``lr``). Dropout is on during training and off for the final translations.
+
+    Deterministic from ``seed``: it seeds the batch order (the data's ``seed``), the parameters
+    (``jax.random.key(seed)``) and the dropout masks (``jax.random.key(seed, impl="rbg")``); on
+    CPU the same seed gives the same losses bit for bit. The last, smaller batch of an epoch is
+    filled up with rows of target length 0, which add exactly nothing to the loss and gradient.
+
+    Args:
+      embed_size, num_hiddens, num_layers, dropout: the model (book: 32, 32, 2, 0.1).
+      batch_size, num_steps, lr, epochs, num_examples: the data and the training (book: 64, 10,
+        0.005, 250, 600).
+      seed: seeds everything (>= 0).
+      data: where the English–French data is (``--data``); ``None`` looks in the usual places.
+      checkpoint: a directory to write the trained model into (:func:`save_checkpoint`), or ``None``.
+      progress: show a progress bar over the epochs (stderr, only on a terminal).
+      log: called with ``"epoch {e}, loss {loss:.4f}, {tokens/sec:.1f} tokens/sec"`` every
+        ``log_every`` epochs (and after the last), or ``None``.
+      log_every: the logging period in epochs.
+
+    Returns:
+      A :class:`BahdanauResult`, with the book's four sentences translated and scored.
+    """
+    from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
+    from jax_attention.data import load_data_nmt
+
+    for name, value in (("embed_size", embed_size), ("num_hiddens", num_hiddens),
+                        ("num_layers", num_layers), ("batch_size", batch_size),
+                        ("num_steps", num_steps), ("num_examples", num_examples),
+                        ("log_every", log_every)):
+        _check_positive_int(name, value)
+    _check_epochs_lr(epochs, lr)
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+
+    start = time.perf_counter()
+    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
+    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], src_vocab["<pad>"], tgt_vocab["<pad>"]
+    # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
+    # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
+    # are deterministic on a given backend.
+    params_rng, dropout_rng = jax.random.key(seed), jax.random.key(seed, impl="rbg")
+    model = BahdanauSeq2Seq(len(src_vocab), len(tgt_vocab), embed_size, num_hiddens, num_layers,
+                            dropout, rngs=nnx.Rngs(params=params_rng, dropout=dropout_rng))
+    model.train()
+    optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
+
+    losses, tokens_per_sec = [], []
+    with tqdm(total=epochs, desc="bahdanau", unit="epoch",
+              disable=None if progress else True, leave=False) as bar:
+        for epoch in range(1, epochs + 1):
+            epoch_start = time.perf_counter()
+            batch_losses, num_tokens = [], 0
+            for batch in nmt.batches(epoch - 1):
+                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, batch_size, src_pad,
+                                                                    tgt_pad)
+                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
+                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
+                                                   dec_input, tgt, tgt_valid_len))
+                num_tokens += int(tgt_valid_len.sum())
+            # One device sync per epoch (steps are dispatched asynchronously until here).
+            total = float(sum(float(loss) for loss in batch_losses))
+            elapsed = time.perf_counter() - epoch_start
+            losses.append(total / num_tokens)
+            tokens_per_sec.append(num_tokens / elapsed)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
+                            refresh=False)
+            bar.update(1)
+            if log is not None and (epoch % log_every == 0 or epoch == epochs):
+                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
+                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
+                if bar.disable:
+                    log(line)
+                else:
+                    with tqdm.external_write_mode():
+                        log(line)
+
+    model.eval()
+    params = jax.tree.map(np.asarray, model.params_dict())
+    config = {
+        "model": "bahdanau",
+        "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
+        "embed_size": embed_size, "num_hiddens": num_hiddens, "num_layers": num_layers,
+        "dropout": float(dropout), "num_steps": num_steps,
+        "training": {"batch_size": batch_size, "lr": float(lr), "epochs": epochs,
+                     "num_examples": num_examples, "seed": seed, "clip_global_norm": 1.0,
+                     "optimizer": "adam", "loss": "d2l MaskedSoftmaxCELoss, summed over the batch"},
+    }
+    translations, scores = evaluate_translations(params, src_vocab, tgt_vocab, num_steps)
+    written = None
+    if checkpoint is not None:
+        written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
+    return BahdanauResult(
+        losses=losses,
+        cross_entropy=[loss * num_steps for loss in losses],
+        tokens_per_sec=tokens_per_sec,
+        model=model,
+        params=params,
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        config=config,
+        translations=translations,
+        bleu=scores,
+        wall_time_s=time.perf_counter() - start,
+        checkpoint=written,
+    )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """A loaded checkpoint (:func:`load_checkpoint`).
+
+    Attributes:
+      params: the nested parameter dict, JAX arrays.
+      src_vocab, tgt_vocab: :class:`jax_attention.data.Vocab`.
+      config: the model's sizes (``num_steps`` included), the training settings and versions.
+      path: the directory it was read from.
+    """
+
+    params: dict
+    src_vocab: object
+    tgt_vocab: object
+    config: dict
+    path: Path
+
+
+def _versions() -> dict:
+    import flax
+
+    from jax_attention import __version__
+
+    return {"jax-attention": __version__, "jax": jax.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "numpy": np.__version__}
+
+
+def save_checkpoint(directory: str | os.PathLike, params: dict, src_vocab, tgt_vocab,
+                    config: dict) -> Path:
+    """Write a checkpoint directory, atomically: ``params.npz``, the vocabularies, ``config.json``.
+
+    ``params.npz`` holds the flattened parameter dict, keyed by paths such as
+    ``encoder/gru/layer_0/W_x``; ``src_vocab.json`` and ``tgt_vocab.json`` are
+    :meth:`~jax_attention.data.Vocab.to_json`; ``config.json`` holds ``config`` (the model sizes,
+    ``num_steps`` included, and any training settings) with the format tag and the versions.
+    Everything is written into a temporary sibling directory that is then renamed onto
+    ``directory``, so that an interrupted save never leaves a half-written checkpoint there. An
+    existing checkpoint at ``directory`` is replaced; any other non-empty directory is refused.
+
+    Returns:
+      ``directory`` as a :class:`~pathlib.Path`.
+
+    Raises:
+      FileExistsError: ``directory`` exists and is a file, or a non-empty directory that is not a
+        checkpoint.
+      ValueError: ``config`` lacks a model size.
+    """
+    from jax_attention.bahdanau import flatten_params
+
+    directory = Path(directory)
+    missing = [key for key in _MODEL_KEYS if key not in config]
+    if missing:
+        raise ValueError(f"config must hold the model sizes {list(_MODEL_KEYS)}; missing {missing}")
+    if directory.exists():
+        if not directory.is_dir():
+            raise FileExistsError(f"checkpoint {str(directory)!r} exists and is not a directory")
+        if any(directory.iterdir()) and not (directory / "config.json").is_file():
+            raise FileExistsError(f"checkpoint {str(directory)!r} is a non-empty directory that "
+                                  "holds no checkpoint; refusing to overwrite it")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp",
+                                      dir=directory.parent))
+    try:
+        # mkdtemp makes the folder private (0700); a checkpoint gets the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o777 & ~umask)
+        flat = {path: np.asarray(value) for path, value in flatten_params(params).items()}
+        with open(temporary / "params.npz", "wb") as stream:
+            np.savez(stream, **flat)
+        (temporary / "src_vocab.json").write_text(src_vocab.to_json(), encoding="utf-8")
+        (temporary / "tgt_vocab.json").write_text(tgt_vocab.to_json(), encoding="utf-8")
+        record = {"format": CHECKPOINT_FORMAT, **config, "versions": _versions()}
+        (temporary / "config.json").write_text(json.dumps(record, indent=2) + "\n",
+                                               encoding="utf-8")
+        if directory.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old",
+                                        dir=directory.parent))
+            os.rename(directory, old / directory.name)
+            os.rename(temporary, directory)
+            shutil.rmtree(old)
+        else:
+            os.rename(temporary, directory)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return directory
+
+
+def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
+    """Read and validate a checkpoint written by :func:`save_checkpoint`.
+
+    Checks that every file is there and readable, the format tag, the model sizes, that the
+    vocabularies have the sizes of the config and hold ``<pad> <bos> <eos>``, and that the
+    parameters have exactly the expected names, shapes and a float dtype, with finite values.
+
+    Raises:
+      FileNotFoundError: ``directory`` or one of its files is missing.
+      ValueError: a file is corrupt or does not match the others; the message names the file.
+    """
+    from jax_attention.bahdanau import flatten_params, param_shapes, unflatten_params
+    from jax_attention.data import RESERVED_TOKENS, Vocab
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(directory)!r} is not a directory; train one "
+                                "with 'jax-attention train bahdanau --checkpoint DIR'")
+    missing = [name for name in _CHECKPOINT_FILES if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {str(directory)!r} lacks {', '.join(missing)} "
+                                f"(expected {', '.join(_CHECKPOINT_FILES)})")
+
+    def bad(name: str, why: str) -> ValueError:
+        return ValueError(f"checkpoint {str(directory)!r}: {name} {why}")
+
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise bad("config.json", f"is not valid JSON ({error})") from None
+    if not isinstance(config, dict) or config.get("format") != CHECKPOINT_FORMAT:
+        raise bad("config.json", f"is not a Bahdanau checkpoint config (format "
+                                 f"{CHECKPOINT_FORMAT!r} expected)")
+    for key in _MODEL_KEYS:
+        value = config.get(key)
+        if key == "dropout":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not ok:
+            raise bad("config.json", f"has an invalid {key!r}: {value!r}")
+
+    vocabs = {}
+    for side in ("src", "tgt"):
+        name = f"{side}_vocab.json"
+        try:
+            vocab = Vocab.from_json((directory / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, KeyError,
+                TypeError) as error:
+            raise bad(name, f"is not a vocabulary written by Vocab.to_json ({error})") from None
+        if len(vocab) != config[f"{side}_vocab_size"]:
+            raise bad(name, f"has {len(vocab)} tokens but config.json says "
+                            f"{side}_vocab_size = {config[f'{side}_vocab_size']}")
+        absent = [token for token in RESERVED_TOKENS if token not in vocab]
+        if absent:
+            raise bad(name, f"lacks the reserved tokens {absent}")
+        vocabs[side] = vocab
+
+    expected = flatten_params(param_shapes(*(config[key] for key in (
+        "src_vocab_size", "tgt_vocab_size", "embed_size", "num_hiddens", "num_layers"))))
+    try:
+        # Our own file handle: np.load(path) leaks its handle when the archive is corrupt.
+        with open(directory / "params.npz", "rb") as stream, \
+                np.load(stream, allow_pickle=False) as stored:
+            flat = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as error:
+        raise bad("params.npz", f"cannot be read ({type(error).__name__}: {error})") from None
+    if set(flat) != set(expected):
+        raise bad("params.npz", f"holds the wrong parameters: missing "
+                                f"{sorted(set(expected) - set(flat))}, unexpected "
+                                f"{sorted(set(flat) - set(expected))}")
+    for name, shape in expected.items():
+        array = flat[name]
+        if array.shape != tuple(shape) or not np.issubdtype(array.dtype, np.floating):
+            raise bad("params.npz", f"parameter {name!r} has shape {array.shape} and dtype "
+                                    f"{array.dtype}, expected shape {tuple(shape)} of floats")
+        if not np.all(np.isfinite(array)):
+            raise bad("params.npz", f"parameter {name!r} holds NaN or Inf")
+    params = unflatten_params({name: jnp.asarray(array) for name, array in flat.items()})
+    return Checkpoint(params=params, src_vocab=vocabs["src"], tgt_vocab=vocabs["tgt"],
+                      config=config, path=directory)

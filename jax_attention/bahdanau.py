@@ -1,0 +1,837 @@
+"""Seq2seq with Bahdanau (additive) attention — d2l §10.7 and §11.4, in JAX: functions, then NNX modules.
+
+Mirror of :mod:`reference_numpy.bahdanau` (same names, argument order, einsum strings and parameter
+dicts); the JAX functions add dropout (``dropout``, ``dropout_rng``) and run their time loops with
+``lax.scan``.
+
+The model of the book (0.17 edition, PyTorch): an embedding and a multi-layer GRU encode the
+source; at each target step the decoder's query is the top GRU layer's state, additive attention
+over the encoder outputs (masked by the source valid lengths) gives a context, ``concat(context,
+embedding(y_t))`` feeds a multi-layer GRU whose top state a dense layer maps to the vocabulary.
+Dropout (training only) acts between GRU layers — not after the last, as in ``nn.GRU`` — and on
+the attention weights (``d2l.AdditiveAttention``'s dropout).
+
+Shape letters: ``B`` batch, ``S`` source length, ``T`` target length, ``L`` GRU layers, ``E``
+embedding size, ``h`` hidden size (``num_hiddens``), ``I`` a GRU layer's input size, ``V``
+vocabulary size, ``g = 3h`` the stacked gates.
+
+GRU: PyTorch's ``nn.GRU`` equations, gates in its order ``r, z, n``, separate input and hidden
+biases (Flax's ``nnx.GRUCell`` differs: no hidden bias on ``r`` and ``z``)::
+
+    r  = sigmoid(x W_xr + b_xr + h W_hr + b_hr)
+    z  = sigmoid(x W_xz + b_xz + h W_hz + b_hz)
+    n  = tanh(x W_xn + b_xn + r * (h W_hn + b_hn))
+    h' = (1 - z) * n + z * h
+
+Parameters: one nested dict, identical in NumPy and JAX (see :func:`param_shapes`); ``W_x`` stacks
+``[W_xr | W_xz | W_xn]`` as ``(I, 3h)`` (PyTorch's ``weight_ih_l{k}`` transposed), ``W_h`` is
+``(h, 3h)``; dense kernels are stored ``(in, out)``.
+
+Initialisation (:func:`init_params`) as the book's ``xavier_init_weights`` leaves the model:
+Xavier-uniform for every dense kernel (attention ``W_q``, ``W_k``, ``w_v``, the output ``dense``)
+and every GRU weight matrix (on the stacked ``(I, 3h)`` matrix, the same bound as PyTorch's on
+``(3h, I)``); the rest keeps PyTorch's defaults — embeddings ``N(0, 1)``, GRU biases and the dense
+bias ``U(-1/sqrt(h), 1/sqrt(h))``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+
+from jax_attention.decoding import greedy_search
+from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
+
+__all__ = [
+    "param_shapes",
+    "init_params",
+    "gru_cell",
+    "gru",
+    "encoder",
+    "decoder_step",
+    "decoder",
+    "seq2seq",
+    "teacher_forcing_inputs",
+    "masked_cross_entropy",
+    "teacher_forcing_loss",
+    "greedy_decode",
+    "Translation",
+    "translate",
+    "GRULayer",
+    "GRU",
+    "Seq2SeqEncoder",
+    "Seq2SeqAttentionDecoder",
+    "BahdanauSeq2Seq",
+]
+
+# The same strings as in reference_numpy/bahdanau.py.
+GRU_INPUTS = "...i,ig->...g"
+GRU_STATE = "bh,hg->bg"
+DENSE = "...h,hv->...v"
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _check_size(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _gru_shapes(input_size: int, num_hiddens: int, num_layers: int) -> dict:
+    g = 3 * num_hiddens
+    return {
+        f"layer_{layer}": {"W_x": (input_size if layer == 0 else num_hiddens, g),
+                           "W_h": (num_hiddens, g), "b_x": (g,), "b_h": (g,)}
+        for layer in range(num_layers)
+    }
+
+
+def param_shapes(src_vocab_size: int, tgt_vocab_size: int, embed_size: int, num_hiddens: int,
+                 num_layers: int) -> dict:
+    """The nested dict of parameter shapes (the structure every params dict must have).
+
+    Returns:
+      ``{"encoder": {"embedding", "gru": {"layer_l": {"W_x", "W_h", "b_x", "b_h"}}},
+      "decoder": {"embedding", "attention": {"W_q", "W_k", "w_v"}, "gru": {...},
+      "dense": {"W", "b"}}}`` with shape tuples as leaves.
+    """
+    V_src, V_tgt, E, h, L = (_check_size(name, value) for name, value in (
+        ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
+        ("embed_size", embed_size), ("num_hiddens", num_hiddens), ("num_layers", num_layers)))
+    return {
+        "encoder": {"embedding": (V_src, E), "gru": _gru_shapes(E, h, L)},
+        "decoder": {
+            "embedding": (V_tgt, E),
+            "attention": {"W_q": (h, h), "W_k": (h, h), "w_v": (h, 1)},
+            "gru": _gru_shapes(h + E, h, L),  # input: concat(context (h), embedding (E))
+            "dense": {"W": (h, V_tgt), "b": (V_tgt,)},
+        },
+    }
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dtype", "bias_bound"))
+def _init_leaves(rng, spec: tuple, dtype, bias_bound: float) -> tuple:
+    """Initial values of the leaves ``spec = ((name, shape), ...)``, chosen by name.
+
+    One uniform draw on ``(-1, 1)`` serves every leaf, each taking its own slice: drawing ~25
+    arrays separately would compile the random-number generator ~25 times (seconds on CPU).
+
+    * ``embedding``: ``N(0, 1)`` (``nn.Embedding``), as ``jax.random.normal``: ``sqrt(2) erfinv(u)``;
+    * ``b_x``, ``b_h``, ``b``: ``U(-1/sqrt(h), 1/sqrt(h))`` (``nn.GRU``'s and ``nn.Linear(h, V)``'s
+      default biases);
+    * kernels ``(in, out)``: Xavier-uniform, ``U(-a, a)`` with ``a = sqrt(6 / (in + out))`` (the
+      book's ``xavier_init_weights``).
+    """
+    sizes = [math.prod(shape) for _, shape in spec]
+    # (-1, 1) open at -1, as jax.random.normal, so that erfinv stays finite.
+    uniform = jax.random.uniform(rng, (sum(sizes),), dtype, jnp.nextafter(
+        jnp.asarray(-1.0, dtype), jnp.asarray(1.0, dtype)), 1.0)
+    values, start = [], 0
+    for (name, shape), size in zip(spec, sizes):
+        u = uniform[start:start + size].reshape(shape)
+        start += size
+        if name == "embedding":
+            values.append(jnp.sqrt(jnp.asarray(2.0, dtype)) * lax.erf_inv(u))
+        elif name in ("b_x", "b_h", "b"):
+            values.append(u * bias_bound)
+        else:
+            fan_in, fan_out = shape
+            values.append(u * math.sqrt(6.0 / (fan_in + fan_out)))
+    return tuple(values)
+
+
+def _init_named(rng, shapes: dict, dtype, num_hiddens: int) -> dict:
+    """``{name: shape}`` (flat) -> ``{name: initial value}``."""
+    spec = tuple((path.rsplit("/", 1)[-1], tuple(shape)) for path, shape in shapes.items())
+    values = _init_leaves(rng, spec, jnp.dtype(dtype), 1.0 / math.sqrt(num_hiddens))
+    return dict(zip(shapes, values))
+
+
+def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 32,
+                num_hiddens: int = 32, num_layers: int = 2, *, param_dtype=jnp.float32) -> dict:
+    """Fresh parameters, initialised as the book's model (see the module docstring).
+
+    Args:
+      rng: a ``jax.random`` key (one uniform draw, sliced into the parameters).
+      src_vocab_size, tgt_vocab_size, embed_size, num_hiddens, num_layers: the model's sizes.
+      param_dtype: the parameters' dtype.
+
+    Returns:
+      The nested dict of :func:`param_shapes`, with arrays as leaves.
+    """
+    shapes = param_shapes(src_vocab_size, tgt_vocab_size, embed_size, num_hiddens, num_layers)
+    return unflatten_params(_init_named(rng, flatten_params(shapes), param_dtype, num_hiddens))
+
+
+def flatten_params(params, prefix: str = "") -> dict:
+    """``{"encoder/gru/layer_0/W_x": leaf, ...}``: the nested dict keyed by ``/``-joined paths."""
+    flat = {}
+    for name, value in params.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, dict):
+            flat.update(flatten_params(value, path + "/"))
+        else:
+            flat[path] = value
+    return flat
+
+
+def unflatten_params(flat: dict) -> dict:
+    """The inverse of :func:`flatten_params`."""
+    params: dict = {}
+    for path, value in flat.items():
+        node = params
+        *parents, name = path.split("/")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = value
+    return params
+
+
+# --------------------------------------------------------------------------- the functional core
+
+
+def _dropout(x, rate: float, rng):
+    """Inverted dropout (``nn.Dropout``): zero with probability ``rate``, scale the rest."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
+
+
+def _check_dropout(dropout) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
+    return float(dropout)
+
+
+def _check_gru_layer(params, input_size: int, num_hiddens: int, dtype):
+    try:
+        W_x, W_h, b_x, b_h = (jnp.asarray(params[name]) for name in ("W_x", "W_h", "b_x", "b_h"))
+    except (KeyError, TypeError):
+        raise ValueError(
+            "GRU layer params must be a mapping with 'W_x', 'W_h', 'b_x' and 'b_h', got "
+            f"{sorted(params) if hasattr(params, 'keys') else type(params).__name__}"
+        ) from None
+    g = 3 * num_hiddens
+    expected = {"W_x": (input_size, g), "W_h": (num_hiddens, g), "b_x": (g,), "b_h": (g,)}
+    for name, array in zip(expected, (W_x, W_h, b_x, b_h)):
+        if array.shape != expected[name]:
+            raise ValueError(
+                f"GRU params[{name!r}] must have shape {expected[name]} (input size {input_size}, "
+                f"h = {num_hiddens}, gates r, z, n stacked), got {array.shape}"
+            )
+    return (p.astype(dtype) for p in (W_x, W_h, b_x, b_h))
+
+
+def _gru_update(gates_x, gates_h, state):
+    """The GRU's gating from the input part ``x W_x + b_x`` and hidden part ``h W_h + b_h``."""
+    x_r, x_z, x_n = jnp.split(gates_x, 3, axis=-1)
+    h_r, h_z, h_n = jnp.split(gates_h, 3, axis=-1)
+    r = jax.nn.sigmoid(x_r + h_r)
+    z = jax.nn.sigmoid(x_z + h_z)
+    n = jnp.tanh(x_n + r * h_n)
+    return (1.0 - z) * n + z * state
+
+
+def gru_cell(params, inputs, state):
+    """One GRU step (PyTorch's ``nn.GRUCell`` equations; see the module docstring).
+
+    Args:
+      params: ``{"W_x": (I, 3h), "W_h": (h, 3h), "b_x": (3h,), "b_h": (3h,)}``.
+      inputs: ``(B, I)``.
+      state: ``(B, h)``.
+
+    Returns:
+      The new state ``(B, h)``.
+    """
+    inputs, state = jnp.asarray(inputs), jnp.asarray(state)
+    if inputs.ndim != 2 or state.ndim != 2 or inputs.shape[0] != state.shape[0]:
+        raise ValueError(f"inputs must be (B, I) and state (B, h), got inputs {inputs.shape} and "
+                         f"state {state.shape}")
+    W_x, W_h, b_x, b_h = _check_gru_layer(params, inputs.shape[-1], state.shape[-1], state.dtype)
+    gates_x = jnp.einsum(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, -1)
+    gates_h = jnp.einsum(GRU_STATE, state, W_h) + b_h.reshape(1, -1)
+    return _gru_update(gates_x, gates_h, state)
+
+
+def _num_layers(params) -> int:
+    if not hasattr(params, "keys") or not params:
+        raise ValueError(f"GRU params must be a mapping 'layer_0', 'layer_1', ..., got {params!r}")
+    names = [f"layer_{i}" for i in range(len(params))]
+    if sorted(params) != sorted(names):
+        raise ValueError(f"GRU params must hold exactly {names}, got {sorted(params)}")
+    return len(names)
+
+
+def _gru_layer_scan(params, inputs, state):
+    """One GRU layer over ``(B, T, I)``: the input projections of all steps at once, then a scan."""
+    W_x, W_h, b_x, b_h = _check_gru_layer(params, inputs.shape[-1], state.shape[-1], state.dtype)
+    gates_x = jnp.einsum(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, 1, -1)  # (B, T, 3h)
+
+    def step(h, gx):
+        gates_h = jnp.einsum(GRU_STATE, h, W_h) + b_h.reshape(1, -1)
+        h = _gru_update(gx, gates_h, h)
+        return h, h
+
+    final, outputs = lax.scan(step, state, jnp.swapaxes(gates_x, 0, 1))
+    return jnp.swapaxes(outputs, 0, 1), final
+
+
+def gru(params, inputs, state=None, *, dropout: float = 0.0, dropout_rng=None):
+    """A multi-layer GRU over a sequence (``nn.GRU(batch_first=True)``) — d2l §10.7; ``lax.scan`` in time.
+
+    Layer ``l + 1`` reads the outputs of layer ``l``, with dropout between layers (not after the
+    last), as ``nn.GRU(dropout=...)``.
+
+    Args:
+      params: ``{"layer_0": {...}, ..., "layer_{L-1}": {...}}``, each as in :func:`gru_cell`.
+      inputs: ``(B, T, I)``.
+      state: ``(L, B, h)`` initial states, or ``None`` for zeros.
+      dropout: the dropout rate between layers.
+      dropout_rng: a key; ``None`` = no dropout (evaluation).
+
+    Returns:
+      ``(outputs (B, T, h), state (L, B, h))``.
+    """
+    inputs = jnp.asarray(inputs)
+    if inputs.ndim != 3:
+        raise ValueError(f"inputs must have shape (B, T, I), got {inputs.shape}")
+    dropout = _check_dropout(dropout)
+    num_layers = _num_layers(params)
+    num_hiddens = jnp.shape(params["layer_0"]["W_h"])[0]
+    B = inputs.shape[0]
+    if state is None:
+        state = jnp.zeros((num_layers, B, num_hiddens), dtype=inputs.dtype)
+    state = jnp.asarray(state)
+    if state.shape != (num_layers, B, num_hiddens):
+        raise ValueError(f"state must have shape (L, B, h) = {(num_layers, B, num_hiddens)}, "
+                         f"got {state.shape}")
+    layer_inputs, final = inputs, []
+    for layer in range(num_layers):
+        if layer > 0 and dropout_rng is not None:
+            layer_inputs = _dropout(layer_inputs, dropout, jax.random.fold_in(dropout_rng, layer))
+        layer_inputs, last = _gru_layer_scan(params[f"layer_{layer}"], layer_inputs, state[layer])
+        final.append(last)
+    return layer_inputs, jnp.stack(final)
+
+
+def _check_tokens(name: str, tokens, vocab_size: int, ndim: int):
+    """Integer ids of the right rank; their values are checked when concrete (eager calls)."""
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != ndim or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        expected = "(B,)" if ndim == 1 else "(B, T)"
+        raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
+                         f"{tokens.dtype} with shape {tokens.shape}")
+    if not isinstance(tokens, jax.core.Tracer) and tokens.size:
+        values = np.asarray(tokens)
+        if values.min() < 0 or values.max() >= vocab_size:
+            raise ValueError(f"{name} must lie in [0, V) = [0, {vocab_size}), got values from "
+                             f"{values.min()} to {values.max()}")
+    return tokens.astype(jnp.int32)
+
+
+def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
+    """The seq2seq encoder: embedding, then a multi-layer GRU — d2l §10.7.2 ``Seq2SeqEncoder``.
+
+    As in the book, the GRU runs over all ``S`` positions, padding included; attention later
+    ignores the padded outputs through the source valid lengths. Under ``jit`` the ids cannot be
+    checked; out-of-range ids are then clamped (JAX's gather).
+
+    Args:
+      params: ``{"embedding": (V_src, E), "gru": {...}}``.
+      src: ``(B, S)`` source token ids.
+      dropout, dropout_rng: as in :func:`gru`.
+
+    Returns:
+      ``(outputs (B, S, h), state (L, B, h))``.
+    """
+    embedding = jnp.asarray(params["embedding"])
+    src = _check_tokens("src", src, embedding.shape[0], ndim=2)
+    return gru(params["gru"], embedding[src], dropout=dropout, dropout_rng=dropout_rng)
+
+
+def _decoder_keep_masks(rng, rate: float, shape_prefix: tuple, num_keys: int, num_layers: int,
+                        num_hiddens: int):
+    """Dropout keep-masks of decoder steps: attention ``(*prefix, S)``, layers ``(*prefix[:-1], L-1, B, h)``.
+
+    Drawn all at once outside the time loop, so that the loop's body holds no random-number
+    generator (which would dominate its compilation time).
+    """
+    attention_rng, layers_rng = jax.random.split(rng)
+    *steps, batch = shape_prefix
+    attention_keep = jax.random.bernoulli(attention_rng, 1.0 - rate, (*steps, batch, num_keys))
+    layers_keep = jax.random.bernoulli(layers_rng, 1.0 - rate,
+                                       (*steps, max(num_layers - 1, 0), batch, num_hiddens))
+    return attention_keep, layers_keep
+
+
+def _apply_keep(x, keep, rate: float):
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
+
+
+def _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout: float, keep):
+    """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout)."""
+    embedding = jnp.asarray(params["embedding"])
+    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1)
+    state, enc_outputs = jnp.asarray(state), jnp.asarray(enc_outputs)
+    query = state[-1][:, None, :]  # (B, 1, h)
+    weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
+    dropped = weights if keep is None else _apply_keep(weights, keep[0][:, None, :], dropout)
+    context = jnp.einsum(WEIGHTED_SUM, dropped, enc_outputs)  # (B, 1, h)
+    layer_input = jnp.concatenate([context[:, 0], embedding[tokens].astype(state.dtype)], axis=-1)
+    new_state = []
+    for layer in range(_num_layers(params["gru"])):
+        if layer > 0 and keep is not None:
+            layer_input = _apply_keep(layer_input, keep[1][layer - 1], dropout)
+        layer_input = gru_cell(params["gru"][f"layer_{layer}"], layer_input, state[layer])
+        new_state.append(layer_input)
+    W, b = (jnp.asarray(params["dense"][name]).astype(state.dtype) for name in ("W", "b"))
+    logits = jnp.einsum(DENSE, layer_input, W) + b.reshape(1, -1)
+    return logits, jnp.stack(new_state), weights[:, 0]
+
+
+def decoder_step(params, tokens, state, enc_outputs, src_valid_len, *, dropout: float = 0.0,
+                 dropout_rng=None):
+    """One step of the attention decoder — d2l §11.4.2 ``Seq2SeqAttentionDecoder.forward``.
+
+    The query is the top layer's state ``state[-1]``, shaped ``(B, 1, h)``; keys and values are the
+    encoder outputs, masked past ``src_valid_len``. The GRU input is ``concat(context, embedding)``
+    (the book's order), and the dense layer maps the top layer's new state to the vocabulary.
+    Dropout (with a key) acts on the attention weights and between GRU layers.
+
+    Args:
+      params: the decoder's dict (``embedding``, ``attention``, ``gru``, ``dense``).
+      tokens: ``(B,)`` the input tokens of this step.
+      state: ``(L, B, h)``.
+      enc_outputs: ``(B, S, h)``.
+      src_valid_len: ``(B,)`` integers in ``[0, S]``.
+      dropout, dropout_rng: the rate and a key (``None``: no dropout).
+
+    Returns:
+      ``(logits (B, V), state (L, B, h), weights (B, S))``; the weights are those before dropout.
+    """
+    dropout = _check_dropout(dropout)
+    keep = None
+    if dropout_rng is not None and dropout > 0:
+        L, B, h = jnp.shape(state)
+        keep = _decoder_keep_masks(dropout_rng, dropout, (B,), jnp.shape(enc_outputs)[1], L, h)
+    return _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout, keep)
+
+
+def decoder(params, dec_input, state, enc_outputs, src_valid_len, *, dropout: float = 0.0,
+            dropout_rng=None):
+    """The attention decoder over a whole (teacher-forced) input sequence — d2l §11.4.2; ``lax.scan``.
+
+    Args:
+      params: the decoder's dict.
+      dec_input: ``(B, T)`` input tokens (``<bos>`` then the target shifted right).
+      state: ``(L, B, h)`` initial state, the encoder's final state.
+      enc_outputs: ``(B, S, h)``.
+      src_valid_len: ``(B,)``.
+      dropout, dropout_rng: as in :func:`decoder_step`; every step gets its own masks.
+
+    Returns:
+      ``(logits (B, T, V), state (L, B, h), weights (B, T, S))``.
+    """
+    dropout = _check_dropout(dropout)
+    dec_input = jnp.asarray(dec_input)
+    if dec_input.ndim != 2:
+        raise ValueError(f"dec_input must have shape (B, T), got {dec_input.shape}")
+    embedding_rows = jnp.shape(params["embedding"])[0]
+    dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
+    state = jnp.asarray(state)
+    B, T = dec_input.shape
+    keep = None
+    if dropout_rng is not None and dropout > 0:
+        L, _, h = state.shape
+        keep = _decoder_keep_masks(dropout_rng, dropout, (T, B), jnp.shape(enc_outputs)[1], L, h)
+
+    def step(state, xs):
+        tokens, step_keep = xs
+        logits, state, weights = _decoder_step(params, tokens, state, enc_outputs, src_valid_len,
+                                               dropout, step_keep)
+        return state, (logits, weights)
+
+    state, (logits, weights) = lax.scan(step, state, (jnp.swapaxes(dec_input, 0, 1), keep))
+    return jnp.swapaxes(logits, 0, 1), state, jnp.swapaxes(weights, 0, 1)
+
+
+def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, dropout_rng=None):
+    """Encoder then decoder, the decoder starting from the encoder's final state (``d2l.EncoderDecoder``).
+
+    Args:
+      params: ``{"encoder": {...}, "decoder": {...}}``.
+      src: ``(B, S)``. src_valid_len: ``(B,)``. dec_input: ``(B, T)``.
+      dropout, dropout_rng: the rate and a key (``None``: no dropout).
+
+    Returns:
+      ``(logits (B, T, V), weights (B, T, S))``.
+    """
+    encoder_rng = decoder_rng = None
+    if dropout_rng is not None:
+        encoder_rng, decoder_rng = jax.random.split(dropout_rng)
+    enc_outputs, state = encoder(params["encoder"], src, dropout=dropout, dropout_rng=encoder_rng)
+    logits, _, weights = decoder(params["decoder"], dec_input, state, enc_outputs, src_valid_len,
+                                 dropout=dropout, dropout_rng=decoder_rng)
+    return logits, weights
+
+
+def teacher_forcing_inputs(tgt, bos_id: int):
+    """The decoder inputs of teacher forcing: ``<bos>`` then ``tgt[:, :-1]`` (d2l ``train_seq2seq``).
+
+    Args:
+      tgt: ``(B, T)`` target token ids. bos_id: the id of ``<bos>``.
+
+    Returns:
+      ``(B, T)`` of ``tgt``'s dtype.
+    """
+    tgt = jnp.asarray(tgt)
+    bos = jnp.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype)
+    return jnp.concatenate([bos, tgt[:, :-1]], axis=1)
+
+
+def masked_cross_entropy(logits, labels, valid_len):
+    """The book's ``MaskedSoftmaxCELoss`` (d2l §10.7.3): per-sequence masked cross-entropy.
+
+    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / T``: the mean over
+    all ``T`` steps of the cross-entropy with padded steps counted as zero. The book trains on
+    ``loss.sum()`` over the batch and reports ``sum(loss) / sum(valid_len)``, which is the
+    cross-entropy per target token divided by ``T``.
+
+    Args:
+      logits: ``(B, T, V)``. labels: ``(B, T)`` ids. valid_len: ``(B,)`` in ``[0, T]``.
+
+    Returns:
+      ``(B,)``.
+    """
+    logits, labels = jnp.asarray(logits), jnp.asarray(labels).astype(jnp.int32)
+    valid_len = jnp.asarray(valid_len).astype(jnp.int32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
+    keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
+    return jnp.mean(jnp.where(keep, -picked, jnp.zeros((), picked.dtype)), axis=1)
+
+
+def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
+                         dropout: float = 0.0, dropout_rng=None):
+    """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``."""
+    logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
+                        dropout=dropout, dropout_rng=dropout_rng)
+    return masked_cross_entropy(logits, tgt, tgt_valid_len)
+
+
+@functools.partial(jax.jit, static_argnames=("bos_id", "eos_id", "pad_id", "max_len"))
+def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
+                  max_len: int):
+    """Batched greedy decoding, compiled once per shape — the book's ``predict_seq2seq`` (d2l §10.7.6).
+
+    Every row starts from ``<bos>`` and feeds back its own argmax for a fixed ``max_len`` steps
+    (:func:`jax_attention.decoding.greedy_search`); a row stops at its own ``<eos>``: that step
+    writes ``<eos>``, the later ones ``<pad>`` with zero attention weights.
+
+    Args:
+      params: ``{"encoder": ..., "decoder": ...}``.
+      src: ``(B, S)`` source ids. src_valid_len: ``(B,)`` in ``[0, S]``.
+      bos_id, eos_id, pad_id: token ids (static). max_len: the number of steps (static).
+
+    Returns:
+      ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``lengths``
+      counts the tokens before ``<eos>``.
+    """
+    enc_outputs, state = encoder(params["encoder"], src)
+
+    def step(state, tokens):
+        return decoder_step(params["decoder"], tokens, state, enc_outputs, src_valid_len)
+
+    return greedy_search(step, state, enc_outputs.shape[0], bos_id=bos_id, eos_id=eos_id,
+                         pad_id=pad_id, max_len=max_len)
+
+
+# --------------------------------------------------------------------------- translation
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class Translation:
+    """The greedy translation of one sentence (:func:`translate`).
+
+    Attributes:
+      source: the sentence as given.
+      source_tokens: what the model read: the preprocessed words (unknown ones as ``<unk>``),
+        ``<eos>``, cut to ``num_steps``.
+      tokens: the predicted words, without ``<eos>``.
+      translation: ``" ".join(tokens)``.
+      weights: ``(len(tokens) + 1, len(source_tokens))`` NumPy attention weights: one row per
+        decoding step (the ``<eos>`` step included; ``len(tokens)`` rows when no ``<eos>`` came
+        within ``max_len``), one column per source token read.
+      finished: whether ``<eos>`` was predicted within ``max_len`` steps.
+      truncated: whether the source was longer than ``num_steps`` (with its ``<eos>``).
+      unknown_words: source words not in the vocabulary (read as ``<unk>``).
+      notes: human-readable remarks on the above (empty when all is well).
+    """
+
+    source: str
+    source_tokens: list[str]
+    tokens: list[str]
+    translation: str
+    weights: np.ndarray
+    finished: bool
+    truncated: bool
+    unknown_words: list[str]
+    notes: list[str]
+
+
+def _special_id(vocab, token: str) -> int:
+    if token not in vocab:
+        raise ValueError(f"the target vocabulary must hold {token!r}, got {vocab!r}")
+    return vocab[token]
+
+
+def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_steps: int, *,
+              max_len: int | None = None):
+    """Translate sentences greedily, all in one batch — d2l §10.7.6 / §11.4.3 ``predict_seq2seq``.
+
+    Each sentence is encoded as in training (:func:`jax_attention.data.encode_source`): the
+    book's preprocessing, unknown words as ``<unk>``, ``<eos>`` appended, cut or padded to
+    ``num_steps``. An empty sentence is just ``<eos>``. A sentence longer than ``num_steps`` (with
+    its ``<eos>``) is truncated — the model cannot read more — and its :class:`Translation` says so
+    in ``truncated`` and ``notes``; unknown words are listed likewise.
+
+    Args:
+      params: the parameter dict, or a :class:`BahdanauSeq2Seq` (its :meth:`~BahdanauSeq2Seq.params_dict`).
+      sentences: one sentence (``str``) or a sequence of them.
+      src_vocab, tgt_vocab: the vocabularies of the training data.
+      num_steps: ``S``, the source length the model was trained with.
+      max_len: decoding steps (default ``num_steps``, as the book).
+
+    Returns:
+      A :class:`Translation` for a ``str``, else a list of them (in order).
+    """
+    from jax_attention.data import encode_source, preprocess
+
+    if hasattr(params, "params_dict"):
+        params = params.params_dict()
+    single = isinstance(sentences, str)
+    sentences = [sentences] if single else list(sentences)
+    for sentence in sentences:
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentences must be strings, got {sentence!r} ({type(sentence).__name__})")
+    num_steps = _check_size("num_steps", num_steps)
+    max_len = num_steps if max_len is None else _check_size("max_len", max_len)
+    if not sentences:
+        return []
+    bos_id, eos_id, pad_id = (_special_id(tgt_vocab, t) for t in ("<bos>", "<eos>", "<pad>"))
+    encoded = [encode_source(sentence, src_vocab, num_steps) for sentence in sentences]
+    src = np.stack([ids for ids, _ in encoded]).astype(np.int32)
+    src_valid_len = np.asarray([valid for _, valid in encoded], dtype=np.int32)
+    tokens, lengths, weights = jax.device_get(greedy_decode(
+        params, src, src_valid_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len))
+
+    results = []
+    for row, sentence in enumerate(sentences):
+        words = preprocess(sentence).split()
+        valid = int(src_valid_len[row])
+        length = int(lengths[row])
+        finished = length < max_len  # the count stops only at <eos>
+        steps = length + 1 if finished else length
+        predicted = tgt_vocab.to_tokens([int(i) for i in tokens[row, :length]])
+        unknown = [word for word in words[:num_steps] if word not in src_vocab]
+        truncated = len(words) + 1 > num_steps
+        notes = []
+        if truncated:
+            notes.append(f"source truncated: {len(words)} words and <eos> exceed num_steps = "
+                         f"{num_steps}; the model read only the first {num_steps} tokens"
+                         + ("" if len(words) > num_steps else " (no <eos>)"))
+        if unknown:
+            notes.append("unknown words read as <unk>: " + ", ".join(unknown))
+        if not finished:
+            notes.append(f"no <eos> within max_len = {max_len} steps; the translation may be cut")
+        results.append(Translation(
+            source=sentence,
+            source_tokens=src_vocab.to_tokens([int(i) for i in src[row, :valid]]),
+            tokens=predicted,
+            translation=" ".join(predicted),
+            weights=np.asarray(weights[row, :steps, :valid]),
+            finished=finished,
+            truncated=truncated,
+            unknown_words=unknown,
+            notes=notes,
+        ))
+    return results[0] if single else results
+
+
+# --------------------------------------------------------------------------- NNX modules
+
+
+def _params_tree(module_params: dict) -> dict:
+    return {name: (value[...] if isinstance(value, nnx.Variable) else value)
+            for name, value in module_params.items()}
+
+
+class GRULayer(nnx.Module):
+    """One GRU layer's parameters ``W_x (I, 3h)``, ``W_h (h, 3h)``, ``b_x``, ``b_h (3h,)``; calls :func:`gru_cell`."""
+
+    def __init__(self, input_size: int, num_hiddens: int, *, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
+        shapes = _gru_shapes(_check_size("input_size", input_size),
+                             _check_size("num_hiddens", num_hiddens), 1)["layer_0"]
+        values = _init_named(rngs.params(), shapes, param_dtype, num_hiddens)
+        self.W_x, self.W_h, self.b_x, self.b_h = (nnx.Param(values[name]) for name in shapes)
+
+    def params_dict(self) -> dict:
+        """``{"W_x", "W_h", "b_x", "b_h"}`` arrays, for the functional core."""
+        return _params_tree({"W_x": self.W_x, "W_h": self.W_h, "b_x": self.b_x, "b_h": self.b_h})
+
+    def __call__(self, inputs, state):
+        """``(B, I), (B, h) -> (B, h)``; see :func:`gru_cell`."""
+        return gru_cell(self.params_dict(), inputs, state)
+
+
+class GRU(nnx.Module):
+    """A multi-layer GRU (``nn.GRU``): ``num_layers`` :class:`GRULayer`; calls :func:`gru`.
+
+    Dropout between layers acts when a ``dropout_rng`` is passed to the call.
+    """
+
+    def __init__(self, input_size: int, num_hiddens: int, num_layers: int, dropout: float = 0.0,
+                 *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.layers = nnx.List([
+            GRULayer(input_size if layer == 0 else num_hiddens, num_hiddens,
+                     param_dtype=param_dtype, rngs=rngs)
+            for layer in range(_check_size("num_layers", num_layers))
+        ])
+        self.dropout = _check_dropout(dropout)
+
+    def params_dict(self) -> dict:
+        """``{"layer_0": {...}, ...}``."""
+        return {f"layer_{i}": layer.params_dict() for i, layer in enumerate(self.layers)}
+
+    def __call__(self, inputs, state=None, *, dropout_rng=None):
+        """``(B, T, I) -> (outputs (B, T, h), state (L, B, h))``; see :func:`gru`."""
+        return gru(self.params_dict(), inputs, state, dropout=self.dropout, dropout_rng=dropout_rng)
+
+
+class Seq2SeqEncoder(nnx.Module):
+    """Embedding and multi-layer GRU — d2l §10.7.2; calls :func:`encoder`."""
+
+    def __init__(self, vocab_size: int, embed_size: int, num_hiddens: int, num_layers: int,
+                 dropout: float = 0.0, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        shape = (_check_size("vocab_size", vocab_size), _check_size("embed_size", embed_size))
+        values = _init_named(rngs.params(), {"embedding": shape}, param_dtype, num_hiddens)
+        self.embedding = nnx.Param(values["embedding"])
+        self.gru = GRU(embed_size, num_hiddens, num_layers, dropout, param_dtype=param_dtype,
+                       rngs=rngs)
+
+    def params_dict(self) -> dict:
+        """``{"embedding", "gru"}``."""
+        return {"embedding": self.embedding[...], "gru": self.gru.params_dict()}
+
+    def __call__(self, src, *, dropout_rng=None):
+        """``(B, S) -> (outputs (B, S, h), state (L, B, h))``; see :func:`encoder`."""
+        return encoder(self.params_dict(), src, dropout=self.gru.dropout, dropout_rng=dropout_rng)
+
+
+class Seq2SeqAttentionDecoder(nnx.Module):
+    """The decoder with additive attention — d2l §11.4.2; calls :func:`decoder`.
+
+    Parameters: ``embedding (V, E)``, ``attention`` ``W_q``, ``W_k (h, h)``, ``w_v (h, 1)``, a GRU
+    with input ``h + E`` and the output ``dense`` ``W (h, V)``, ``b (V,)``.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, num_hiddens: int, num_layers: int,
+                 dropout: float = 0.0, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        V, E, h = (_check_size(n, v) for n, v in (("vocab_size", vocab_size),
+                                                   ("embed_size", embed_size),
+                                                   ("num_hiddens", num_hiddens)))
+        shapes = {"embedding": (V, E), "W_q": (h, h), "W_k": (h, h), "w_v": (h, 1),
+                  "W": (h, V), "b": (V,)}
+        values = _init_named(rngs.params(), shapes, param_dtype, h)
+        self.embedding = nnx.Param(values["embedding"])
+        self.W_q, self.W_k, self.w_v = (nnx.Param(values[n]) for n in ("W_q", "W_k", "w_v"))
+        self.gru = GRU(h + E, h, num_layers, dropout, param_dtype=param_dtype, rngs=rngs)
+        self.W, self.b = nnx.Param(values["W"]), nnx.Param(values["b"])
+
+    def params_dict(self) -> dict:
+        """``{"embedding", "attention": {"W_q", "W_k", "w_v"}, "gru", "dense": {"W", "b"}}``."""
+        return {
+            "embedding": self.embedding[...],
+            "attention": _params_tree({"W_q": self.W_q, "W_k": self.W_k, "w_v": self.w_v}),
+            "gru": self.gru.params_dict(),
+            "dense": _params_tree({"W": self.W, "b": self.b}),
+        }
+
+    def __call__(self, dec_input, state, enc_outputs, src_valid_len, *, dropout_rng=None):
+        """``(B, T) -> (logits (B, T, V), state, weights (B, T, S))``; see :func:`decoder`."""
+        return decoder(self.params_dict(), dec_input, state, enc_outputs, src_valid_len,
+                       dropout=self.gru.dropout, dropout_rng=dropout_rng)
+
+
+class BahdanauSeq2Seq(nnx.Module):
+    """Seq2seq with Bahdanau attention — d2l §11.4, the book's ``EncoderDecoder(encoder, decoder)``.
+
+    Holds a :class:`Seq2SeqEncoder` and a :class:`Seq2SeqAttentionDecoder`; :meth:`params_dict` gives
+    the plain nested dict of the functional core (the NumPy reference's layout). Dropout acts in
+    training mode (the default; ``model.eval()`` turns it off, ``model.train()`` back on), drawing
+    its keys from the ``dropout`` stream of the ``rngs`` given at construction. With
+    ``sow_weights=True`` the decoder's attention weights ``(B, T, S)`` are sown as
+    ``nnx.Intermediate`` ``"attention_weights"`` (read them with ``nnx.capture``).
+
+    Args:
+      src_vocab_size, tgt_vocab_size: ``V_src``, ``V_tgt``.
+      embed_size, num_hiddens, num_layers: ``E``, ``h``, ``L`` (the book: 32, 32, 2).
+      dropout: the rate between GRU layers and on the attention weights (the book: 0.1).
+      sow_weights: sow the attention weights on every call.
+      param_dtype: the parameters' dtype.
+      rngs: ``nnx.Rngs`` with ``params`` (and ``dropout``) streams; a single seed serves both.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 32,
+                 num_hiddens: int = 32, num_layers: int = 2, dropout: float = 0.0, *,
+                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.encoder = Seq2SeqEncoder(src_vocab_size, embed_size, num_hiddens, num_layers,
+                                      dropout, param_dtype=param_dtype, rngs=rngs)
+        self.decoder = Seq2SeqAttentionDecoder(tgt_vocab_size, embed_size, num_hiddens,
+                                               num_layers, dropout, param_dtype=param_dtype,
+                                               rngs=rngs)
+        self.dropout = _check_dropout(dropout)
+        self.deterministic = False
+        self.sow_weights = sow_weights
+        self.dropout_rngs = rngs.dropout.fork() if self.dropout > 0 else nnx.data(None)
+
+    def params_dict(self) -> dict:
+        """``{"encoder": {...}, "decoder": {...}}``: the parameters as a plain nested dict."""
+        return {"encoder": self.encoder.params_dict(), "decoder": self.decoder.params_dict()}
+
+    def _dropout_rng(self):
+        if self.deterministic or self.dropout == 0.0:
+            return None
+        return self.dropout_rngs()
+
+    def __call__(self, src, src_valid_len, dec_input):
+        """Teacher-forced logits ``(B, T, V)``; see :func:`seq2seq`."""
+        logits, weights = seq2seq(self.params_dict(), src, src_valid_len, dec_input,
+                                  dropout=self.dropout, dropout_rng=self._dropout_rng())
+        if self.sow_weights:
+            self.sow(nnx.Intermediate, "attention_weights", weights)
+        return logits
+
+    def loss(self, src, src_valid_len, tgt, tgt_valid_len, *, bos_id: int):
+        """The book's per-sequence loss ``(B,)`` (:func:`teacher_forcing_loss`), dropout as the mode says."""
+        logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
+        return masked_cross_entropy(logits, tgt, tgt_valid_len)
+
+    def greedy_decode(self, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
+                      max_len: int):
+        """:func:`greedy_decode` on this model's parameters (no dropout)."""
+        return greedy_decode(self.params_dict(), src, src_valid_len, bos_id=bos_id, eos_id=eos_id,
+                             pad_id=pad_id, max_len=max_len)

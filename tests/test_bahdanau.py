@@ -1,0 +1,298 @@
+"""Seq2seq with Bahdanau attention in JAX (d2l §11.4): variants, scan vs loops, loss, dropout,
+initialisation, one training step, training runs and bad input.
+
+The full default run (250 epochs) is marked ``slow``; the default suite trains tiny models only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jax_attention import bahdanau, data
+from jax_attention.train import BOOK_PAIRS, train_bahdanau
+
+B, S, T = 3, 5, 4
+V_SRC, V_TGT, E, H, L = 10, 12, 4, 6, 2
+BOS = 2
+DIMS = chex.Dimensions(B=B, S=S, T=T, L=L, H=H, V=V_TGT)
+
+
+def _params(seed=0):
+    return bahdanau.init_params(jax.random.key(seed), V_SRC, V_TGT, E, H, L)
+
+
+def _inputs(seed=1):
+    rng = np.random.default_rng(seed)
+    src = jnp.asarray(rng.integers(0, V_SRC, size=(B, S)), jnp.int32)
+    src_valid_len = jnp.asarray([1, S, 3], jnp.int32)
+    tgt = jnp.asarray(rng.integers(0, V_TGT, size=(B, T)), jnp.int32)
+    tgt_valid_len = jnp.asarray([2, T, 0], jnp.int32)
+    return src, src_valid_len, tgt, tgt_valid_len
+
+
+class VariantsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_encoder_and_decoder_shapes(self):
+        params = _params()
+        src, src_valid_len, tgt, _ = _inputs()
+        outputs, state = self.variant(bahdanau.encoder)(params["encoder"], src)
+        chex.assert_shape([outputs, state], [DIMS["BSH"], DIMS["LBH"]])
+        logits, final, weights = self.variant(bahdanau.decoder)(
+            params["decoder"], tgt, state, outputs, src_valid_len)
+        chex.assert_shape([logits, final, weights], [DIMS["BTV"], DIMS["LBH"], DIMS["BTS"]])
+        chex.assert_tree_all_finite([logits, final, weights])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_seq2seq_agrees_with_itself_under_jit(self):
+        params = _params()
+        src, src_valid_len, tgt, _ = _inputs()
+        logits, weights = self.variant(bahdanau.seq2seq)(params, src, src_valid_len, tgt)
+        eager_logits, eager_weights = bahdanau.seq2seq(params, src, src_valid_len, tgt)
+        np.testing.assert_allclose(logits, eager_logits, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(weights, eager_weights, rtol=1e-5, atol=1e-6)
+
+
+def test_gru_scan_equals_a_python_loop_of_cells():
+    params = _params()["encoder"]["gru"]
+    inputs = jnp.asarray(np.random.default_rng(2).normal(size=(B, S, E)), jnp.float32)
+    outputs, state = jax.jit(bahdanau.gru)(params, inputs)
+    layer_inputs, final = inputs, []
+    for layer in range(L):
+        h, steps = jnp.zeros((B, H), jnp.float32), []
+        for t in range(S):
+            h = bahdanau.gru_cell(params[f"layer_{layer}"], layer_inputs[:, t], h)
+            steps.append(h)
+        final.append(h)
+        layer_inputs = jnp.stack(steps, axis=1)
+    np.testing.assert_allclose(outputs, layer_inputs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state, jnp.stack(final), rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_scan_equals_a_python_loop_of_steps():
+    params = _params()
+    src, src_valid_len, tgt, _ = _inputs()
+    enc_outputs, state = bahdanau.encoder(params["encoder"], src)
+    logits, final, weights = jax.jit(bahdanau.decoder)(params["decoder"], tgt, state, enc_outputs,
+                                                       src_valid_len)
+    step = jax.jit(bahdanau.decoder_step)
+    for t in range(T):
+        step_logits, state, step_weights = step(params["decoder"], tgt[:, t], state, enc_outputs,
+                                                src_valid_len)
+        np.testing.assert_allclose(logits[:, t], step_logits, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(weights[:, t], step_weights, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(final, state, rtol=1e-5, atol=1e-6)
+
+
+def test_masked_cross_entropy_by_hand():
+    # Two classes; uniform logits give log 2 per step, a confident right answer about 0.
+    logits = jnp.asarray([[[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+                          [[0.0, math.log(3.0)], [5.0, 5.0], [0.0, 0.0]]], jnp.float32)
+    labels = jnp.asarray([[0, 1, 1], [1, 0, 0]], jnp.int32)
+    valid_len = jnp.asarray([2, 1], jnp.int32)
+    loss = bahdanau.masked_cross_entropy(logits, labels, valid_len)
+    # Row 0: two valid steps of log 2, over T = 3. Row 1: one step, -log(3/4), over 3.
+    np.testing.assert_allclose(loss, [2 * math.log(2) / 3, -math.log(0.75) / 3], rtol=1e-6)
+    assert float(bahdanau.masked_cross_entropy(logits, labels, jnp.zeros(2, jnp.int32)).sum()) == 0
+
+
+def test_teacher_forcing_inputs_shift_right_after_bos():
+    tgt = jnp.asarray([[5, 6, 3, 1], [7, 3, 1, 1]], jnp.int32)
+    np.testing.assert_array_equal(bahdanau.teacher_forcing_inputs(tgt, BOS),
+                                  [[BOS, 5, 6, 3], [BOS, 7, 3, 1]])
+
+
+def test_dropout_only_with_a_key_and_reproducible():
+    params = _params()
+    src, src_valid_len, tgt, _ = _inputs()
+    run = jax.jit(bahdanau.seq2seq, static_argnames="dropout")
+    key = functools.partial(jax.random.key, impl="rbg")
+    plain, _ = run(params, src, src_valid_len, tgt)
+    no_rate, _ = run(params, src, src_valid_len, tgt, dropout=0.0, dropout_rng=key(0))
+    first, _ = run(params, src, src_valid_len, tgt, dropout=0.5, dropout_rng=key(0))
+    again, _ = run(params, src, src_valid_len, tgt, dropout=0.5, dropout_rng=key(0))
+    other, _ = run(params, src, src_valid_len, tgt, dropout=0.5, dropout_rng=key(1))
+    np.testing.assert_array_equal(plain, no_rate)
+    np.testing.assert_array_equal(first, again)
+    assert not np.allclose(first, plain) and not np.allclose(first, other)
+
+
+def test_module_train_and_eval_modes():
+    # An "rbg" dropout key: threefry's mask kernels would take seconds to compile on CPU.
+    rngs = nnx.Rngs(params=0, dropout=jax.random.key(0, impl="rbg"))
+    model = bahdanau.BahdanauSeq2Seq(V_SRC, V_TGT, E, H, L, dropout=0.5, rngs=rngs)
+    src, src_valid_len, tgt, _ = _inputs()
+    call = nnx.jit(lambda model: model(src, src_valid_len, tgt))
+    first, second = call(model), call(model)
+    assert not np.allclose(first, second)  # a new dropout mask each call
+    model.eval()
+    evaluated = call(model)
+    expected, _ = bahdanau.seq2seq(model.params_dict(), src, src_valid_len, tgt)
+    np.testing.assert_array_equal(evaluated, expected)
+    model.train()
+    assert not model.deterministic
+
+
+def test_initialisation_follows_the_book():
+    params = bahdanau.init_params(jax.random.key(0), 300, 400, 32, 32, 2)
+    shapes = bahdanau.param_shapes(300, 400, 32, 32, 2)
+    assert jax.tree.map(lambda a: a.shape, params) == jax.tree.map(
+        tuple, shapes, is_leaf=lambda x: isinstance(x, tuple))
+    flat = bahdanau.flatten_params(params)
+    assert all(leaf.dtype == jnp.float32 for leaf in flat.values())
+    for path, leaf in flat.items():
+        leaf = np.asarray(leaf)
+        name = path.rsplit("/", 1)[-1]
+        if name == "embedding":
+            assert abs(leaf.mean()) < 0.05 and abs(leaf.std() - 1) < 0.05, path
+        elif name in ("b_x", "b_h", "b"):
+            bound = 1 / math.sqrt(32)
+            assert np.abs(leaf).max() <= bound and np.abs(leaf).max() > 0.9 * bound, path
+        else:  # Xavier-uniform on the (in, out) kernel
+            bound = math.sqrt(6 / sum(leaf.shape))
+            assert np.abs(leaf).max() <= bound and np.abs(leaf).max() > 0.8 * bound, path
+    # Different keys give different parameters; the same key the same.
+    again = bahdanau.init_params(jax.random.key(0), 300, 400, 32, 32, 2)
+    chex.assert_trees_all_equal(params, again)
+    other = bahdanau.init_params(jax.random.key(1), 300, 400, 32, 32, 2)
+    assert not np.array_equal(other["decoder"]["dense"]["W"], params["decoder"]["dense"]["W"])
+
+
+def test_params_round_trip_through_flat_paths():
+    params = _params()
+    flat = bahdanau.flatten_params(params)
+    assert "encoder/gru/layer_1/W_h" in flat and "decoder/attention/w_v" in flat
+    chex.assert_trees_all_equal(bahdanau.unflatten_params(flat), params)
+
+
+def test_one_training_step_decreases_the_loss():
+    from jax_attention.train import _bahdanau_step
+
+    # One GRU layer and no dropout: the smallest step to compile.
+    model = bahdanau.BahdanauSeq2Seq(V_SRC, V_TGT, E, H, 1, dropout=0.0, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0),
+                                                 optax.adam(0.01)), wrt=nnx.Param)
+    src, src_valid_len, tgt, tgt_valid_len = _inputs()
+    dec_input = bahdanau.teacher_forcing_inputs(tgt, BOS)
+
+    def loss():
+        return float(bahdanau.teacher_forcing_loss(model.params_dict(), src, src_valid_len, tgt,
+                                                   tgt_valid_len, BOS).sum())
+
+    before = loss()
+    reported = _bahdanau_step(model, optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len)
+    np.testing.assert_allclose(float(reported), before, rtol=1e-5)  # the loss before the update
+    after = loss()
+    assert after < before
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda p: bahdanau.encoder(p["encoder"], jnp.asarray([[0, V_SRC]], jnp.int32)),
+     r"src must lie in \[0, V\) = \[0, 10\), got values from 0 to 10"),
+    (lambda p: bahdanau.encoder(p["encoder"], jnp.asarray([[0.0, 1.0]], jnp.float32)),
+     r"src must be integer token ids of shape \(B, T\)"),
+    (lambda p: bahdanau.encoder(p["encoder"], jnp.asarray([0, 1], jnp.int32)),
+     r"src must be integer token ids of shape \(B, T\), got dtype int32 with shape \(2,\)"),
+    (lambda p: bahdanau.gru(p["encoder"]["gru"], jnp.ones((2, 3, E)), jnp.ones((L, 5, H))),
+     r"state must have shape \(L, B, h\) = \(2, 2, 6\), got \(2, 5, 6\)"),
+    (lambda p: bahdanau.gru_cell(p["encoder"]["gru"]["layer_0"], jnp.ones((2, E + 1)),
+                                 jnp.ones((2, H))),
+     r"GRU params\['W_x'\] must have shape \(5, 18\)"),
+    (lambda p: bahdanau.gru({"layer_1": {}}, jnp.ones((2, 3, E))),
+     r"GRU params must hold exactly \['layer_0'\]"),
+    (lambda p: bahdanau.seq2seq(p, jnp.zeros((B, S), jnp.int32), jnp.asarray([1, 2, S + 1]),
+                                jnp.zeros((B, T), jnp.int32)),
+     r"valid_lens must lie in \[0, S\] = \[0, 5\]"),
+    (lambda p: bahdanau.seq2seq(p, jnp.zeros((B, S), jnp.int32), jnp.ones(B, jnp.int32),
+                                jnp.zeros((B, T), jnp.int32), dropout=1.0),
+     r"dropout must be a number with 0 <= dropout < 1, got 1.0"),
+    (lambda p: bahdanau.param_shapes(10, 0, 4, 6, 2), r"tgt_vocab_size must be an integer >= 1"),
+])
+def test_bad_input_raises_with_the_shapes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_params())
+
+
+# --------------------------------------------------------------------------- training runs
+
+TINY = {"epochs": 2, "num_examples": 64, "batch_size": 32, "embed_size": 8, "num_hiddens": 8,
+        "num_layers": 2, "num_steps": 6, "progress": False, "log": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    return train_bahdanau(seed=3, **TINY)
+
+
+def test_tiny_run_reports_everything(tiny_run):
+    run = tiny_run
+    assert len(run.losses) == len(run.tokens_per_sec) == len(run.cross_entropy) == 2
+    assert all(np.isfinite(run.losses)) and run.losses[1] < run.losses[0]
+    np.testing.assert_allclose(run.cross_entropy, np.asarray(run.losses) * 6)
+    assert all(rate > 0 for rate in run.tokens_per_sec)
+    assert [t.source for _, t in run.translations] == [source for source, _ in BOOK_PAIRS]
+    assert [reference for reference, _ in run.translations] == [ref for _, ref in BOOK_PAIRS]
+    assert all(0.0 <= score <= 1.0 for score in run.bleu)
+    assert run.config["training"]["seed"] == 3 and run.config["num_steps"] == 6
+    assert run.config["src_vocab_size"] == len(run.src_vocab) and run.checkpoint is None
+    chex.assert_trees_all_equal(run.params, jax.tree.map(np.asarray, run.model.params_dict()))
+    assert run.model.deterministic  # returned in eval mode
+    figures = run.figures()
+    assert figures["final_loss"] == run.losses[-1] and len(figures["translations"]) == 4
+
+
+def test_same_seed_same_run_bit_for_bit(tiny_run):
+    again = train_bahdanau(seed=3, **TINY)
+    assert again.losses == tiny_run.losses
+    chex.assert_trees_all_equal(again.params, tiny_run.params)
+    other = train_bahdanau(seed=4, **TINY)
+    assert other.losses != tiny_run.losses
+
+
+def test_logs_every_few_epochs():
+    lines = []
+    train_bahdanau(seed=3, **{**TINY, "epochs": 3, "log": lines.append}, log_every=2)
+    assert [line.split(",")[0] for line in lines] == ["epoch 2", "epoch 3"]
+    assert re.fullmatch(r"epoch 2, loss \d+\.\d{4}, \d+\.\d tokens/sec", lines[0])
+
+
+def test_missing_data_file_gives_the_clear_error(monkeypatch, tmp_path):
+    monkeypatch.delenv(data.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
+    with pytest.raises(FileNotFoundError, match="was not found. Looked at") as error:
+        train_bahdanau(**TINY)
+    assert "--data PATH" in str(error.value) and data.ENV_VAR in str(error.value)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_bahdanau(data=tmp_path / "no-such.zip", **TINY)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"epochs": 0}, r"epochs must be an integer >= 1, got 0"),
+    ({"lr": -1.0}, r"lr must be a finite number > 0, got -1.0"),
+    ({"dropout": 1.0}, r"dropout must be a number with 0 <= dropout < 1, got 1.0"),
+    ({"num_layers": 0}, r"num_layers must be an integer >= 1, got 0"),
+    ({"seed": -1}, r"seed must be an integer >= 0, got -1"),
+])
+def test_training_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train_bahdanau(**{**TINY, **kwargs})
+
+
+@pytest.mark.slow
+def test_the_books_run_translates_three_of_four_sentences_exactly():
+    """d2l §11.4.3 with its settings: BLEU 1.0 on at least 3 of the 4 sentences (the book's
+    result: va ! / j'ai perdu . / il est riche . (0.658) / je suis chez moi .)."""
+    run = train_bahdanau(seed=0, progress=False, log=None)
+    assert run.losses[-1] < 0.03  # the book: loss 0.020
+    assert sum(score == 1.0 for score in run.bleu) >= 3, [
+        (t.source, t.translation, score) for (_, t), score in zip(run.translations, run.bleu)]

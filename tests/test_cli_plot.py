@@ -1,0 +1,116 @@
+"""The `jax-attention plot ...` commands, run in-process."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from jax_attention.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_png(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    return image
+
+
+def test_plot_positional_encoding_writes_both_figures_and_json(tmp_path, capsys):
+    out, record_path = tmp_path / "plots", tmp_path / "runs" / "pe.json"
+    assert main(["plot", "positional-encoding", "--out", str(out), "--json", str(record_path),
+                 "--seed", "4"]) == 0
+    plots = {"columns": out / "positional_encoding_columns.png",
+             "heatmap": out / "positional_encoding_heatmap.png"}
+    columns, heatmap = (_assert_png(path) for path in plots.values())
+    # The book's sizes: a 6 x 2.5 inch line plot and a 3.5 x 4 inch heatmap, at the same dpi.
+    assert columns.shape[1] / columns.shape[0] == pytest.approx(6 / 2.5, rel=0.02)
+    assert heatmap.shape[1] / heatmap.shape[0] == pytest.approx(3.5 / 4, rel=0.02)
+    record = json.loads(record_path.read_text())
+    assert record["command"] == "plot positional-encoding" and record["seed"] == 4
+    assert (record["num_steps"], record["encoding_dim"], record["columns"]) == (60, 32, [6, 7, 8, 9])
+    assert record["shapes"] == {"P": [60, 32]}
+    assert record["plots"] == {name: str(path) for name, path in plots.items()}
+    printed = capsys.readouterr().out
+    assert all(f"wrote {path}" in printed for path in [*plots.values(), record_path])
+
+
+def test_plot_attention_writes_heatmaps_and_json(tmp_path, capsys):
+    record_path = tmp_path / "attention.json"
+    assert main(["plot", "attention", "--out", str(tmp_path / "a"), "--json", str(record_path),
+                 "--seed", "1"]) == 0
+    first = _assert_png(tmp_path / "a" / "multihead_attention.png")
+    # 5 heads across, 2 examples down: the figure is wider than tall.
+    assert first.shape[1] > 2 * first.shape[0]
+    record = json.loads(record_path.read_text())
+    assert record["command"] == "plot attention" and record["seed"] == 1
+    sizes = [record[name] for name in ("num_hiddens", "num_heads", "batch_size", "num_queries")]
+    assert sizes == [100, 5, 2, 4]
+    assert record["valid_lens"] == [3, 2]
+    assert record["shapes"] == {"X": [2, 4, 100], "output": [2, 4, 100], "weights": [2, 5, 4, 4]}
+    assert record["plots"] == {"attention": str(tmp_path / "a" / "multihead_attention.png")}
+    assert {"jax", "flax", "backend"} <= set(record)
+
+    # The seed decides the picture: the same seed draws it again pixel for pixel, another does not.
+    assert main(["plot", "attention", "--out", str(tmp_path / "b"), "--seed", "1"]) == 0
+    assert main(["plot", "attention", "--out", str(tmp_path / "c"), "--seed", "2"]) == 0
+    np.testing.assert_array_equal(_assert_png(tmp_path / "b" / "multihead_attention.png"), first)
+    assert not np.array_equal(_assert_png(tmp_path / "c" / "multihead_attention.png"), first)
+    assert not (tmp_path / "b" / "attention.json").exists()
+
+
+def test_plot_attention_with_other_sizes(tmp_path):
+    record_path = tmp_path / "r.json"
+    assert main(["plot", "attention", "--out", str(tmp_path), "--json", str(record_path),
+                 "--num-hiddens", "8", "--num-heads", "2", "--batch-size", "3", "--num-queries", "5",
+                 "--valid-lens", "4"]) == 0
+    record = json.loads(record_path.read_text())
+    assert record["valid_lens"] == [4, 4, 4]  # one length for every example
+    assert record["shapes"]["weights"] == [3, 2, 5, 5]
+    _assert_png(tmp_path / "multihead_attention.png")
+
+
+@pytest.mark.parametrize("argv", [["plot"], ["plot", "positional-encoding"], ["plot", "attention"]])
+def test_help_exits_0(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "usage: jax-attention plot" in printed
+    if argv == ["plot"]:
+        assert "positional-encoding" in printed and "attention" in printed
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["plot", "attention"], "the following arguments are required: --out"),
+    (["plot", "attention", "--out", "{tmp}", "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+    (["plot", "attention", "--out", "{tmp}", "--num-heads", "3"],
+     "--num-heads: must divide --num-hiddens = 100, got 3"),
+    (["plot", "attention", "--out", "{tmp}", "--valid-lens", "1", "2", "3"],
+     "--valid-lens: expected one length or --batch-size = 2 lengths, got 3"),
+    (["plot", "attention", "--out", "{tmp}", "--valid-lens", "5", "2"],
+     "--valid-lens: lengths must be <= --num-queries = 4"),
+    (["plot", "attention", "--out", "{tmp}", "--num-hiddens", "0"],
+     "--num-hiddens: expected an integer >= 1"),
+    (["plot", "positional-encoding", "--out", "{tmp}", "--columns", "6", "32"],
+     "--columns: columns must be < --encoding-dim = 32, got [32]"),
+    (["plot", "positional-encoding", "--out", "{tmp}", "--num-steps", "x"],
+     "--num-steps: expected an integer >= 1"),
+    (["plot", "positional-encoding", "--out", "{file}"], "--out: '{file}' exists and is not a directory"),
+    (["plot", "attention", "--out", "{tmp}", "--json", "{tmp}"], "--json: '{tmp}' is a directory"),
+    (["plot", "no-such-figure"], "invalid choice: 'no-such-figure'"),
+    (["plot"], "required: COMMAND"),
+])
+def test_bad_arguments_exit_2(tmp_path, capsys, argv, message):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    fill = {"tmp": str(tmp_path), "file": str(not_a_dir)}
+    with pytest.raises(SystemExit) as exit_info:
+        main([arg.format(**fill) for arg in argv])
+    assert exit_info.value.code == 2
+    assert message.format(**fill) in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]  # nothing written

@@ -1,0 +1,236 @@
+"""`jax-attention train bahdanau` and `jax-attention translate`, run in-process; checkpoints.
+
+One tiny training run (2 epochs on 64 pairs, the same sizes as tests/test_bahdanau.py, so that the
+compiled step is shared) writes the checkpoint, the JSON and the plots that the other tests read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import chex
+import matplotlib.image
+import numpy as np
+import pytest
+
+from jax_attention import data
+from jax_attention.bahdanau import flatten_params, translate
+from jax_attention.cli import main
+from jax_attention.train import BOOK_PAIRS, load_checkpoint, save_checkpoint, train_bahdanau
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TINY_ARGS = ["--epochs", "2", "--num-examples", "64", "--batch-size", "32", "--embed-size", "8",
+             "--num-hiddens", "8", "--num-layers", "2", "--num-steps", "6", "--seed", "5",
+             "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bahdanau")
+    paths = {"checkpoint": root / "ckpt", "out": root / "plots", "json": root / "run.json"}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["train", "bahdanau", *TINY_ARGS, "--checkpoint", str(paths["checkpoint"]),
+                       "--out", str(paths["out"]), "--json", str(paths["json"])])
+    assert status == 0
+    return {**paths, "printed": printed.getvalue()}
+
+
+def test_train_writes_checkpoint_json_and_plots(trained):
+    printed = trained["printed"]
+    assert "epoch 2, loss" in printed and "tokens/sec" in printed
+    for source, _ in BOOK_PAIRS:
+        assert f"{source} => " in printed
+    assert printed.count(", bleu ") == 4
+
+    assert sorted(p.name for p in trained["checkpoint"].iterdir()) == [
+        "config.json", "params.npz", "src_vocab.json", "tgt_vocab.json"]
+    # The atomic write leaves no temporary directory behind.
+    assert sorted(p.name for p in trained["checkpoint"].parent.iterdir()) == [
+        "ckpt", "plots", "run.json"]
+
+    plots = {"loss": trained["out"] / "bahdanau_loss.png",
+             "attention": trained["out"] / "bahdanau_attention.png"}
+    for path in plots.values():
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(path).ndim == 3
+
+    record = json.loads(trained["json"].read_text())
+    assert record["command"] == "train bahdanau"
+    assert record["final_loss"] == record["losses"][-1] and len(record["losses"]) == 2
+    assert record["tokens_per_sec"] > 0 and record["wall_time_s"] > 0
+    assert [t["source"] for t in record["translations"]] == [s for s, _ in BOOK_PAIRS]
+    assert [t["reference"] for t in record["translations"]] == [r for _, r in BOOK_PAIRS]
+    assert all(0 <= t["bleu"] <= 1 for t in record["translations"])
+    assert record["config"]["training"]["seed"] == 5 and record["config"]["num_steps"] == 6
+    assert record["checkpoint"] == str(trained["checkpoint"])
+    assert record["plots"] == {name: str(path) for name, path in plots.items()}
+    assert {"jax", "flax", "optax", "backend"} <= set(record)
+    for t in record["translations"]:
+        assert f"{t['source']} => {t['translation']}, bleu {t['bleu']:.3f}" in trained["printed"]
+
+
+def test_translate_prints_the_translations(trained, tmp_path, capsys):
+    out, record_path = tmp_path / "heatmaps", tmp_path / "t.json"
+    status = main(["translate", "--checkpoint", str(trained["checkpoint"]), "--out", str(out),
+                   "--json", str(record_path), "i lost .", "", "go go go go go go go go .",
+                   "zorglub ."])
+    assert status == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert lines[0].startswith("i lost . => ")
+    assert any(line.startswith(" => ") for line in lines)  # the empty sentence
+    assert "note: source truncated" in printed and "num_steps = 6" in printed
+    assert "note: unknown words read as <unk>: zorglub" in printed
+    record = json.loads(record_path.read_text())
+    assert [t["source"] for t in record["translations"]] == [
+        "i lost .", "", "go go go go go go go go .", "zorglub ."]
+    assert record["translations"][2]["truncated"]
+    assert record["translations"][3]["unknown_words"] == ["zorglub"]
+    for name, path in record["plots"].items():
+        assert path.endswith(f"{name}.png")
+        with open(path, "rb") as stream:
+            assert stream.read(8) == PNG_SIGNATURE
+    # The same translations as the library call on the loaded checkpoint.
+    checkpoint = load_checkpoint(trained["checkpoint"])
+    direct = translate(checkpoint.params, "i lost .", checkpoint.src_vocab, checkpoint.tgt_vocab,
+                       checkpoint.config["num_steps"])
+    assert lines[0] == f"i lost . => {direct.translation}"
+
+
+def test_checkpoint_round_trip(trained, tmp_path):
+    # The same run, in-process: bit-identical to the one the command saved.
+    run = train_bahdanau(epochs=2, num_examples=64, batch_size=32, embed_size=8, num_hiddens=8,
+                         num_layers=2, num_steps=6, seed=5, progress=False, log=None)
+    loaded = load_checkpoint(trained["checkpoint"])
+    chex.assert_trees_all_equal(loaded.params, run.params)
+    assert loaded.src_vocab == run.src_vocab and loaded.tgt_vocab == run.tgt_vocab
+    # save -> load -> identical parameters and translations.
+    saved = save_checkpoint(tmp_path / "again", run.params, run.src_vocab, run.tgt_vocab,
+                            run.config)
+    again = load_checkpoint(saved)
+    chex.assert_trees_all_equal(again.params, run.params)
+    assert again.config["training"] == run.config["training"]
+    assert {"jax", "flax", "jax-attention"} <= set(again.config["versions"])
+    sentences = [source for source, _ in BOOK_PAIRS]
+    before = translate(run.params, sentences, run.src_vocab, run.tgt_vocab, 6)
+    after = translate(again.params, sentences, again.src_vocab, again.tgt_vocab, 6)
+    assert [t.translation for t in after] == [t.translation for t in before] == [
+        t.translation for _, t in run.translations]
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a.weights, b.weights)
+    # Saving over an existing checkpoint replaces it, leaving nothing else behind.
+    save_checkpoint(saved, run.params, run.src_vocab, run.tgt_vocab, run.config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
+
+
+def _copy(trained, tmp_path):
+    return shutil.copytree(trained["checkpoint"], tmp_path / "copy")
+
+
+@pytest.mark.parametrize(("damage", "error", "message"), [
+    (lambda d: (d / "params.npz").write_bytes((d / "params.npz").read_bytes()[:100]),
+     ValueError, r"params.npz cannot be read"),
+    (lambda d: (d / "params.npz").unlink(), FileNotFoundError, r"lacks params.npz"),
+    (lambda d: (d / "config.json").write_text("{not json"), ValueError,
+     r"config.json is not valid JSON"),
+    (lambda d: (d / "config.json").write_text('{"format": "other"}'), ValueError,
+     r"config.json is not a Bahdanau checkpoint config"),
+    (lambda d: (d / "tgt_vocab.json").write_text("[]"), ValueError,
+     r"tgt_vocab.json is not a vocabulary"),
+    (lambda d: (d / "src_vocab.json").write_text((d / "tgt_vocab.json").read_text()), ValueError,
+     r"src_vocab.json has \d+ tokens but config.json says src_vocab_size"),
+    (lambda d: _rewrite_params(d, "decoder/dense/b", lambda a: a[:-1]), ValueError,
+     r"parameter 'decoder/dense/b' has shape"),
+    (lambda d: _rewrite_params(d, "encoder/embedding", lambda a: a * np.nan), ValueError,
+     r"parameter 'encoder/embedding' holds NaN or Inf"),
+    (lambda d: _rewrite_params(d, "decoder/attention/w_v", None), ValueError,
+     r"holds the wrong parameters: missing \['decoder/attention/w_v'\]"),
+])
+def test_corrupt_checkpoint_gives_a_clear_error(trained, tmp_path, damage, error, message):
+    directory = _copy(trained, tmp_path)
+    damage(directory)
+    with pytest.raises(error, match=message):
+        load_checkpoint(directory)
+
+
+def _rewrite_params(directory, name, change):
+    with np.load(directory / "params.npz") as stored:
+        flat = {key: stored[key] for key in stored.files}
+    if change is None:
+        del flat[name]
+    else:
+        flat[name] = change(flat[name])
+    with open(directory / "params.npz", "wb") as stream:
+        np.savez(stream, **flat)
+
+
+def test_translate_with_a_bad_checkpoint_exits_2(trained, tmp_path, capsys):
+    directory = _copy(trained, tmp_path)
+    (directory / "params.npz").write_bytes(b"garbage")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "--checkpoint", str(directory), "go ."])
+    assert exit_info.value.code == 2
+    assert "params.npz cannot be read" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "--checkpoint", str(tmp_path / "none"), "go ."])
+    assert exit_info.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_save_refuses_a_directory_that_is_not_a_checkpoint(trained, tmp_path):
+    checkpoint = load_checkpoint(trained["checkpoint"])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no checkpoint"):
+        save_checkpoint(tmp_path / "other", checkpoint.params, checkpoint.src_vocab,
+                        checkpoint.tgt_vocab, checkpoint.config)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    assert flatten_params(checkpoint.params).keys() >= {"decoder/dense/W"}
+
+
+def test_missing_data_file_exits_2_with_the_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv(data.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "bahdanau", *TINY_ARGS, "--checkpoint", str(tmp_path / "ckpt")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "the English–French data (fra-eng/fra.txt) was not found" in err and "--data" in err
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "bahdanau", "--dropout", "1.5"], "--dropout: expected a number in [0, 1)"),
+    (["train", "bahdanau", "--num-layers", "0"], "--num-layers: expected an integer >= 1"),
+    (["train", "bahdanau", "--lr", "0"], "--lr: expected a finite number > 0"),
+    (["translate"], "the following arguments are required: SENTENCE"),
+    (["translate", "--max-len", "0", "go ."], "--max-len: expected an integer >= 1"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_checkpoint_argument_checked_before_training(tmp_path, capsys):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "bahdanau", "--checkpoint", str(not_a_dir)])
+    assert exit_info.value.code == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "translate" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "bahdanau" in capsys.readouterr().out
