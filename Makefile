@@ -19,12 +19,13 @@ $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
 
-# The book's seq2seq with Bahdanau attention (d2l §11.4), with the book's settings: prints the
-# loss and the translations of its four sentences with their BLEU, writes the loss curve and the
-# attention heatmap into $(OUT) and the checkpoint that `jax-attention translate` reads into
-# runs/bahdanau.
+# The project's main job: the book's Transformer (d2l §11.7) with the book's settings: prints the
+# loss, tokens/sec and the translations of its four sentences with their BLEU, writes the loss
+# curve and the attention heatmaps (encoder self, decoder self, encoder–decoder; every layer and
+# head) into $(OUT) and the checkpoint that `jax-attention translate` reads into
+# runs/transformer. (`jax-attention train bahdanau` trains the seq2seq of d2l §11.4.)
 run: $(VENV)/.installed
-	$(BIN)/jax-attention train bahdanau --out $(OUT) --json $(OUT)/bahdanau.json
+	$(BIN)/jax-attention train transformer --out $(OUT) --json $(OUT)/transformer.json
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

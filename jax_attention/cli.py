@@ -516,11 +516,152 @@ def run_train_bahdanau(args: argparse.Namespace, parser: argparse.ArgumentParser
     return 0
 
 
+# --------------------------------------------------------------------------- Transformer: train
+
+
+def _layer_head_heatmaps(weights, path: Path, *, xlabel: str, ylabel: str, xticks, yticks) -> None:
+    """``(L, N, T, S)`` weights as a grid: one row per layer (block), one column per head."""
+    from jax_attention.plotting import save_figure, show_heatmaps
+
+    L, N, T, S = weights.shape
+    fig = show_heatmaps(weights, xlabel=xlabel, ylabel=ylabel,
+                        titles=[f"Head {n}" for n in range(1, N + 1)],
+                        figsize=(max(2.0, 0.4 * S + 1.0), max(2.0, 0.35 * T + 1.0)))
+    for layer, axes in enumerate(fig.axes[:L * N]):
+        axes.set_xticks(range(S), labels=xticks, rotation=90)
+        axes.set_yticks(range(T), labels=yticks)
+        if axes.get_subplotspec().is_first_col():
+            axes.set_ylabel(f"Layer {layer // N + 1}\n{ylabel}")
+    save_figure(fig, path)
+
+
+@register("train transformer",
+          help="the Transformer encoder–decoder on English–French (d2l §11.7)",
+          description="Train the book's Transformer (d2l §11.7.6) on the first --num-examples "
+                      "English–French pairs: embeddings scaled by sqrt(D) plus sinusoidal "
+                      "positions, multi-head self-attention, causal decoder self-attention, "
+                      "encoder–decoder attention, position-wise FFN, add & norm; teacher "
+                      "forcing, masked cross-entropy, Adam with gradients clipped to norm 1. "
+                      "The defaults are the book's. Prints the loss and tokens/sec, translates "
+                      "the book's four sentences with their BLEU, optionally scores held-out "
+                      "pairs (--val-fraction), and writes a checkpoint that 'jax-attention "
+                      "translate' reads.")
+def _train_transformer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-hiddens", metavar="D", type=positive_int, default=32,
+                        help="model width (default: %(default)s)")
+    parser.add_argument("--ffn-num-hiddens", metavar="F", type=positive_int, default=64,
+                        help="hidden width of the position-wise FFN (default: %(default)s)")
+    parser.add_argument("--num-heads", metavar="N", type=positive_int, default=4,
+                        help="attention heads; must divide --num-hiddens (default: %(default)s)")
+    parser.add_argument("--num-layers", metavar="L", type=positive_int, default=2,
+                        help="encoder and decoder blocks (default: %(default)s)")
+    parser.add_argument("--dropout", metavar="P", type=_dropout_rate, default=0.1,
+                        help="dropout after the positional encoding, on the attention weights "
+                             "and in add & norm (default: %(default)s)")
+    parser.add_argument("--batch-size", metavar="N", type=positive_int, default=64,
+                        help="examples per batch (default: %(default)s)")
+    parser.add_argument("--num-steps", metavar="T", type=positive_int, default=10,
+                        help="tokens per sequence, padded or cut (default: %(default)s)")
+    parser.add_argument("--lr", metavar="LR", type=positive_float, default=0.005,
+                        help="Adam learning rate (default: %(default)s)")
+    parser.add_argument("--epochs", metavar="N", type=positive_int, default=200,
+                        help="passes over the data (default: %(default)s)")
+    parser.add_argument("--num-examples", metavar="N", type=positive_int, default=600,
+                        help="English–French pairs used (default: %(default)s)")
+    parser.add_argument("--val-fraction", metavar="P", type=_dropout_rate, default=0.0,
+                        help="hold out this fraction of the pairs and report their corpus BLEU "
+                             "(k = 4) and mean sentence BLEU, greedy decoding (default: "
+                             "%(default)s)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the batch order, the parameters and dropout; the same seed "
+                             "gives the same losses bit for bit on CPU (default: %(default)s)")
+    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
+                        help="the English–French data: fra-eng.zip, a folder or fra.txt "
+                             "(default: $JAX_ATTENTION_DATA, then ../shared/data/fra-eng.zip "
+                             "beside the checkout, then the user cache)")
+    parser.add_argument("--checkpoint", metavar="DIR", type=Path, default=Path("runs/transformer"),
+                        help="write the trained model here (default: %(default)s)")
+    parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
+                        help="print the loss every N epochs (default: %(default)s)")
+    add_output_arguments(parser)
+    parser.set_defaults(handler=run_train_transformer)
+
+
+def run_train_transformer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``train transformer``; see its ``--help``."""
+    _check_output_arguments(args, parser)
+    _check_checkpoint_argument(args.checkpoint, parser)
+    if args.num_hiddens % args.num_heads:
+        parser.error(f"argument --num-heads: {args.num_heads} does not divide --num-hiddens = "
+                     f"{args.num_hiddens}")
+    from jax_attention.data import find_data
+    from jax_attention.train import train_transformer
+
+    try:
+        find_data(args.data)
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    try:
+        result = train_transformer(
+            num_hiddens=args.num_hiddens, ffn_num_hiddens=args.ffn_num_hiddens,
+            num_heads=args.num_heads, num_layers=args.num_layers, dropout=args.dropout,
+            batch_size=args.batch_size, num_steps=args.num_steps, lr=args.lr, epochs=args.epochs,
+            num_examples=args.num_examples, val_fraction=args.val_fraction, seed=args.seed,
+            data=args.data, checkpoint=args.checkpoint, progress=args.progress,
+            log_every=args.log_every)
+    except ValueError as error:  # e.g. a --val-fraction that leaves no training pair
+        parser.error(str(error))
+    environment = _environment()
+    print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
+          f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
+          f"{environment['backend']}")
+    for (reference, translation), score in zip(result.translations, result.bleu):
+        print(f"{translation.source} => {translation.translation}, bleu {score:.3f}")
+    if result.validation is not None:
+        v = result.validation
+        print(f"held-out: {v['num_pairs']} pairs, corpus BLEU (k = 4) {v['corpus_bleu']:.3f}, "
+              f"mean sentence BLEU {v['mean_sentence_bleu']:.3f}")
+    print(f"wall time {result.wall_time_s:.2f} s")
+    print(f"wrote checkpoint {result.checkpoint}")
+
+    plots = {}
+    if args.out is not None:
+        from jax_attention.plotting import plot_curve
+
+        plots["loss"] = args.out / "transformer_loss.png"
+        plot_curve(result.losses, ylabel="loss", path=plots["loss"],
+                   title="Transformer, training loss")
+        # The book's figures: the last sentence's weights, every layer (row) and head (column).
+        t = result.translations[-1][1]
+        queries = t.tokens + (["<eos>"] if t.finished else [])
+        inputs = ["<bos>"] + queries[:-1]
+        plots["encoder_self"] = args.out / "transformer_encoder_self_attention.png"
+        _layer_head_heatmaps(t.encoder_self, plots["encoder_self"], xlabel="Key positions",
+                             ylabel="Query positions", xticks=t.source_tokens,
+                             yticks=t.source_tokens)
+        plots["decoder_self"] = args.out / "transformer_decoder_self_attention.png"
+        _layer_head_heatmaps(t.decoder_self, plots["decoder_self"], xlabel="Key positions",
+                             ylabel="Query positions", xticks=inputs, yticks=inputs)
+        plots["encoder_decoder"] = args.out / "transformer_encoder_decoder_attention.png"
+        _layer_head_heatmaps(t.encoder_decoder, plots["encoder_decoder"],
+                             xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)",
+                             xticks=t.source_tokens, yticks=inputs)
+        for path in plots.values():
+            print(f"wrote {path}")
+    if args.json is not None:
+        record = {"command": "train transformer", **result.figures(), **environment,
+                  "plots": {name: str(path) for name, path in plots.items()}}
+        _write_json(args.json, record)
+        print(f"wrote {args.json}")
+    return 0
+
+
 @register("translate",
-          help="translate English sentences with a trained Bahdanau checkpoint",
+          help="translate English sentences with a trained Bahdanau or Transformer checkpoint",
           description="Translate one or more English sentences into French with a checkpoint "
-                      "written by 'jax-attention train bahdanau': the book's preprocessing, "
-                      "greedy decoding. Unknown words are read as <unk>; a sentence longer than "
+                      "written by 'jax-attention train bahdanau' or 'train transformer' (the "
+                      "kind is read from the checkpoint): the book's preprocessing, greedy "
+                      "decoding or, with --beam K, beam search (Transformer). Unknown words are read as <unk>; a sentence longer than "
                       "the model's num_steps is cut, with a note. Quote each sentence.")
 def _translate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sentences", metavar="SENTENCE", nargs="+",
@@ -529,6 +670,12 @@ def _translate(parser: argparse.ArgumentParser) -> None:
                         help="the checkpoint directory (default: %(default)s)")
     parser.add_argument("--max-len", metavar="N", type=positive_int, default=None,
                         help="decoding steps (default: the checkpoint's num_steps)")
+    parser.add_argument("--model", choices=("auto", "bahdanau", "transformer"), default="auto",
+                        help="the checkpoint's model; 'auto' reads it from the checkpoint "
+                             "(default: %(default)s)")
+    parser.add_argument("--beam", metavar="K", type=positive_int, default=1,
+                        help="beam size: 1 is greedy decoding, K > 1 beam search with length "
+                             "normalisation (Transformer only; default: %(default)s)")
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,
                         help="write the attention heatmap of each sentence into DIR "
                              "(translation_1.png, ...)")
@@ -547,8 +694,30 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         checkpoint = load_checkpoint(args.checkpoint)
     except (FileNotFoundError, ValueError) as error:
         parser.error(f"argument --checkpoint: {error}")
-    results = translate(checkpoint.params, args.sentences, checkpoint.src_vocab,
-                        checkpoint.tgt_vocab, checkpoint.config["num_steps"], max_len=args.max_len)
+    kind = checkpoint.config.get("model", "bahdanau")
+    if args.model != "auto" and args.model != kind:
+        parser.error(f"argument --model: {args.model!r}, but the checkpoint holds a {kind!r} model")
+    if kind == "transformer":
+        from jax_attention import transformer
+
+        config = checkpoint.config
+        if args.max_len is not None and args.max_len > config["max_positions"]:
+            parser.error(f"argument --max-len: {args.max_len} exceeds the model's max_positions "
+                         f"= {config['max_positions']}")
+        if args.beam > config["tgt_vocab_size"]:
+            parser.error(f"argument --beam: {args.beam} exceeds the target vocabulary size "
+                         f"{config['tgt_vocab_size']}")
+        results = transformer.translate(
+            checkpoint.params, args.sentences, checkpoint.src_vocab, checkpoint.tgt_vocab,
+            config["num_steps"], num_heads=config["num_heads"], max_len=args.max_len,
+            beam_size=args.beam, max_positions=config["max_positions"])
+    else:
+        if args.beam != 1:
+            parser.error("argument --beam: beam search is implemented for the Transformer only; "
+                         "use --beam 1 with a Bahdanau checkpoint")
+        results = translate(checkpoint.params, args.sentences, checkpoint.src_vocab,
+                            checkpoint.tgt_vocab, checkpoint.config["num_steps"],
+                            max_len=args.max_len)
     plots = {}
     for number, result in enumerate(results, start=1):
         print(f"{result.source} => {result.translation}")
@@ -560,7 +729,8 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     for path in plots.values():
         print(f"wrote {path}")
     if args.json is not None:
-        record = {"command": "translate", "checkpoint": str(args.checkpoint),
+        record = {"command": "translate", "checkpoint": str(args.checkpoint), "model": kind,
+                  "beam": args.beam,
                   "translations": [{"source": r.source, "translation": r.translation,
                                     "source_tokens": r.source_tokens, "finished": r.finished,
                                     "truncated": r.truncated, "unknown_words": r.unknown_words,

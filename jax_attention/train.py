@@ -44,7 +44,7 @@ from jax_attention.bahdanau import masked_cross_entropy
 
 __all__ = ["KernelRegressionResult", "train_kernel_regression", "BOOK_PAIRS", "BahdanauResult",
            "train_bahdanau", "evaluate_translations", "Checkpoint", "save_checkpoint",
-           "load_checkpoint"]
+           "load_checkpoint", "TransformerResult", "train_transformer", "evaluate_held_out"]
 
 
 @dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
@@ -233,6 +233,33 @@ CHECKPOINT_FORMAT = "jax-attention.bahdanau-checkpoint/1"
 _CHECKPOINT_FILES = ("config.json", "params.npz", "src_vocab.json", "tgt_vocab.json")
 _MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size", "embed_size", "num_hiddens", "num_layers",
                "dropout", "num_steps")
+TRANSFORMER_CHECKPOINT_FORMAT = "jax-attention.transformer-checkpoint/1"
+_TRANSFORMER_MODEL_KEYS = ("src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
+                           "num_heads", "num_layers", "dropout", "num_steps", "max_positions")
+# The model kind (config["model"]; absent = "bahdanau", as written before the Transformer) ->
+# (format tag, the config keys that size the model).
+_CHECKPOINT_KINDS = {"bahdanau": (CHECKPOINT_FORMAT, _MODEL_KEYS),
+                     "transformer": (TRANSFORMER_CHECKPOINT_FORMAT, _TRANSFORMER_MODEL_KEYS)}
+
+
+def _checkpoint_kind(config: dict) -> str:
+    kind = config.get("model", "bahdanau")
+    if kind not in _CHECKPOINT_KINDS:
+        raise ValueError(f"config['model'] must be one of {sorted(_CHECKPOINT_KINDS)}, got {kind!r}")
+    return kind
+
+
+def _expected_param_shapes(kind: str, config: dict) -> dict:
+    if kind == "transformer":
+        from jax_attention import transformer
+
+        return transformer.flatten_params(transformer.param_shapes(*(config[key] for key in (
+            "src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
+            "num_layers"))))
+    from jax_attention.bahdanau import flatten_params, param_shapes
+
+    return flatten_params(param_shapes(*(config[key] for key in (
+        "src_vocab_size", "tgt_vocab_size", "embed_size", "num_hiddens", "num_layers"))))
 
 
 @dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
@@ -344,14 +371,19 @@ def _pad_batch(batch, batch_size: int, src_pad: int, tgt_pad: int):
 
 
 def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BOOK_PAIRS, *,
-                          k: int = 2):
+                          k: int = 2, translate: Callable | None = None):
     """Translate each ``(source, reference)`` of ``pairs`` and score it with BLEU (``k``).
+
+    ``translate(params, sentences, src_vocab, tgt_vocab, num_steps)`` defaults to
+    :func:`jax_attention.bahdanau.translate`.
 
     Returns:
       ``(translations, scores)``: ``[(reference, Translation)]`` and the BLEU of each.
     """
-    from jax_attention.bahdanau import translate
     from jax_attention.metrics import bleu
+
+    if translate is None:
+        from jax_attention.bahdanau import translate
 
     pairs = list(pairs)
     results = translate(params, [source for source, _ in pairs], src_vocab, tgt_vocab, num_steps)
@@ -534,9 +566,11 @@ def save_checkpoint(directory: str | os.PathLike, params: dict, src_vocab, tgt_v
     from jax_attention.bahdanau import flatten_params
 
     directory = Path(directory)
-    missing = [key for key in _MODEL_KEYS if key not in config]
+    kind = _checkpoint_kind(config)
+    checkpoint_format, model_keys = _CHECKPOINT_KINDS[kind]
+    missing = [key for key in model_keys if key not in config]
     if missing:
-        raise ValueError(f"config must hold the model sizes {list(_MODEL_KEYS)}; missing {missing}")
+        raise ValueError(f"config must hold the model sizes {list(model_keys)}; missing {missing}")
     if directory.exists():
         if not directory.is_dir():
             raise FileExistsError(f"checkpoint {str(directory)!r} exists and is not a directory")
@@ -556,7 +590,7 @@ def save_checkpoint(directory: str | os.PathLike, params: dict, src_vocab, tgt_v
             np.savez(stream, **flat)
         (temporary / "src_vocab.json").write_text(src_vocab.to_json(), encoding="utf-8")
         (temporary / "tgt_vocab.json").write_text(tgt_vocab.to_json(), encoding="utf-8")
-        record = {"format": CHECKPOINT_FORMAT, **config, "versions": _versions()}
+        record = {"format": checkpoint_format, **config, "versions": _versions()}
         (temporary / "config.json").write_text(json.dumps(record, indent=2) + "\n",
                                                encoding="utf-8")
         if directory.exists():
@@ -584,7 +618,7 @@ def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
       FileNotFoundError: ``directory`` or one of its files is missing.
       ValueError: a file is corrupt or does not match the others; the message names the file.
     """
-    from jax_attention.bahdanau import flatten_params, param_shapes, unflatten_params
+    from jax_attention.bahdanau import unflatten_params
     from jax_attention.data import RESERVED_TOKENS, Vocab
 
     directory = Path(directory)
@@ -603,10 +637,16 @@ def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise bad("config.json", f"is not valid JSON ({error})") from None
-    if not isinstance(config, dict) or config.get("format") != CHECKPOINT_FORMAT:
+    formats = {tag: kind for kind, (tag, _) in _CHECKPOINT_KINDS.items()}
+    if not isinstance(config, dict) or config.get("format") not in formats:
         raise bad("config.json", f"is not a Bahdanau checkpoint config (format "
-                                 f"{CHECKPOINT_FORMAT!r} expected)")
-    for key in _MODEL_KEYS:
+                                 f"{CHECKPOINT_FORMAT!r} expected) nor a Transformer one "
+                                 f"({TRANSFORMER_CHECKPOINT_FORMAT!r})")
+    kind = formats[config["format"]]
+    config.setdefault("model", kind)
+    if config["model"] != kind:
+        raise bad("config.json", f"says model {config['model']!r} but has the format of {kind!r}")
+    for key in _CHECKPOINT_KINDS[kind][1]:
         value = config.get(key)
         if key == "dropout":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
@@ -631,8 +671,10 @@ def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
             raise bad(name, f"lacks the reserved tokens {absent}")
         vocabs[side] = vocab
 
-    expected = flatten_params(param_shapes(*(config[key] for key in (
-        "src_vocab_size", "tgt_vocab_size", "embed_size", "num_hiddens", "num_layers"))))
+    if kind == "transformer" and config["num_hiddens"] % config["num_heads"]:
+        raise bad("config.json", f"has num_hiddens = {config['num_hiddens']} not divisible by "
+                                 f"num_heads = {config['num_heads']}")
+    expected = _expected_param_shapes(kind, config)
     try:
         # Our own file handle: np.load(path) leaks its handle when the archive is corrupt.
         with open(directory / "params.npz", "rb") as stream, \
@@ -654,3 +696,214 @@ def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
     params = unflatten_params({name: jnp.asarray(array) for name, array in flat.items()})
     return Checkpoint(params=params, src_vocab=vocabs["src"], tgt_vocab=vocabs["tgt"],
                       config=config, path=directory)
+
+
+# --------------------------------------------------------------------------- Transformer
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class TransformerResult(BahdanauResult):
+    """What :func:`train_transformer` trained and measured: the fields of :class:`BahdanauResult`
+    (``model`` a :class:`~jax_attention.transformer.TransformerSeq2Seq`, ``translations`` of
+    :class:`~jax_attention.transformer.TransformerTranslation`) and
+
+    Attributes:
+      validation: ``None``, or the held-out evaluation (:func:`evaluate_held_out`):
+        ``{"num_pairs", "corpus_bleu" (k = 4), "mean_sentence_bleu" (k = 4), "examples"}``.
+    """
+
+    validation: dict | None = None
+
+    def figures(self) -> dict:
+        """The results as JSON-ready Python values (no arrays)."""
+        return {**super().figures(), "validation": self.validation}
+
+
+def _ids_to_sentence(ids, vocab, stop_ids) -> str:
+    words = []
+    for i in ids:
+        if int(i) in stop_ids:
+            break
+        words.append(vocab.to_tokens(int(i)))
+    return " ".join(words)
+
+
+def evaluate_held_out(params, split, src_vocab, tgt_vocab, *, num_heads: int, num_steps: int,
+                      max_positions: int, batch_size: int = 256, num_examples_shown: int = 5
+                      ) -> dict:
+    """Greedy translations of held-out pairs, in batches, scored with corpus and sentence BLEU (k = 4).
+
+    The references are the held-out targets as the model would have seen them (``num_steps``
+    tokens at most, ``<eos>`` removed, words outside the training vocabulary as ``<unk>``).
+
+    Args:
+      split: a :class:`jax_attention.data.TranslationArrays` (``TranslationData.val``).
+
+    Returns:
+      ``{"num_pairs", "corpus_bleu", "mean_sentence_bleu", "examples": [{"source", "translation",
+      "reference", "bleu"}, ...]}``.
+    """
+    from jax_attention.metrics import bleu, corpus_bleu
+    from jax_attention.transformer import greedy_decode
+
+    bos_id, eos_id, pad_id = tgt_vocab["<bos>"], tgt_vocab["<eos>"], tgt_vocab["<pad>"]
+    src_stop = {src_vocab["<eos>"], src_vocab["<pad>"]}
+    predictions, references, sources = [], [], []
+    n = len(split)
+    for start in range(0, n, batch_size):
+        src = split.src[start:start + batch_size]
+        src_valid_len = split.src_valid_len[start:start + batch_size]
+        rows = src.shape[0]
+        if rows < batch_size and n > batch_size:  # one compiled shape for every batch
+            src = np.concatenate([src, np.full((batch_size - rows, src.shape[1]),
+                                               src_vocab["<pad>"], src.dtype)])
+            src_valid_len = np.concatenate([src_valid_len, np.ones(batch_size - rows,
+                                                                   src_valid_len.dtype)])
+        tokens, lengths, _ = jax.device_get(greedy_decode(
+            params, src, src_valid_len, num_heads=num_heads, bos_id=bos_id, eos_id=eos_id,
+            pad_id=pad_id, max_len=num_steps, max_positions=max_positions))
+        for row in range(rows):
+            predictions.append(" ".join(tgt_vocab.to_tokens(
+                [int(i) for i in tokens[row, :int(lengths[row])]])))
+            index = start + row
+            references.append(_ids_to_sentence(split.tgt[index], tgt_vocab, {eos_id, pad_id}))
+            sources.append(_ids_to_sentence(split.src[index], src_vocab, src_stop))
+    scores = [bleu(p, r, 4) for p, r in zip(predictions, references)]
+    return {
+        "num_pairs": n,
+        "corpus_bleu": corpus_bleu(predictions, references, 4) if n else 0.0,
+        "mean_sentence_bleu": float(np.mean(scores)) if n else 0.0,
+        "examples": [{"source": s_, "translation": p, "reference": r, "bleu": b}
+                     for s_, p, r, b in list(zip(sources, predictions, references, scores))
+                     [:num_examples_shown]],
+    }
+
+
+def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_heads: int = 4,
+                      num_layers: int = 2, dropout: float = 0.1, batch_size: int = 64,
+                      num_steps: int = 10, lr: float = 0.005, epochs: int = 200,
+                      num_examples: int = 600, val_fraction: float = 0.0, seed: int = 0,
+                      max_positions: int = 1000, data: str | os.PathLike | None = None,
+                      checkpoint: str | os.PathLike | None = None, progress: bool = True,
+                      log: Callable[[str], object] | None = print,
+                      log_every: int = 10) -> TransformerResult:
+    """Train the Transformer on English–French — d2l §11.7.6, the book's ``train_seq2seq``.
+
+    The recipe of :func:`train_bahdanau` (teacher forcing, the book's masked cross-entropy summed
+    over the batch, gradients clipped to global norm 1, Adam) with the book's Transformer
+    settings: ``D = 32``, 2 blocks, 4 heads, FFN 64, dropout 0.1, batch 64, ``num_steps`` 10,
+    lr 0.005, 200 epochs, 600 pairs. Dropout acts after the positional encoding, on the attention
+    weights and in every AddNorm during training; the decoder's self-attention is causal always.
+
+    With ``val_fraction > 0`` the last pairs are held out (:func:`~jax_attention.data.
+    load_data_nmt`) and translated greedily after training (:func:`evaluate_held_out`).
+
+    Returns:
+      A :class:`TransformerResult`, with the book's four sentences translated and scored.
+    """
+    from jax_attention import transformer
+    from jax_attention.bahdanau import teacher_forcing_inputs
+    from jax_attention.data import load_data_nmt
+    from jax_attention.multihead import _check_num_heads
+
+    for name, value in (("num_hiddens", num_hiddens), ("ffn_num_hiddens", ffn_num_hiddens),
+                        ("num_heads", num_heads), ("num_layers", num_layers),
+                        ("batch_size", batch_size), ("num_steps", num_steps),
+                        ("num_examples", num_examples), ("log_every", log_every),
+                        ("max_positions", max_positions)):
+        _check_positive_int(name, value)
+    _check_num_heads(num_hiddens, num_heads)
+    _check_epochs_lr(epochs, lr)
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if num_steps > max_positions:
+        raise ValueError(f"num_steps = {num_steps} exceeds max_positions = {max_positions}")
+
+    start = time.perf_counter()
+    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed,
+                        val_fraction=val_fraction)
+    src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
+    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], src_vocab["<pad>"], tgt_vocab["<pad>"]
+    params_rng, dropout_rng = jax.random.key(seed), jax.random.key(seed, impl="rbg")
+    model = transformer.TransformerSeq2Seq(
+        len(src_vocab), len(tgt_vocab), num_hiddens, ffn_num_hiddens, num_heads, num_layers,
+        dropout, max_positions=max_positions,
+        rngs=nnx.Rngs(params=params_rng, dropout=dropout_rng))
+    model.train()
+    optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
+
+    losses, tokens_per_sec = [], []
+    with tqdm(total=epochs, desc="transformer", unit="epoch",
+              disable=None if progress else True, leave=False) as bar:
+        for epoch in range(1, epochs + 1):
+            epoch_start = time.perf_counter()
+            batch_losses, num_tokens = [], 0
+            for batch in nmt.batches(epoch - 1):
+                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, batch_size, src_pad,
+                                                                    tgt_pad)
+                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
+                # The same step as the Bahdanau model's: model(src, src_valid_len, dec_input).
+                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
+                                                   dec_input, tgt, tgt_valid_len))
+                num_tokens += int(tgt_valid_len.sum())
+            total = float(sum(float(loss) for loss in batch_losses))
+            elapsed = time.perf_counter() - epoch_start
+            losses.append(total / num_tokens)
+            tokens_per_sec.append(num_tokens / elapsed)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
+                            refresh=False)
+            bar.update(1)
+            if log is not None and (epoch % log_every == 0 or epoch == epochs):
+                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
+                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
+                if bar.disable:
+                    log(line)
+                else:
+                    with tqdm.external_write_mode():
+                        log(line)
+
+    model.eval()
+    params = jax.tree.map(np.asarray, model.params_dict())
+    config = {
+        "model": "transformer",
+        "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
+        "num_hiddens": num_hiddens, "ffn_num_hiddens": ffn_num_hiddens, "num_heads": num_heads,
+        "num_layers": num_layers, "dropout": float(dropout), "num_steps": num_steps,
+        "max_positions": max_positions,
+        "training": {"batch_size": batch_size, "lr": float(lr), "epochs": epochs,
+                     "num_examples": num_examples, "val_fraction": float(val_fraction),
+                     "seed": seed, "clip_global_norm": 1.0, "optimizer": "adam",
+                     "loss": "d2l MaskedSoftmaxCELoss, summed over the batch"},
+    }
+
+    def translate(params, sentences, src_vocab, tgt_vocab, num_steps):
+        return transformer.translate(params, sentences, src_vocab, tgt_vocab, num_steps,
+                                     num_heads=num_heads, max_positions=max_positions)
+
+    translations, scores = evaluate_translations(params, src_vocab, tgt_vocab, num_steps,
+                                                 translate=translate)
+    validation = None
+    if len(nmt.val):
+        validation = evaluate_held_out(params, nmt.val, src_vocab, tgt_vocab,
+                                       num_heads=num_heads, num_steps=num_steps,
+                                       max_positions=max_positions)
+    written = None
+    if checkpoint is not None:
+        written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
+    return TransformerResult(
+        losses=losses,
+        cross_entropy=[loss * num_steps for loss in losses],
+        tokens_per_sec=tokens_per_sec,
+        model=model,
+        params=params,
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        config=config,
+        translations=translations,
+        bleu=scores,
+        wall_time_s=time.perf_counter() - start,
+        checkpoint=written,
+        validation=validation,
+    )

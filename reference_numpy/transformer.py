@@ -1,0 +1,188 @@
+"""The Transformer encoder–decoder — d2l §11.7 (float64 NumPy reference).
+
+Mirror of :mod:`jax_attention.transformer`: the same functions, names, argument order, einsum
+strings and parameter dicts (see :func:`jax_attention.transformer.param_shapes`). No dropout (the
+reference is the model in evaluation mode), no training, no cache: :func:`greedy_decode` recomputes
+the whole prefix at every step, one sentence at a time, so that it checks the JAX key/value cache.
+
+``AddNorm(X, Y) = LayerNorm(Y + X)`` (eps ``1e-5``); ``FFN(X) = relu(X W_1 + b_1) W_2 + b_2``;
+the encoder and the decoder scale the embeddings by ``sqrt(D)`` before adding ``P``; the decoder's
+self-attention is causal; the encoder–decoder attention is masked by the source valid lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from reference_numpy.bahdanau import _check_tokens, masked_cross_entropy, teacher_forcing_inputs
+from reference_numpy.multihead import multi_head_attention
+from reference_numpy.positional import positional_encoding
+
+__all__ = [
+    "MAX_POSITIONS",
+    "position_wise_ffn",
+    "layer_norm",
+    "add_norm",
+    "attention",
+    "encoder_block",
+    "encoder",
+    "decoder_block",
+    "decoder",
+    "transformer",
+    "teacher_forcing_loss",
+    "greedy_decode",
+]
+
+MAX_POSITIONS = 1000
+LAYER_NORM_EPS = 1e-5
+
+# The same strings as in jax_attention/transformer.py.
+DENSE = "...i,io->...o"
+
+
+def _dense(params, X, kernel: str, bias: str | None):
+    out = np.einsum(DENSE, X, np.asarray(params[kernel]))
+    return out if bias is None else out + np.asarray(params[bias])
+
+
+def position_wise_ffn(params, X):
+    """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``."""
+    return _dense(params, np.maximum(_dense(params, np.asarray(X), "W_1", "b_1"), 0.0), "W_2", "b_2")
+
+
+def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
+    """LayerNorm over the last axis (biased variance, eps ``1e-5``)."""
+    X = np.asarray(X)
+    mean = X.mean(axis=-1, keepdims=True)
+    variance = np.square(X - mean).mean(axis=-1, keepdims=True)
+    return (X - mean) / np.sqrt(variance + eps) * np.asarray(params["gamma"]) + np.asarray(params["beta"])
+
+
+def add_norm(params, X, Y):
+    """``LayerNorm(Y + X)`` — d2l §11.7.3 (no dropout in the reference)."""
+    return layer_norm(params, np.asarray(Y) + np.asarray(X))
+
+
+def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
+              is_causal: bool = False):
+    """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``."""
+    return multi_head_attention(params, queries, keys_values, keys_values, valid_lens,
+                                num_heads=num_heads, is_causal=is_causal)
+
+
+def encoder_block(params, X, src_valid_len, *, num_heads: int):
+    """``Y = AddNorm(X, MHA(X, X, X))``, ``AddNorm(Y, FFN(Y))`` — d2l §11.7.4.
+
+    Returns ``(output (B, S, D), weights (B, N, S, S))``.
+    """
+    attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads)
+    Y = add_norm(params["addnorm_1"], X, attended)
+    return add_norm(params["addnorm_2"], Y, position_wise_ffn(params["ffn"], Y)), weights
+
+
+def _embed(params, tokens, max_positions: int):
+    embedding = np.asarray(params["embedding"])
+    D = embedding.shape[1]
+    T = tokens.shape[1]
+    if T > max_positions:
+        raise ValueError(f"{T} positions exceed max_positions = {max_positions}")
+    return embedding[tokens] * math.sqrt(D) + positional_encoding(T, D)[None]
+
+
+def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = MAX_POSITIONS):
+    """The Transformer encoder — d2l §11.7.4. Returns ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``."""
+    src = _check_tokens("src", src, np.shape(params["embedding"])[0], ndim=2)
+    X = _embed(params, src, max_positions)
+    weights = []
+    for i in range(len(params["blocks"])):
+        X, w = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len, num_heads=num_heads)
+        weights.append(w)
+    return X, np.stack(weights)
+
+
+def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int):
+    """Causal self-attention, encoder–decoder attention, FFN, each with AddNorm — d2l §11.7.5.
+
+    Returns ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
+    """
+    attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
+                                       is_causal=True)
+    Y = add_norm(params["addnorm_1"], X, attended)
+    crossed, cross_weights = attention(params["cross_attention"], Y, enc_outputs, src_valid_len,
+                                       num_heads=num_heads)
+    Z = add_norm(params["addnorm_2"], Y, crossed)
+    return (add_norm(params["addnorm_3"], Z, position_wise_ffn(params["ffn"], Z)), self_weights,
+            cross_weights)
+
+
+def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
+            max_positions: int = MAX_POSITIONS):
+    """The Transformer decoder, teacher-forced — d2l §11.7.5.
+
+    Returns ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
+    """
+    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["embedding"])[0], ndim=2)
+    X = _embed(params, dec_input, max_positions)
+    self_weights, cross_weights = [], []
+    for i in range(len(params["blocks"])):
+        X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
+                                num_heads=num_heads)
+        self_weights.append(s)
+        cross_weights.append(c)
+    return _dense(params["dense"], X, "W", "b"), {"decoder_self": np.stack(self_weights),
+                                                  "encoder_decoder": np.stack(cross_weights)}
+
+
+def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
+                max_positions: int = MAX_POSITIONS):
+    """Encoder then decoder. Returns ``(logits (B, T, V), weights dict)`` as the JAX function."""
+    enc_outputs, enc_weights = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
+                                       max_positions=max_positions)
+    logits, weights = decoder(params["decoder"], dec_input, enc_outputs, src_valid_len,
+                              num_heads=num_heads, max_positions=max_positions)
+    return logits, {"encoder_self": enc_weights, **weights}
+
+
+def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
+                         num_heads: int, max_positions: int = MAX_POSITIONS):
+    """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing."""
+    logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
+                            num_heads=num_heads, max_positions=max_positions)
+    return masked_cross_entropy(logits, tgt, tgt_valid_len)
+
+
+def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eos_id: int,
+                  pad_id: int, max_len: int, max_positions: int = MAX_POSITIONS):
+    """Greedy decoding, one sentence at a time, recomputing the whole prefix at each step.
+
+    The step-``t`` token is at position ``t`` (``P[t]``), unlike the book's 0.17 predict loop
+    which adds ``P[0]`` to every new token. Output conventions as
+    :func:`jax_attention.transformer.greedy_decode`.
+
+    Returns:
+      ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``weights`` are the last
+      block's encoder–decoder weights averaged over the heads.
+    """
+    src, src_valid_len = np.asarray(src), np.asarray(src_valid_len)
+    B, S = src.shape
+    tokens = np.full((B, max_len), pad_id, dtype=np.int32)
+    lengths = np.zeros(B, dtype=np.int32)
+    weights = np.zeros((B, max_len, S))
+    for b in range(B):
+        enc_outputs, _ = encoder(params["encoder"], src[b:b + 1], src_valid_len[b:b + 1],
+                                 num_heads=num_heads, max_positions=max_positions)
+        prefix = [bos_id]
+        for t in range(max_len):
+            logits, step_weights = decoder(params["decoder"], np.asarray([prefix]), enc_outputs,
+                                           src_valid_len[b:b + 1], num_heads=num_heads,
+                                           max_positions=max_positions)
+            token = int(np.argmax(logits[0, -1]))
+            tokens[b, t] = token
+            weights[b, t] = step_weights["encoder_decoder"][-1, 0, :, -1].mean(axis=0)
+            if token == eos_id:
+                break
+            lengths[b] += 1
+            prefix.append(token)
+    return tokens, lengths, weights

@@ -1,0 +1,118 @@
+"""`jax-attention train transformer` and `jax-attention translate --model transformer`, in-process.
+
+One tiny training run (2 epochs on 64 pairs, a quarter held out) writes the checkpoint, the JSON
+and the plots that the other tests read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from jax_attention import decoding, transformer
+from jax_attention.cli import main
+from jax_attention.train import BOOK_PAIRS, load_checkpoint
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TINY_ARGS = ["--epochs", "2", "--num-examples", "64", "--batch-size", "32", "--num-hiddens", "8",
+             "--ffn-num-hiddens", "16", "--num-heads", "2", "--num-layers", "2", "--num-steps",
+             "6", "--val-fraction", "0.25", "--seed", "5", "--no-progress",
+             # no dropout: a quicker compile (the dropout path is tested in test_transformer.py)
+             "--dropout", "0"]
+
+
+def _run(argv):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(argv)
+    return status, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("transformer")
+    paths = {"checkpoint": root / "ckpt", "out": root / "plots", "json": root / "run.json"}
+    status, printed = _run(["train", "transformer", *TINY_ARGS, "--checkpoint",
+                            str(paths["checkpoint"]), "--out", str(paths["out"]), "--json",
+                            str(paths["json"])])
+    assert status == 0
+    return {**paths, "printed": printed}
+
+
+def test_train_writes_checkpoint_json_and_plots(trained):
+    printed = trained["printed"]
+    assert "epoch 2, loss" in printed and "tokens/sec" in printed
+    for source, _ in BOOK_PAIRS:
+        assert f"{source} => " in printed
+    assert printed.count(", bleu ") == 4
+    assert "held-out: 16 pairs, corpus BLEU (k = 4)" in printed
+    assert sorted(p.name for p in trained["checkpoint"].iterdir()) == [
+        "config.json", "params.npz", "src_vocab.json", "tgt_vocab.json"]
+    names = ["transformer_loss.png", "transformer_encoder_self_attention.png",
+             "transformer_decoder_self_attention.png",
+             "transformer_encoder_decoder_attention.png"]
+    assert sorted(p.name for p in trained["out"].iterdir()) == sorted(names)
+    for name in names:
+        path = trained["out"] / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(path).ndim == 3
+
+    record = json.loads(trained["json"].read_text())
+    assert record["command"] == "train transformer"
+    assert record["config"]["model"] == "transformer"
+    assert record["config"]["num_heads"] == 2
+    assert len(record["translations"]) == 4
+    assert record["validation"]["num_pairs"] == 16
+    assert 0 <= record["validation"]["corpus_bleu"] <= 1
+    assert 0 <= record["validation"]["mean_sentence_bleu"] <= 1
+    assert set(record["plots"]) == {"loss", "encoder_self", "decoder_self", "encoder_decoder"}
+
+
+def test_checkpoint_loads_with_its_kind_and_translates_as_training_did(trained):
+    checkpoint = load_checkpoint(trained["checkpoint"])
+    config = checkpoint.config
+    assert config["model"] == "transformer"
+    assert config["format"] == "jax-attention.transformer-checkpoint/1"
+    result = transformer.translate(checkpoint.params, [s for s, _ in BOOK_PAIRS],
+                                   checkpoint.src_vocab, checkpoint.tgt_vocab,
+                                   config["num_steps"], num_heads=config["num_heads"])
+    record = json.loads(trained["json"].read_text())
+    assert [r.translation for r in result] == [t["translation"] for t in record["translations"]]
+
+
+@pytest.mark.parametrize("beam", [
+    "1", pytest.param("3", marks=pytest.mark.skipif(not hasattr(decoding, "beam_search"),
+                                                    reason="decoding.beam_search missing"))])
+def test_translate_detects_the_model_and_writes_heatmaps(trained, tmp_path, beam):
+    out, path = tmp_path / "plots", tmp_path / "translations.json"
+    status, printed = _run(["translate", "--checkpoint", str(trained["checkpoint"]), "--beam",
+                            beam, "--out", str(out), "--json", str(path), "he's calm .",
+                            "go ."])
+    assert status == 0
+    assert "he's calm . => " in printed and "go . => " in printed
+    record = json.loads(path.read_text())
+    assert record["model"] == "transformer" and record["beam"] == int(beam)
+    assert (out / "translation_1.png").read_bytes()[:8] == PNG_SIGNATURE
+    weights = np.asarray(record["translations"][1]["attention_weights"])
+    assert weights.shape[1] == len(record["translations"][1]["source_tokens"])
+
+
+def test_translate_refuses_the_wrong_model(trained, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(["translate", "--checkpoint", str(trained["checkpoint"]), "--model", "bahdanau",
+              "go ."])
+    assert error.value.code == 2
+    assert "the checkpoint holds a 'transformer' model" in capsys.readouterr().err
+
+
+def test_train_refuses_heads_that_do_not_divide_the_width(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(["train", "transformer", "--num-hiddens", "10", "--num-heads", "4",
+              "--checkpoint", str(tmp_path / "ckpt")])
+    assert error.value.code == 2
+    assert "--num-heads: 4 does not divide --num-hiddens = 10" in capsys.readouterr().err

@@ -1,0 +1,282 @@
+"""The Transformer in JAX (d2l §11.7): variants, key/value cache, greedy and beam decoding,
+attention weights, causality, dropout, initialisation, training and bad input.
+
+The full default run (200 epochs) is marked ``slow``; the default suite trains tiny models only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_attention import decoding, transformer
+from jax_attention.train import train_transformer
+
+B, S, T = 3, 6, 5
+V_SRC, V_TGT, D, F, N, L = 11, 13, 8, 12, 2, 2
+BOS, EOS, PAD = 2, 3, 1
+DIMS = chex.Dimensions(B=B, S=S, T=T, L=L, N=N, D=D, V=V_TGT)
+
+
+def _params(seed=0, dtype=jnp.float32):
+    return transformer.init_params(jax.random.key(seed), V_SRC, V_TGT, D, F, N, L,
+                                   param_dtype=dtype)
+
+
+_forward = jax.jit(transformer.transformer, static_argnames=("num_heads", "dropout"))
+
+
+def _inputs(seed=1):
+    rng = np.random.default_rng(seed)
+    src = jnp.asarray(rng.integers(0, V_SRC, size=(B, S)), jnp.int32)
+    src_valid_len = jnp.asarray([1, S, 3], jnp.int32)
+    dec_input = jnp.asarray(rng.integers(0, V_TGT, size=(B, T)), jnp.int32)
+    return src, src_valid_len, dec_input
+
+
+class VariantsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_forward_shapes_and_weights(self):
+        params = _params()
+        src, src_valid_len, dec_input = _inputs()
+
+        def forward(params, src, src_valid_len, dec_input):
+            return transformer.transformer(params, src, src_valid_len, dec_input, num_heads=N)
+
+        logits, weights = self.variant(forward)(params, src, src_valid_len, dec_input)
+        chex.assert_shape(logits, DIMS["BTV"])
+        chex.assert_shape([weights["encoder_self"], weights["decoder_self"],
+                           weights["encoder_decoder"]],
+                          [DIMS["LBNSS"], DIMS["LBNTT"], DIMS["LBNTS"]])
+        for name, w in weights.items():
+            np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, rtol=1e-5, err_msg=name)
+        # Keys past the source valid length get no weight; the decoder never looks ahead.
+        valid = np.asarray(src_valid_len)
+        for b in range(B):
+            assert np.all(np.asarray(weights["encoder_decoder"])[:, b, :, :, valid[b]:] == 0)
+            assert np.all(np.asarray(weights["encoder_self"])[:, b, :, :, valid[b]:] == 0)
+        upper = np.triu(np.ones((T, T), bool), k=1)
+        assert np.all(np.asarray(weights["decoder_self"])[..., upper] == 0)
+
+
+def test_kv_cache_equals_full_recomputation_float64():
+    with jax.enable_x64(True):
+        params = _params(dtype=jnp.float64)
+        src, src_valid_len, dec_input = _inputs()
+        logits, weights = _forward(params, src, src_valid_len, dec_input, num_heads=N)
+        enc_outputs, _ = jax.jit(transformer.encoder, static_argnames="num_heads")(
+            params["encoder"], src, src_valid_len, num_heads=N)
+        state = transformer.init_decoder_state(params["decoder"], enc_outputs, src_valid_len,
+                                               num_heads=N, max_len=T)
+        step = jax.jit(chex.assert_max_traces(
+            lambda state, tokens: transformer.decoder_step(params["decoder"], state, tokens,
+                                                           num_heads=N), n=1))
+        for t in range(T):
+            step_logits, state, step_weights = step(state, dec_input[:, t])
+            np.testing.assert_allclose(step_logits, logits[:, t], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(step_weights["encoder_decoder"],
+                                       weights["encoder_decoder"][:, :, :, t], rtol=1e-12,
+                                       atol=1e-12)
+            np.testing.assert_allclose(step_weights["decoder_self"],
+                                       weights["decoder_self"][:, :, :, t], rtol=1e-12,
+                                       atol=1e-12)
+            np.testing.assert_array_equal(state["position"], np.full(B, t + 1))
+        # Every state leaf has the batch first (beam search reorders along axis 0).
+        for leaf in jax.tree.leaves(state):
+            assert leaf.shape[0] == B
+
+
+def test_causality_future_targets_do_not_change_earlier_outputs():
+    params = _params()
+    src, src_valid_len, dec_input = _inputs()
+    logits, _ = _forward(params, src, src_valid_len, dec_input, num_heads=N)
+    changed = dec_input.at[:, 3:].set((dec_input[:, 3:] + 1) % V_TGT)
+    other, _ = _forward(params, src, src_valid_len, changed, num_heads=N)
+    np.testing.assert_allclose(other[:, :3], logits[:, :3], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(other[:, 3:], logits[:, 3:])
+
+
+def test_greedy_decode_rows_stop_at_eos():
+    params = _params(seed=3)
+    src, src_valid_len, _ = _inputs()
+    max_len = 8
+    tokens, lengths, weights = transformer.greedy_decode(
+        params, src, src_valid_len, num_heads=N, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+        max_len=max_len)
+    chex.assert_shape([tokens, lengths, weights], [(B, max_len), (B,), (B, max_len, S)])
+    tokens = np.asarray(tokens)
+    for row, length in zip(tokens, np.asarray(lengths)):
+        assert EOS not in row[:length]
+        if length < max_len:
+            assert row[length] == EOS
+            assert np.all(row[length + 1:] == PAD)
+
+
+def test_greedy_decode_with_eos_forced_per_row():
+    """Rows that predict <eos> at different steps: force it by biasing the output layer."""
+    params = _params(seed=4)
+    src, src_valid_len, _ = _inputs()
+    params["decoder"]["dense"]["b"] = params["decoder"]["dense"]["b"].at[EOS].set(100.0)
+    tokens, lengths, _ = transformer.greedy_decode(params, src, src_valid_len, num_heads=N,
+                                                   bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=4)
+    np.testing.assert_array_equal(lengths, np.zeros(B))
+    np.testing.assert_array_equal(tokens, np.asarray([[EOS, PAD, PAD, PAD]] * B))
+
+
+@pytest.mark.skipif(not hasattr(decoding, "beam_search"), reason="decoding.beam_search missing")
+def test_beam_size_one_equals_greedy_and_beams_are_sorted():
+    params = _params(seed=3)
+    src, src_valid_len, _ = _inputs()
+    kwargs = dict(num_heads=N, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=6)
+    greedy_tokens, greedy_lengths, _ = transformer.greedy_decode(params, src, src_valid_len,
+                                                                 **kwargs)
+    tokens, lengths, scores = transformer.beam_decode(params, src, src_valid_len, beam_size=1,
+                                                      **kwargs)
+    np.testing.assert_array_equal(tokens[:, 0], greedy_tokens)
+    np.testing.assert_array_equal(lengths[:, 0], greedy_lengths)
+    tokens, lengths, scores = transformer.beam_decode(params, src, src_valid_len, beam_size=3,
+                                                      **kwargs)
+    chex.assert_shape([tokens, lengths, scores], [(B, 3, 6), (B, 3), (B, 3)])
+    assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)
+
+
+def test_dropout_only_with_a_key_and_reproducible():
+    params = _params()
+    src, src_valid_len, dec_input = _inputs()
+    plain, _ = _forward(params, src, src_valid_len, dec_input, num_heads=N,
+                                       dropout=0.5)  # no key: no dropout
+    rng = jax.random.key(7, impl="rbg")  # as training: cheaper to compile than threefry
+    a, _ = _forward(params, src, src_valid_len, dec_input, num_heads=N,
+                                   dropout=0.5, dropout_rng=rng)
+    b, _ = _forward(params, src, src_valid_len, dec_input, num_heads=N,
+                                   dropout=0.5, dropout_rng=rng)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, plain)
+
+
+def test_module_train_and_eval_modes_and_sown_weights():
+    # An "rbg" dropout key, as in training: its masks compile faster than threefry's.
+    model = transformer.TransformerSeq2Seq(
+        V_SRC, V_TGT, D, F, N, L, dropout=0.3,
+        rngs=nnx.Rngs(params=0, dropout=jax.random.key(0, impl="rbg")))
+    src, src_valid_len, dec_input = _inputs()
+    call = nnx.jit(lambda model, *args: model(*args))
+    train_a = call(model, src, src_valid_len, dec_input)
+    train_b = call(model, src, src_valid_len, dec_input)
+    assert not np.allclose(train_a, train_b)  # a new dropout mask per call
+    model.eval()
+    probe = nnx.with_attributes(model, sow_weights=True)
+    logits, intermediates = nnx.jit(
+        lambda model, *args: nnx.capture(model, nnx.Intermediate)(*args))(
+        probe, src, src_valid_len, dec_input)
+    (weights,) = intermediates["attention_weights"].get_value()
+    expected, expected_weights = _forward(model.params_dict(), src, src_valid_len, dec_input,
+                                          num_heads=N)
+    np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=1e-6)
+    for name in expected_weights:
+        np.testing.assert_allclose(weights[name], expected_weights[name], rtol=1e-6, atol=1e-6)
+
+
+def test_initialisation_follows_the_book():
+    params = transformer.init_params(jax.random.key(0), 50, 60, 32, 64, 4, 2)
+    flat = transformer.flatten_params(params)
+    for path, value in flat.items():
+        value = np.asarray(value)
+        name = path.rsplit("/", 1)[-1]
+        if name == "embedding":
+            assert abs(value.mean()) < 0.1 and abs(value.std() - 1.0) < 0.1, path
+        elif name == "gamma":
+            np.testing.assert_array_equal(value, 1.0)
+        elif name == "beta":
+            np.testing.assert_array_equal(value, 0.0)
+        elif name.startswith("b"):
+            fan_in = flat[path[:-len(name)] + name.replace("b", "W")].shape[0]
+            assert np.abs(value).max() <= 1 / math.sqrt(fan_in), path
+        else:
+            bound = math.sqrt(6 / sum(value.shape))
+            assert np.abs(value).max() <= bound and np.abs(value).max() > 0.8 * bound, path
+
+
+def test_nnx_module_structure_matches_param_shapes():
+    model = transformer.TransformerSeq2Seq(V_SRC, V_TGT, D, F, N, L, rngs=nnx.Rngs(0))
+    shapes = jax.tree.map(lambda x: tuple(x.shape), model.params_dict())
+    expected = transformer.param_shapes(V_SRC, V_TGT, D, F, L)
+    assert transformer.flatten_params(shapes) == {
+        k: tuple(v) for k, v in transformer.flatten_params(expected).items()}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: transformer.init_params(jax.random.key(0), 5, 5, 10, 8, 4, 1),
+     r"num_hiddens must be divisible by num_heads, got num_hiddens=10 and num_heads=4"),
+    (lambda: transformer.TransformerSeq2Seq(5, 5, 10, 8, 3, 1, rngs=nnx.Rngs(0)),
+     r"num_hiddens must be divisible by num_heads"),
+    (lambda: transformer.transformer(_params(), jnp.full((B, S), V_SRC, jnp.int32),
+                                     jnp.full((B,), S, jnp.int32), jnp.zeros((B, T), jnp.int32),
+                                     num_heads=N),
+     r"src must lie in \[0, V\) = \[0, 11\), got values from 11 to 11"),
+    (lambda: transformer.transformer(_params(), jnp.zeros((B, S), jnp.int32),
+                                     jnp.full((B,), S, jnp.int32), jnp.full((B, T), -1, jnp.int32),
+                                     num_heads=N),
+     r"dec_input must lie in \[0, V\) = \[0, 13\)"),
+    (lambda: transformer.encoder(_params()["encoder"], jnp.zeros((B, 9), jnp.int32), None,
+                                 num_heads=N, max_positions=8),
+     r"src has 9 positions, more than the positional table's max_positions = 8"),
+    (lambda: transformer.greedy_decode(_params(), jnp.zeros((B, S), jnp.int32),
+                                       jnp.full((B,), S, jnp.int32), num_heads=N, bos_id=BOS,
+                                       eos_id=EOS, pad_id=PAD, max_len=20, max_positions=10),
+     r"max_len = 20 decoding steps exceed the positional table's max_positions = 10"),
+    (lambda: transformer.transformer(_params(), jnp.zeros((B, S), jnp.float32),
+                                     jnp.full((B,), S, jnp.int32), jnp.zeros((B, T), jnp.int32),
+                                     num_heads=N),
+     r"src must be integer token ids of shape \(B, T\)"),
+    (lambda: transformer.transformer(_params(), jnp.zeros((B, S), jnp.int32),
+                                     jnp.full((B,), S + 1, jnp.int32), jnp.zeros((B, T), jnp.int32),
+                                     num_heads=N),
+     r"valid"),
+])
+def test_bad_input_raises_with_the_shapes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_translate_notes_long_and_unknown_sources():
+    from jax_attention.data import RESERVED_TOKENS, Vocab
+
+    src_vocab = Vocab([["go", "."]] * 2, min_freq=1, reserved_tokens=list(RESERVED_TOKENS))
+    tgt_vocab = Vocab([["va", "!"]] * 2, min_freq=1, reserved_tokens=list(RESERVED_TOKENS))
+    params = transformer.init_params(jax.random.key(0), len(src_vocab), len(tgt_vocab), D, F, N, L)
+    result = transformer.translate(params, "go go go go go zzz .", src_vocab, tgt_vocab, 4,
+                                   num_heads=N)
+    assert result.truncated and not result.unknown_words  # zzz lies past the 4 tokens read
+    assert len(result.source_tokens) == 4
+    assert result.encoder_self.shape == (L, N, 4, 4)
+    steps = result.weights.shape[0]
+    assert result.decoder_self.shape == (L, N, steps, steps)
+    assert result.encoder_decoder.shape == (L, N, steps, 4)
+    result = transformer.translate(params, ["zzz ."], src_vocab, tgt_vocab, 4, num_heads=N)[0]
+    assert result.unknown_words == ["zzz"]
+    with pytest.raises(TypeError, match="sentences must be strings"):
+        transformer.translate(params, [3], src_vocab, tgt_vocab, 4, num_heads=N)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_hiddens": 30, "num_heads": 4}, "num_hiddens must be divisible by num_heads"),
+    ({"dropout": 1.0}, "dropout must be"),
+    ({"epochs": 0}, "epochs must be"),
+    ({"num_steps": 20, "max_positions": 10}, "num_steps = 20 exceeds max_positions = 10"),
+])
+def test_training_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train_transformer(**kwargs)
+
+
+@pytest.mark.slow
+def test_the_books_run_translates_three_of_four_sentences_exactly():
+    result = train_transformer(progress=False, log=None)
+    assert sum(score == 1.0 for score in result.bleu) >= 3
