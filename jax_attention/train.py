@@ -391,6 +391,46 @@ def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BO
     return [(reference, t) for (_, reference), t in zip(pairs, results)], scores
 
 
+def _train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
+                  log, log_every: int):
+    """The teacher-forced epochs shared by the seq2seq models (any ``model(src, src_valid_len,
+    dec_input) -> logits``); returns the per-epoch loss per target token and tokens/sec."""
+    from jax_attention.bahdanau import teacher_forcing_inputs
+
+    tgt_vocab = nmt.tgt_vocab
+    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], nmt.src_vocab["<pad>"], tgt_vocab["<pad>"]
+    losses, tokens_per_sec = [], []
+    with tqdm(total=epochs, desc=desc, unit="epoch",
+              disable=None if progress else True, leave=False) as bar:
+        for epoch in range(1, epochs + 1):
+            epoch_start = time.perf_counter()
+            batch_losses, num_tokens = [], 0
+            for batch in nmt.batches(epoch - 1):
+                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, nmt.batch_size, src_pad,
+                                                                    tgt_pad)
+                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
+                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
+                                                   dec_input, tgt, tgt_valid_len))
+                num_tokens += int(tgt_valid_len.sum())
+            # One device sync per epoch (steps are dispatched asynchronously until here).
+            total = float(sum(float(loss) for loss in batch_losses))
+            elapsed = time.perf_counter() - epoch_start
+            losses.append(total / num_tokens)
+            tokens_per_sec.append(num_tokens / elapsed)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
+                            refresh=False)
+            bar.update(1)
+            if log is not None and (epoch % log_every == 0 or epoch == epochs):
+                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
+                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
+                if bar.disable:
+                    log(line)
+                else:
+                    with tqdm.external_write_mode():
+                        log(line)
+    return losses, tokens_per_sec
+
+
 def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: int = 2,
                    dropout: float = 0.1, batch_size: int = 64, num_steps: int = 10,
                    lr: float = 0.005, epochs: int = 250, num_examples: int = 600, seed: int = 0,
@@ -425,7 +465,7 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
     Returns:
       A :class:`BahdanauResult`, with the book's four sentences translated and scored.
     """
-    from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
+    from jax_attention.bahdanau import BahdanauSeq2Seq
     from jax_attention.data import load_data_nmt
 
     for name, value in (("embed_size", embed_size), ("num_hiddens", num_hiddens),
@@ -442,7 +482,6 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
     start = time.perf_counter()
     nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
     src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
-    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], src_vocab["<pad>"], tgt_vocab["<pad>"]
     # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
     # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
     # are deterministic on a given backend.
@@ -452,35 +491,8 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
     model.train()
     optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
 
-    losses, tokens_per_sec = [], []
-    with tqdm(total=epochs, desc="bahdanau", unit="epoch",
-              disable=None if progress else True, leave=False) as bar:
-        for epoch in range(1, epochs + 1):
-            epoch_start = time.perf_counter()
-            batch_losses, num_tokens = [], 0
-            for batch in nmt.batches(epoch - 1):
-                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, batch_size, src_pad,
-                                                                    tgt_pad)
-                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
-                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
-                                                   dec_input, tgt, tgt_valid_len))
-                num_tokens += int(tgt_valid_len.sum())
-            # One device sync per epoch (steps are dispatched asynchronously until here).
-            total = float(sum(float(loss) for loss in batch_losses))
-            elapsed = time.perf_counter() - epoch_start
-            losses.append(total / num_tokens)
-            tokens_per_sec.append(num_tokens / elapsed)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
-                            refresh=False)
-            bar.update(1)
-            if log is not None and (epoch % log_every == 0 or epoch == epochs):
-                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
-                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
-                if bar.disable:
-                    log(line)
-                else:
-                    with tqdm.external_write_mode():
-                        log(line)
+    losses, tokens_per_sec = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="bahdanau",
+                                           progress=progress, log=log, log_every=log_every)
 
     model.eval()
     params = jax.tree.map(np.asarray, model.params_dict())
@@ -802,7 +814,6 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
       A :class:`TransformerResult`, with the book's four sentences translated and scored.
     """
     from jax_attention import transformer
-    from jax_attention.bahdanau import teacher_forcing_inputs
     from jax_attention.data import load_data_nmt
     from jax_attention.multihead import _check_num_heads
 
@@ -825,7 +836,6 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
     nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed,
                         val_fraction=val_fraction)
     src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
-    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], src_vocab["<pad>"], tgt_vocab["<pad>"]
     params_rng, dropout_rng = jax.random.key(seed), jax.random.key(seed, impl="rbg")
     model = transformer.TransformerSeq2Seq(
         len(src_vocab), len(tgt_vocab), num_hiddens, ffn_num_hiddens, num_heads, num_layers,
@@ -834,35 +844,8 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
     model.train()
     optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
 
-    losses, tokens_per_sec = [], []
-    with tqdm(total=epochs, desc="transformer", unit="epoch",
-              disable=None if progress else True, leave=False) as bar:
-        for epoch in range(1, epochs + 1):
-            epoch_start = time.perf_counter()
-            batch_losses, num_tokens = [], 0
-            for batch in nmt.batches(epoch - 1):
-                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, batch_size, src_pad,
-                                                                    tgt_pad)
-                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
-                # The same step as the Bahdanau model's: model(src, src_valid_len, dec_input).
-                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
-                                                   dec_input, tgt, tgt_valid_len))
-                num_tokens += int(tgt_valid_len.sum())
-            total = float(sum(float(loss) for loss in batch_losses))
-            elapsed = time.perf_counter() - epoch_start
-            losses.append(total / num_tokens)
-            tokens_per_sec.append(num_tokens / elapsed)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
-                            refresh=False)
-            bar.update(1)
-            if log is not None and (epoch % log_every == 0 or epoch == epochs):
-                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
-                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
-                if bar.disable:
-                    log(line)
-                else:
-                    with tqdm.external_write_mode():
-                        log(line)
+    losses, tokens_per_sec = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="transformer",
+                                           progress=progress, log=log, log_every=log_every)
 
     model.eval()
     params = jax.tree.map(np.asarray, model.params_dict())
