@@ -15,8 +15,9 @@ $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# The test extras include PyTorch (the CPU wheel pinned in setup.cfg) for the cross-framework tests.
 $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch]'
 	touch $@ $(VENV)/.installed
 
 # The project's main job: the book's Transformer (d2l §11.7) with the book's settings: prints the
@@ -27,8 +28,9 @@ $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
 run: $(VENV)/.installed
 	$(BIN)/jax-attention train transformer --out $(OUT) --json $(OUT)/transformer.json
 
+# One test process per core (at most 4): the suite is dominated by single-threaded XLA compilation.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info
