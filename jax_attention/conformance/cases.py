@@ -1,0 +1,768 @@
+"""The canonical cases: built from fixed seeds, computed by :mod:`reference_numpy` in float64.
+
+:func:`generate_cases` builds every case (inputs and parameters from ``np.random.default_rng``
+with one fixed seed per case, outputs from the NumPy reference); :func:`save_cases` writes them to
+one ``.npz`` file and :func:`load_cases` reads them back. The file format is described in
+:mod:`jax_attention.conformance`.
+
+Shapes are small (a few thousand numbers for the largest model) so that the file stays well under
+300 KB and a run takes seconds; the edge cases are what matter: valid lengths ``(B,)`` and
+``(B, T)``, boolean masks, causal masks, score biases, fully masked rows (all-zero weights, the
+documented choice), NaN and Inf in padding, distinct query/key/value sizes, multi-layer GRUs with
+and without the hidden bias of the candidate gate.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from jax_attention.conformance.functions import FUNCTIONS, call
+
+__all__ = [
+    "Case",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "DEFAULT_TOLERANCES",
+    "DEFAULT_CASES_PATH",
+    "generate_cases",
+    "save_cases",
+    "load_cases",
+    "flatten_params",
+    "unflatten_params",
+]
+
+FORMAT = "jax-attention-conformance"
+FORMAT_VERSION = 1
+
+#: The tolerance of a case unless it states its own, elementwise
+#: ``|got - expected| <= atol + rtol * |expected|``. float64 is tight (the observed errors are
+#: 1e-16 to 1e-13: a handful of float64 roundings); float32 allows float32 rounding through a
+#: model, with an ``atol`` for entries near zero (a weight of 1e-9 is not a relative question).
+DEFAULT_TOLERANCES = {
+    "float64": {"rtol": 1e-9, "atol": 1e-12},
+    "float32": {"rtol": 1e-5, "atol": 1e-6},
+}
+#: Integer outputs (bucket ids) must agree exactly in every dtype.
+EXACT = {"float64": {"rtol": 0.0, "atol": 0.0}, "float32": {"rtol": 0.0, "atol": 0.0}}
+
+DEFAULT_CASES_PATH = Path(__file__).with_name("cases.npz")
+
+#: Tags a case may carry; targets use them to mark documented differences ("n/a").
+TAGS = {
+    "fully_masked_row": "some query may attend no key (valid length 0): its weights are all zero "
+                        "and its output zero (or b_o)",
+    "nan_in_padding": "NaN and Inf stored in masked positions",
+}
+
+# Fixed zip timestamp (the earliest zip allows), so that regenerating unchanged cases rewrites
+# the same bytes and `git diff` stays quiet.
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclass
+class Case:
+    """One canonical case.
+
+    Attributes:
+      name: unique, ``"<function>.<variant>"``, e.g. ``"dot_product_attention.causal"``.
+      function: ``"<component>.<function>"``, a key of
+        :data:`~jax_attention.conformance.functions.FUNCTIONS`.
+      config: keyword arguments that are not arrays (``num_heads``, ``is_causal``, ``bos_id``...).
+      description: one line for people.
+      inputs: ``{name: array}``; float arrays are float64, ids and lengths int32, masks bool.
+      params: nested dict of float64 arrays (``{}`` for functions without parameters).
+      outputs: ``{name: array}`` computed by :mod:`reference_numpy` in float64.
+      tolerances: ``{"float64": {"rtol", "atol"}, "float32": {...}}``.
+      tags: names from :data:`TAGS`.
+    """
+
+    name: str
+    function: str
+    config: dict
+    description: str
+    inputs: dict[str, np.ndarray]
+    params: dict
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    tolerances: dict = field(default_factory=lambda: copy.deepcopy(DEFAULT_TOLERANCES))
+    tags: tuple[str, ...] = ()
+
+    @property
+    def component(self) -> str:
+        return self.function.split(".")[0]
+
+    def index_entry(self) -> dict:
+        """The case's entry of the ``__index__`` JSON."""
+        return {"name": self.name, "component": self.component, "function": self.function,
+                "config": self.config, "description": self.description,
+                "tolerances": self.tolerances, "tags": list(self.tags),
+                "inputs": list(self.inputs), "params": list(flatten_params(self.params)),
+                "outputs": list(self.outputs)}
+
+
+# --------------------------------------------------------------------------- nested parameters
+
+
+def flatten_params(params: Mapping, prefix: str = "") -> dict[str, np.ndarray]:
+    """``{"a": {"b": x}}`` -> ``{"a/b": x}``, in insertion order."""
+    flat = {}
+    for name, value in params.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, path + "/"))
+        else:
+            flat[path] = value
+    return flat
+
+
+def unflatten_params(flat: Mapping[str, np.ndarray]) -> dict:
+    """The inverse of :func:`flatten_params`."""
+    nested: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return nested
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+class _Draw:
+    """Random arrays from one case's seed; float64 by construction."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def normal(self, *shape, scale=1.0, loc=0.0) -> np.ndarray:
+        return loc + scale * self.rng.normal(size=shape)
+
+    def dense(self, fan_in: int, fan_out: int) -> np.ndarray:
+        """A kernel ``(in, out)`` scaled like Xavier, so activations neither vanish nor saturate."""
+        return self.rng.normal(size=(fan_in, fan_out)) * np.sqrt(2.0 / (fan_in + fan_out))
+
+    def tokens(self, vocab_size: int, *shape) -> np.ndarray:
+        return self.rng.integers(0, vocab_size, size=shape).astype(np.int32)
+
+    def mask(self, *shape, p=0.65) -> np.ndarray:
+        """A boolean mask (True = attend) in which every row keeps at least one key."""
+        mask = self.rng.random(shape) < p
+        empty = ~mask.any(axis=-1)
+        mask[empty, self.rng.integers(0, shape[-1], size=int(empty.sum()))] = True
+        return mask
+
+
+def _lens(*values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
+
+
+def _gru_params(draw: _Draw, input_size: int, num_hiddens: int, num_layers: int) -> dict:
+    g = 3 * num_hiddens
+    return {f"layer_{layer}": {
+        "W_x": draw.dense(input_size if layer == 0 else num_hiddens, g),
+        "W_h": draw.dense(num_hiddens, g),
+        "b_x": draw.normal(g, scale=0.3),
+        "b_h": draw.normal(g, scale=0.3),
+    } for layer in range(num_layers)}
+
+
+def _bahdanau_params(draw: _Draw, V_src: int, V_tgt: int, E: int, h: int, L: int) -> dict:
+    return {
+        "encoder": {"embedding": draw.normal(V_src, E), "gru": _gru_params(draw, E, h, L)},
+        "decoder": {
+            "embedding": draw.normal(V_tgt, E),
+            "attention": {"W_q": draw.dense(h, h), "W_k": draw.dense(h, h),
+                          "w_v": draw.dense(h, 1)},
+            "gru": _gru_params(draw, h + E, h, L),
+            "dense": {"W": draw.dense(h, V_tgt), "b": draw.normal(V_tgt, scale=0.3)},
+        },
+    }
+
+
+def _attention_params(draw: _Draw, D: int) -> dict:
+    return {name: draw.dense(D, D) for name in ("W_q", "W_k", "W_v", "W_o")}
+
+
+def _norm_params(draw: _Draw, D: int) -> dict:
+    return {"gamma": draw.normal(D, scale=0.2, loc=1.0), "beta": draw.normal(D, scale=0.2)}
+
+
+def _ffn_params(draw: _Draw, D: int, F: int) -> dict:
+    return {"W_1": draw.dense(D, F), "b_1": draw.normal(F, scale=0.3), "W_2": draw.dense(F, D),
+            "b_2": draw.normal(D, scale=0.3)}
+
+
+def _encoder_block_params(draw: _Draw, D: int, F: int) -> dict:
+    return {"attention": _attention_params(draw, D), "addnorm_1": _norm_params(draw, D),
+            "ffn": _ffn_params(draw, D, F), "addnorm_2": _norm_params(draw, D)}
+
+
+def _decoder_block_params(draw: _Draw, D: int, F: int) -> dict:
+    return {"self_attention": _attention_params(draw, D), "addnorm_1": _norm_params(draw, D),
+            "cross_attention": _attention_params(draw, D), "addnorm_2": _norm_params(draw, D),
+            "ffn": _ffn_params(draw, D, F), "addnorm_3": _norm_params(draw, D)}
+
+
+def _transformer_params(draw: _Draw, V_src: int, V_tgt: int, D: int, F: int, L: int) -> dict:
+    return {
+        "encoder": {"embedding": draw.normal(V_src, D),
+                    "blocks": {f"block_{i}": _encoder_block_params(draw, D, F) for i in range(L)}},
+        "decoder": {"embedding": draw.normal(V_tgt, D),
+                    "blocks": {f"block_{i}": _decoder_block_params(draw, D, F) for i in range(L)},
+                    "dense": {"W": draw.dense(D, V_tgt), "b": draw.normal(V_tgt, scale=0.3)}},
+    }
+
+
+# --------------------------------------------------------------------------- the cases
+# Each builder returns a Case without outputs; generate_cases() computes them with the reference.
+# Sizes: B batch, T queries, S keys, all different so that a swapped axis cannot pass.
+
+_BUILDERS: list[Callable[[], Case]] = []
+
+
+def _case(builder: Callable[[], Case]) -> Callable[[], Case]:
+    _BUILDERS.append(builder)
+    return builder
+
+
+# masking (d2l §10.7, §11.3.2)
+
+@_case
+def _sequence_mask() -> Case:
+    draw = _Draw(101)
+    return Case("sequence_mask.fill", "masking.sequence_mask", {"value": -1.0},
+                "rows past their valid length (0, 2 and all 5 kept) filled with -1",
+                {"X": draw.normal(3, 5), "valid_len": _lens(0, 2, 5)}, {})
+
+
+@_case
+def _masked_softmax_lens_b() -> Case:
+    draw = _Draw(102)
+    return Case("masked_softmax.valid_lens_B", "masking.masked_softmax", {},
+                "the book's example: one valid length per sequence, shared by its queries",
+                {"X": draw.normal(2, 2, 4), "valid_lens": _lens(2, 3)}, {})
+
+
+@_case
+def _masked_softmax_lens_bt() -> Case:
+    draw = _Draw(103)
+    return Case("masked_softmax.valid_lens_BT", "masking.masked_softmax", {},
+                "one valid length per query (B, T)",
+                {"X": draw.normal(2, 3, 5), "valid_lens": _lens([1, 3, 5], [2, 4, 1])}, {})
+
+
+@_case
+def _masked_softmax_mask() -> Case:
+    draw = _Draw(104)
+    return Case("masked_softmax.bool_mask", "masking.masked_softmax", {},
+                "a boolean mask (B, T, S), True = attend",
+                {"X": draw.normal(2, 3, 5), "mask": draw.mask(2, 3, 5)}, {})
+
+
+@_case
+def _masked_softmax_empty_row() -> Case:
+    draw = _Draw(105)
+    return Case("masked_softmax.fully_masked_row", "masking.masked_softmax", {},
+                "valid lengths (B, T) with zeros: those rows get all-zero weights",
+                {"X": draw.normal(2, 3, 4), "valid_lens": _lens([0, 2, 4], [3, 0, 1])}, {},
+                tags=("fully_masked_row",))
+
+
+@_case
+def _masked_softmax_nan() -> Case:
+    draw = _Draw(106)
+    X = draw.normal(2, 3, 5)
+    X[0, :, 3:] = np.nan
+    X[1, :, 2] = np.inf
+    X[1, :, 3] = -np.inf
+    X[1, :, 4] = np.nan
+    return Case("masked_softmax.nan_in_padding", "masking.masked_softmax", {},
+                "NaN, +Inf and -Inf in masked scores must not reach the valid weights",
+                {"X": X, "valid_lens": _lens(3, 2)}, {}, tags=("nan_in_padding",))
+
+
+# attention pooling (d2l §11.2)
+
+@_case
+def _nadaraya_watson_shared() -> Case:
+    draw = _Draw(201)
+    keys = np.sort(draw.rng.uniform(0, 5, size=8))
+    return Case("nadaraya_watson.shared_keys", "attention_pooling.nadaraya_watson", {},
+                "Gaussian kernel, w = 1: every query sees the same keys (Q,) vs (K,)",
+                {"queries": np.linspace(0, 5, 6), "keys": keys,
+                 "values": 2 * np.sin(keys) + keys ** 0.8 + draw.normal(8, scale=0.5)},
+                {"w": np.asarray(1.0)})
+
+
+@_case
+def _nadaraya_watson_loo() -> Case:
+    draw = _Draw(202)
+    x = np.sort(draw.rng.uniform(0, 5, size=6))
+    y = 2 * np.sin(x) + x ** 0.8 + draw.normal(6, scale=0.5)
+    others = np.array([[j for j in range(6) if j != i] for i in range(6)])
+    return Case("nadaraya_watson.leave_one_out", "attention_pooling.nadaraya_watson", {},
+                "the book's training set-up: keys and values per query (Q, K), learned w = 2.7",
+                {"queries": x, "keys": x[others], "values": y[others]}, {"w": np.asarray(2.7)})
+
+
+# scoring (d2l §11.3): B = 2, T = 3, S = 5, query/key size 4; values of size 4 (jax.nn and Flax
+# need the query size there), once of size 6
+
+def _qkv(draw: _Draw, query_size=4, key_size=4, value_size=4, B=2, T=3, S=5) -> dict:
+    return {"queries": draw.normal(B, T, query_size), "keys": draw.normal(B, S, key_size),
+            "values": draw.normal(B, S, value_size)}
+
+
+@_case
+def _dot_plain() -> Case:
+    return Case("dot_product_attention.plain", "scoring.dot_product_attention", {},
+                "no mask", _qkv(_Draw(301)), {})
+
+
+@_case
+def _dot_value_size() -> Case:
+    return Case("dot_product_attention.value_size_6", "scoring.dot_product_attention", {},
+                "values of size 6, queries and keys of size 4; valid lengths (B,)",
+                {**_qkv(_Draw(308), value_size=6), "valid_lens": _lens(3, 5)}, {})
+
+
+@_case
+def _dot_lens_b() -> Case:
+    return Case("dot_product_attention.valid_lens_B", "scoring.dot_product_attention", {},
+                "valid lengths (B,) = (2, 5)", {**_qkv(_Draw(302)), "valid_lens": _lens(2, 5)}, {})
+
+
+@_case
+def _dot_lens_bt() -> Case:
+    return Case("dot_product_attention.valid_lens_BT", "scoring.dot_product_attention", {},
+                "valid lengths per query (B, T), none zero",
+                {**_qkv(_Draw(303)), "valid_lens": _lens([1, 2, 3], [5, 4, 1])}, {})
+
+
+@_case
+def _dot_mask() -> Case:
+    draw = _Draw(304)
+    return Case("dot_product_attention.bool_mask", "scoring.dot_product_attention", {},
+                "a boolean mask (B, T, S), every row keeping a key",
+                {**_qkv(draw), "mask": draw.mask(2, 3, 5)}, {})
+
+
+@_case
+def _dot_causal() -> Case:
+    return Case("dot_product_attention.causal", "scoring.dot_product_attention",
+                {"is_causal": True}, "causal mask with T = 3 < S = 5 (key s <= query t)",
+                _qkv(_Draw(305)), {})
+
+
+@_case
+def _dot_bias() -> Case:
+    draw = _Draw(306)
+    return Case("dot_product_attention.bias_and_lens", "scoring.dot_product_attention", {},
+                "a score bias (B, T, S) added before the softmax, with valid lengths (B,)",
+                {**_qkv(draw), "valid_lens": _lens(4, 2), "bias": draw.normal(2, 3, 5)}, {})
+
+
+@_case
+def _dot_empty_row() -> Case:
+    return Case("dot_product_attention.fully_masked_row", "scoring.dot_product_attention", {},
+                "valid lengths (B, T) with a zero: that query's weights and output are zero",
+                {**_qkv(_Draw(307)), "valid_lens": _lens([2, 0, 5], [1, 3, 4])}, {},
+                tags=("fully_masked_row",))
+
+
+@_case
+def _additive_lens() -> Case:
+    draw = _Draw(311)
+    return Case("additive_attention.valid_lens_B", "scoring.additive_attention", {},
+                "query size 3, key size 4, hidden 5; valid lengths (B,)",
+                {**_qkv(draw, query_size=3, value_size=6), "valid_lens": _lens(2, 5)},
+                {"W_q": draw.dense(3, 5), "W_k": draw.dense(4, 5), "w_v": draw.dense(5, 1)})
+
+
+@_case
+def _additive_empty() -> Case:
+    draw = _Draw(312)
+    return Case("additive_attention.fully_masked_row", "scoring.additive_attention", {},
+                "valid lengths (B,) = (0, 3): sequence 0 attends nothing",
+                {**_qkv(draw, query_size=3, value_size=6), "valid_lens": _lens(0, 3)},
+                {"W_q": draw.dense(3, 5), "W_k": draw.dense(4, 5), "w_v": draw.dense(5, 1)},
+                tags=("fully_masked_row",))
+
+
+# multi-head attention (d2l §11.5): B = 2, T = 3, S = 4, N = 2 heads, D = 8 (H = 4).
+# Query size = D and one key/value size, the sizes the built-ins accept; one case with three
+# different sizes.
+
+def _mha_params(draw: _Draw, query_size=8, key_size=6, value_size=6, D=8, biases=True) -> dict:
+    params = {"W_q": draw.dense(query_size, D), "W_k": draw.dense(key_size, D),
+              "W_v": draw.dense(value_size, D), "W_o": draw.dense(D, D)}
+    if biases:
+        params.update({name: draw.normal(D, scale=0.3) for name in ("b_q", "b_k", "b_v", "b_o")})
+    return params
+
+
+@_case
+def _mha_biases() -> Case:
+    draw = _Draw(401)
+    return Case("multi_head_attention.biases", "multihead.multi_head_attention", {"num_heads": 2},
+                "2 heads, projection biases, key/value size 6, no mask",
+                _qkv(draw, query_size=8, key_size=6, value_size=6, S=4), _mha_params(draw))
+
+
+@_case
+def _mha_lens() -> Case:
+    draw = _Draw(402)
+    return Case("multi_head_attention.valid_lens_B", "multihead.multi_head_attention",
+                {"num_heads": 2}, "no biases (the book's bias=False), valid lengths (B,)",
+                {**_qkv(draw, query_size=8, key_size=6, value_size=6, S=4),
+                 "valid_lens": _lens(2, 4)}, _mha_params(draw, biases=False))
+
+
+@_case
+def _mha_lens_bt() -> Case:
+    draw = _Draw(403)
+    return Case("multi_head_attention.valid_lens_BT", "multihead.multi_head_attention",
+                {"num_heads": 2}, "biases, valid lengths per query (B, T), none zero",
+                {**_qkv(draw, query_size=8, key_size=6, value_size=6, S=4),
+                 "valid_lens": _lens([1, 4, 2], [3, 3, 1])}, _mha_params(draw))
+
+
+@_case
+def _mha_causal() -> Case:
+    draw = _Draw(404)
+    X = draw.normal(2, 4, 8)
+    return Case("multi_head_attention.causal_self", "multihead.multi_head_attention",
+                {"num_heads": 2, "is_causal": True},
+                "causal self-attention (X, X, X) with biases and valid lengths (B,)",
+                {"queries": X, "keys": X, "values": X, "valid_lens": _lens(4, 3)},
+                _mha_params(draw, key_size=8, value_size=8))
+
+
+@_case
+def _mha_empty() -> Case:
+    draw = _Draw(405)
+    return Case("multi_head_attention.fully_masked_row", "multihead.multi_head_attention",
+                {"num_heads": 2}, "valid lengths (B, T) with a zero: that query's output is b_o",
+                {**_qkv(draw, query_size=8, key_size=6, value_size=6, S=4),
+                 "valid_lens": _lens([2, 0, 4], [1, 3, 3])}, _mha_params(draw),
+                tags=("fully_masked_row",))
+
+
+@_case
+def _mha_sizes() -> Case:
+    draw = _Draw(406)
+    return Case("multi_head_attention.distinct_sizes", "multihead.multi_head_attention",
+                {"num_heads": 4}, "4 heads of size 2, query/key/value sizes 3, 5, 6 all different",
+                {**_qkv(draw, query_size=3, key_size=5, value_size=6, S=4),
+                 "valid_lens": _lens(3, 4)},
+                _mha_params(draw, query_size=3, key_size=5, value_size=6))
+
+
+# positional encodings (d2l §11.6.3; RoPE; T5 relative buckets)
+
+@_case
+def _positional_table() -> Case:
+    return Case("positional_encoding.table", "positional.positional_encoding",
+                {"num_steps": 9, "num_hiddens": 6}, "the sinusoidal table P (9, 6)", {}, {})
+
+
+@_case
+def _rotary_default() -> Case:
+    return Case("rotary_embedding.default_positions", "positional.rotary_embedding", {},
+                "queries (B, N, T, H) = (2, 2, 5, 4) at positions 0..4",
+                {"X": _Draw(501).normal(2, 2, 5, 4)}, {})
+
+
+@_case
+def _rotary_offset() -> Case:
+    return Case("rotary_embedding.offset_positions", "positional.rotary_embedding",
+                {"base": 500.0}, "(2, 5, 6) at positions 7..11 (decoding past a cache), base 500",
+                {"X": _Draw(502).normal(2, 5, 6), "positions": np.arange(7, 12, dtype=np.int32)},
+                {})
+
+
+def _offsets() -> np.ndarray:
+    # -70 .. 69: beyond max_distance on both sides, and every small offset.
+    return np.arange(-70, 70, dtype=np.int32).reshape(10, 14)
+
+
+@_case
+def _buckets_bidirectional() -> Case:
+    return Case("relative_position_buckets.bidirectional", "positional.relative_position_buckets",
+                {"num_buckets": 16, "max_distance": 40, "bidirectional": True},
+                "T5 buckets for encoders: 8 per direction, offsets -70..69",
+                {"relative_positions": _offsets()}, {}, tolerances=copy.deepcopy(EXACT))
+
+
+@_case
+def _buckets_causal() -> Case:
+    return Case("relative_position_buckets.causal", "positional.relative_position_buckets",
+                {"num_buckets": 10, "max_distance": 24, "bidirectional": False},
+                "T5 buckets for causal decoders: future keys share bucket 0",
+                {"relative_positions": _offsets()}, {}, tolerances=copy.deepcopy(EXACT))
+
+
+@_case
+def _relative_bias() -> Case:
+    from reference_numpy.positional import relative_position_buckets, relative_positions
+
+    indices = relative_position_buckets(relative_positions(4, 6, offset=1), 8, 12)
+    return Case("relative_position_bias.buckets", "positional.relative_position_bias", {},
+                "a (8 buckets, 2 heads) table looked up at T5 buckets (4, 6) -> (1, N, T, S)",
+                {"indices": indices.astype(np.int32)}, {"table": _Draw(503).normal(8, 2)})
+
+
+# Bahdanau seq2seq (d2l §10.7, §11.4): V_src 11, V_tgt 13, E 5, h 6, L 2; B 2, S 4, T 3
+
+@_case
+def _gru_full() -> Case:
+    draw = _Draw(601)
+    return Case("gru.two_layers", "bahdanau.gru", {},
+                "2-layer GRU (PyTorch's equations) with every bias and a given initial state",
+                {"inputs": draw.normal(2, 4, 5), "state": draw.normal(2, 2, 6, scale=0.5)},
+                _gru_params(draw, 5, 6, 2))
+
+
+@_case
+def _gru_no_bhn() -> Case:
+    draw = _Draw(602)
+    params = _gru_params(draw, 5, 6, 2)
+    for layer in params.values():
+        layer["b_h"][12:] = 0.0  # the candidate gate's hidden bias b_hn (see the description)
+    return Case("gru.zero_candidate_hidden_bias", "bahdanau.gru", {},
+                "2-layer GRU from a zero state with b_h[n] = 0, which flax.nnx.GRUCell can hold",
+                {"inputs": draw.normal(2, 4, 5)}, params)
+
+
+@_case
+def _bahdanau_encoder() -> Case:
+    draw = _Draw(603)
+    params = _bahdanau_params(draw, 11, 13, 5, 6, 2)["encoder"]
+    return Case("encoder.tokens", "bahdanau.encoder", {},
+                "embedding (11, 5) and a 2-layer GRU over source ids (2, 4)",
+                {"src": draw.tokens(11, 2, 4)}, params)
+
+
+@_case
+def _bahdanau_seq2seq() -> Case:
+    draw = _Draw(604)
+    return Case("seq2seq.logits", "bahdanau.seq2seq", {},
+                "teacher-forced logits (B, T, V) and attention weights (B, T, S); source valid "
+                "lengths (4, 2)",
+                {"src": draw.tokens(11, 2, 4), "src_valid_len": _lens(4, 2),
+                 "dec_input": draw.tokens(13, 2, 3)}, _bahdanau_params(draw, 11, 13, 5, 6, 2))
+
+
+@_case
+def _bahdanau_loss() -> Case:
+    draw = _Draw(605)
+    return Case("seq2seq.teacher_forcing_loss", "bahdanau.teacher_forcing_loss", {"bos_id": 2},
+                "the book's masked cross-entropy per sequence (B,), target valid lengths (3, 1); "
+                "one GRU layer (the two-layer model is checked by seq2seq.logits)",
+                {"src": draw.tokens(11, 2, 4), "src_valid_len": _lens(3, 4),
+                 "tgt": draw.tokens(13, 2, 3), "tgt_valid_len": _lens(3, 1)},
+                _bahdanau_params(draw, 11, 13, 5, 6, 1))
+
+
+# Transformer (d2l §11.7): V_src 11, V_tgt 13, D 8, F 16, N 2, L 2; B 2, S 5, T 4
+
+@_case
+def _ffn() -> Case:
+    draw = _Draw(701)
+    return Case("position_wise_ffn.relu", "transformer.position_wise_ffn", {},
+                "relu(X W_1 + b_1) W_2 + b_2 on (2, 4, 8), hidden 16",
+                {"X": draw.normal(2, 4, 8)}, _ffn_params(draw, 8, 16))
+
+
+@_case
+def _layer_norm() -> Case:
+    draw = _Draw(702)
+    return Case("layer_norm.offset_rows", "transformer.layer_norm", {},
+                "rows with mean 5 and spread 3 (the variance must not be E[x^2] - E[x]^2 in "
+                "float32), eps 1e-5",
+                {"X": draw.normal(2, 4, 8, scale=3.0, loc=5.0)}, _norm_params(draw, 8))
+
+
+@_case
+def _add_norm() -> Case:
+    draw = _Draw(703)
+    return Case("add_norm.residual", "transformer.add_norm", {}, "LayerNorm(Y + X) on (2, 4, 8)",
+                {"X": draw.normal(2, 4, 8), "Y": draw.normal(2, 4, 8)}, _norm_params(draw, 8))
+
+
+@_case
+def _encoder_block() -> Case:
+    draw = _Draw(704)
+    return Case("encoder_block.valid_lens", "transformer.encoder_block", {"num_heads": 2},
+                "self-attention + FFN, each with add & norm; valid lengths (5, 3)",
+                {"X": draw.normal(2, 5, 8), "src_valid_len": _lens(5, 3)},
+                _encoder_block_params(draw, 8, 16))
+
+
+@_case
+def _decoder_block() -> Case:
+    draw = _Draw(705)
+    return Case("decoder_block.teacher_forced", "transformer.decoder_block", {"num_heads": 2},
+                "causal self-attention, encoder-decoder attention (valid lengths (5, 3)), FFN",
+                {"X": draw.normal(2, 4, 8), "enc_outputs": draw.normal(2, 5, 8),
+                 "src_valid_len": _lens(5, 3)}, _decoder_block_params(draw, 8, 16))
+
+
+@_case
+def _transformer_logits() -> Case:
+    draw = _Draw(706)
+    return Case("transformer.logits", "transformer.transformer", {"num_heads": 2},
+                "2 encoder and 2 decoder blocks: logits (B, T, V) and every layer's weights",
+                {"src": draw.tokens(11, 2, 5), "src_valid_len": _lens(5, 2),
+                 "dec_input": draw.tokens(13, 2, 4)}, _transformer_params(draw, 11, 13, 8, 16, 2))
+
+
+@_case
+def _transformer_loss() -> Case:
+    draw = _Draw(707)
+    return Case("transformer.teacher_forcing_loss", "transformer.teacher_forcing_loss",
+                {"num_heads": 2, "bos_id": 2},
+                "masked cross-entropy per sequence (B,), target valid lengths (4, 2); one block "
+                "each (the two-block model is checked by transformer.logits)",
+                {"src": draw.tokens(11, 2, 5), "src_valid_len": _lens(3, 5),
+                 "tgt": draw.tokens(13, 2, 4), "tgt_valid_len": _lens(4, 2)},
+                _transformer_params(draw, 11, 13, 8, 16, 1))
+
+
+# --------------------------------------------------------------------------- generate, save, load
+
+
+def _check_tags(case: Case) -> None:
+    """A tag is a claim about the data; make sure it holds, so n/a rows are never unjustified."""
+    if "fully_masked_row" in case.tags:
+        weights = case.outputs["weights"]
+        if not (weights == 0).all(axis=-1).any():
+            raise AssertionError(f"case {case.name}: tagged fully_masked_row but no row of "
+                                 "weights is all zero")
+    if "nan_in_padding" in case.tags and np.isfinite(case.inputs["X"]).all():
+        raise AssertionError(f"case {case.name}: tagged nan_in_padding but X is finite")
+
+
+#: Inputs and parameters are multiples of this (with magnitudes below 2^11), so they are exact
+#: in float32 too: ``--dtype float32`` casts them without rounding, and a float32 run measures
+#: the arithmetic alone. (It also lets the zip compress them: their low mantissa bytes are zero.)
+GRID = 2.0 ** -12
+
+
+def _on_grid(array: np.ndarray, where: str) -> np.ndarray:
+    if array.dtype.kind != "f":
+        return array
+    rounded = np.round(array / GRID) * GRID  # NaN and Inf stay as they are
+    finite = rounded[np.isfinite(rounded)]
+    if finite.size and np.abs(finite).max() >= 2.0 ** 11:
+        raise AssertionError(f"{where}: magnitudes up to {np.abs(finite).max()} are not exact in "
+                             "float32 on the grid")
+    return rounded
+
+
+def generate_cases() -> dict[str, Case]:
+    """Every canonical case, outputs computed by :mod:`reference_numpy` in float64.
+
+    Deterministic: fixed seeds, NumPy's ``default_rng``, inputs and parameters rounded to
+    :data:`GRID` (exact in float32), float64 reference arithmetic.
+
+    Returns:
+      ``{case name: Case}`` in the order of the book's chapter.
+    """
+    cases: dict[str, Case] = {}
+    for builder in _BUILDERS:
+        case = builder()
+        if case.name in cases:
+            raise AssertionError(f"two cases are named {case.name!r}")
+        if case.function not in FUNCTIONS:
+            raise AssertionError(f"case {case.name}: unknown function {case.function!r}")
+        case.inputs = {name: _on_grid(value, f"{case.name}/input/{name}")
+                       for name, value in case.inputs.items()}
+        case.params = unflatten_params({path: _on_grid(value, f"{case.name}/param/{path}")
+                                        for path, value in flatten_params(case.params).items()})
+        outputs = call("reference_numpy", case.function, case.inputs, case.params, case.config)
+        case.outputs = {name: np.asarray(value) for name, value in outputs.items()}
+        for name, value in case.outputs.items():
+            if value.dtype.kind == "f" and value.dtype != np.float64:
+                raise AssertionError(f"case {case.name}: output {name} is {value.dtype}, "
+                                     "expected float64")
+        _check_tags(case)
+        cases[case.name] = case
+    return cases
+
+
+def _write_array(archive: zipfile.ZipFile, key: str, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=False)
+    info = zipfile.ZipInfo(key + ".npy", date_time=_ZIP_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, buffer.getvalue())
+
+
+def save_cases(path: str | Path, cases: Mapping[str, Case] | None = None) -> Path:
+    """Write ``cases`` (default: :func:`generate_cases`) to ``path`` as a compressed ``.npz``.
+
+    The archive is an ordinary ``numpy.savez_compressed`` file (``np.load`` reads it), written
+    with a fixed timestamp so that the same cases give the same bytes.
+
+    Returns:
+      ``path`` as a :class:`~pathlib.Path`.
+    """
+    cases = generate_cases() if cases is None else cases
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    index = {"format": FORMAT, "version": FORMAT_VERSION,
+             "regenerate": "jax-attention conformance --regenerate",
+             "tags": TAGS, "cases": [case.index_entry() for case in cases.values()]}
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w") as archive:
+        # UTF-8 bytes as uint8: every .npy reader handles uint8, not all handle NumPy's '<U'.
+        text = json.dumps(index, indent=1, ensure_ascii=False).encode("utf-8")
+        _write_array(archive, "__index__", np.frombuffer(text, dtype=np.uint8))
+        for case in cases.values():
+            for kind, arrays in (("input", case.inputs), ("param", flatten_params(case.params)),
+                                 ("output", case.outputs)):
+                for name, array in arrays.items():
+                    _write_array(archive, f"{case.name}/{kind}/{name}", np.asarray(array))
+    tmp.replace(path)  # never leave a half-written file where the cases are read
+    return path
+
+
+def load_cases(path: str | Path | None = None) -> dict[str, Case]:
+    """Read the cases from ``path`` (default: the file shipped in this package).
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: not a conformance file, or an unsupported format version.
+    """
+    path = DEFAULT_CASES_PATH if path is None else Path(path)
+    with np.load(path, allow_pickle=False) as archive:
+        if "__index__" not in archive.files:
+            raise ValueError(f"{path} is not a conformance case file: no __index__ entry")
+        index = json.loads(archive["__index__"].tobytes().decode("utf-8"))
+        if index.get("format") != FORMAT or index.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}, got "
+                             f"{index.get('format')!r} version {index.get('version')!r}")
+        cases = {}
+        for entry in index["cases"]:
+            name = entry["name"]
+
+            def read(kind, names, name=name):
+                return {n: archive[f"{name}/{kind}/{n}"] for n in names}
+
+            cases[name] = Case(
+                name=name, function=entry["function"], config=entry["config"],
+                description=entry["description"], inputs=read("input", entry["inputs"]),
+                params=unflatten_params(read("param", entry["params"])),
+                outputs=read("output", entry["outputs"]), tolerances=entry["tolerances"],
+                tags=tuple(entry["tags"]))
+    return cases

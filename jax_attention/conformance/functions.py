@@ -1,0 +1,166 @@
+"""The functions the conformance kit checks: their outputs and how to call them.
+
+Every case names one function of :mod:`reference_numpy` by ``"<module>.<name>"`` (the module stem
+is the component, e.g. ``"scoring.dot_product_attention"``); the same name exists, with the same
+argument order, in :mod:`jax_attention`. A :class:`Function` says which outputs the function
+returns, in which order, and how to call either package's version from a case's ``inputs``,
+``params`` and ``config`` (the call is the same for both, as the two packages mirror each other).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+__all__ = ["Function", "FUNCTIONS", "call"]
+
+Arrays = Mapping[str, object]
+Call = Callable[[ModuleType, Arrays, Mapping, Mapping], object]
+
+
+@dataclass(frozen=True)
+class Function:
+    """One checked function.
+
+    Attributes:
+      name: ``"<module>.<function>"``, e.g. ``"scoring.dot_product_attention"``.
+      outputs: the names given to the returned arrays, in order.
+      signature: the reference call, for people (README, ``--help``).
+      call: ``call(module, inputs, params, config)`` runs ``module.<function>`` on a case, where
+        ``module`` is ``reference_numpy.<stem>`` or ``jax_attention.<stem>``; returns what the
+        function returns (an array, a tuple, or for the Transformer a tuple holding a dict).
+    """
+
+    name: str
+    outputs: tuple[str, ...]
+    signature: str
+    call: Call
+
+    @property
+    def component(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def short_name(self) -> str:
+        return self.name.split(".")[1]
+
+
+def _get(inputs: Arrays, name: str):
+    """An optional input: ``None`` when the case does not give it."""
+    return inputs.get(name)
+
+
+def _functions() -> dict[str, Function]:
+    specs = [
+        Function("masking.sequence_mask", ("output",),
+                 "sequence_mask(X, valid_len, value=0) -> output",
+                 lambda m, i, p, c: m.sequence_mask(i["X"], i["valid_len"], **c)),
+        Function("masking.masked_softmax", ("weights",),
+                 "masked_softmax(X, valid_lens=None, *, mask=None) -> weights",
+                 lambda m, i, p, c: m.masked_softmax(i["X"], _get(i, "valid_lens"),
+                                                     mask=_get(i, "mask"))),
+        Function("attention_pooling.nadaraya_watson", ("output", "weights"),
+                 "nadaraya_watson(queries, keys, values, w=params['w']) -> (output, weights)",
+                 lambda m, i, p, c: m.nadaraya_watson(i["queries"], i["keys"], i["values"],
+                                                      p["w"])),
+        Function("scoring.dot_product_attention", ("output", "weights"),
+                 "dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, "
+                 "is_causal=False, bias=None) -> (output, weights)",
+                 lambda m, i, p, c: m.dot_product_attention(
+                     i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
+                     mask=_get(i, "mask"), bias=_get(i, "bias"), **c)),
+        Function("scoring.additive_attention", ("output", "weights"),
+                 "additive_attention(params, queries, keys, values, valid_lens=None, *, "
+                 "mask=None, is_causal=False) -> (output, weights)",
+                 lambda m, i, p, c: m.additive_attention(
+                     p, i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
+                     mask=_get(i, "mask"), **c)),
+        Function("multihead.multi_head_attention", ("output", "weights"),
+                 "multi_head_attention(params, queries, keys, values, valid_lens=None, *, "
+                 "num_heads, mask=None, is_causal=False, bias=None) -> (output, weights)",
+                 lambda m, i, p, c: m.multi_head_attention(
+                     p, i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
+                     mask=_get(i, "mask"), bias=_get(i, "bias"), **c)),
+        Function("positional.positional_encoding", ("P",),
+                 "positional_encoding(num_steps, num_hiddens, base=10000.0) -> P",
+                 lambda m, i, p, c: m.positional_encoding(**c)),
+        Function("positional.rotary_embedding", ("output",),
+                 "rotary_embedding(X, positions=None, base=10000.0) -> output",
+                 lambda m, i, p, c: m.rotary_embedding(i["X"], _get(i, "positions"), **c)),
+        Function("positional.relative_position_buckets", ("buckets",),
+                 "relative_position_buckets(relative_positions, num_buckets=32, "
+                 "max_distance=128, bidirectional=True) -> buckets",
+                 lambda m, i, p, c: m.relative_position_buckets(i["relative_positions"], **c)),
+        Function("positional.relative_position_bias", ("bias",),
+                 "relative_position_bias(params['table'], indices) -> bias",
+                 lambda m, i, p, c: m.relative_position_bias(p["table"], i["indices"])),
+        Function("bahdanau.gru", ("outputs", "state"),
+                 "gru(params, inputs, state=None) -> (outputs, state)",
+                 lambda m, i, p, c: m.gru(p, i["inputs"], _get(i, "state"))),
+        Function("bahdanau.encoder", ("outputs", "state"),
+                 "encoder(params, src) -> (outputs, state)",
+                 lambda m, i, p, c: m.encoder(p, i["src"])),
+        Function("bahdanau.seq2seq", ("logits", "weights"),
+                 "seq2seq(params, src, src_valid_len, dec_input) -> (logits, weights)",
+                 lambda m, i, p, c: m.seq2seq(p, i["src"], i["src_valid_len"], i["dec_input"])),
+        Function("bahdanau.teacher_forcing_loss", ("loss",),
+                 "teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id) "
+                 "-> loss",
+                 lambda m, i, p, c: m.teacher_forcing_loss(
+                     p, i["src"], i["src_valid_len"], i["tgt"], i["tgt_valid_len"], **c)),
+        Function("transformer.position_wise_ffn", ("output",),
+                 "position_wise_ffn(params, X) -> output",
+                 lambda m, i, p, c: m.position_wise_ffn(p, i["X"])),
+        Function("transformer.layer_norm", ("output",),
+                 "layer_norm(params, X) -> output  (eps 1e-5)",
+                 lambda m, i, p, c: m.layer_norm(p, i["X"])),
+        Function("transformer.add_norm", ("output",),
+                 "add_norm(params, X, Y) -> output = LayerNorm(Y + X)",
+                 lambda m, i, p, c: m.add_norm(p, i["X"], i["Y"])),
+        Function("transformer.encoder_block", ("output", "weights"),
+                 "encoder_block(params, X, src_valid_len, *, num_heads) -> (output, weights)",
+                 lambda m, i, p, c: m.encoder_block(p, i["X"], i["src_valid_len"], **c)),
+        Function("transformer.decoder_block", ("output", "self_weights", "cross_weights"),
+                 "decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads) -> "
+                 "(output, self_weights, cross_weights)",
+                 lambda m, i, p, c: m.decoder_block(p, i["X"], i["enc_outputs"],
+                                                    i["src_valid_len"], **c)),
+        Function("transformer.transformer",
+                 ("logits", "encoder_self", "decoder_self", "encoder_decoder"),
+                 "transformer(params, src, src_valid_len, dec_input, *, num_heads) -> "
+                 "(logits, {encoder_self, decoder_self, encoder_decoder})",
+                 lambda m, i, p, c: m.transformer(p, i["src"], i["src_valid_len"],
+                                                  i["dec_input"], **c)),
+        Function("transformer.teacher_forcing_loss", ("loss",),
+                 "teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id, *, "
+                 "num_heads) -> loss",
+                 lambda m, i, p, c: m.teacher_forcing_loss(
+                     p, i["src"], i["src_valid_len"], i["tgt"], i["tgt_valid_len"], **c)),
+    ]
+    return {spec.name: spec for spec in specs}
+
+
+#: Every checked function by name, in the order of the book's chapter.
+FUNCTIONS: dict[str, Function] = _functions()
+
+
+def call(package: str, function: str, inputs: Arrays, params: Mapping, config: Mapping) -> dict:
+    """Run ``<package>.<function>`` (package ``"reference_numpy"`` or ``"jax_attention"``) on a
+    case and name its outputs: ``{output name: array}``.
+
+    The Transformer returns its attention weights as a dict; they are flattened into the named
+    outputs, so every output is one array.
+    """
+    spec = FUNCTIONS[function]
+    module = importlib.import_module(f"{package}.{spec.component}")
+    result = spec.call(module, inputs, params, config)
+    if not isinstance(result, tuple):
+        result = (result,)
+    if len(result) == 2 and isinstance(result[1], Mapping):  # (logits, {weights by name})
+        result = (result[0], *(result[1][name] for name in spec.outputs[1:]))
+    if len(result) != len(spec.outputs):
+        raise ValueError(f"{package}.{function} returned {len(result)} arrays, expected "
+                         f"{len(spec.outputs)}: {spec.outputs}")
+    return dict(zip(spec.outputs, result))

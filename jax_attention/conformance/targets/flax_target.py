@@ -1,0 +1,527 @@
+"""``--against flax``: Flax's built-ins where they exist, our Flax NNX modules for the rest.
+
+Built-ins (their own parameters loaded with the case's, by reshape where the layout differs):
+
+* ``flax.nnx.dot_product_attention`` (output; as Flax documents, it hands over to
+  ``jax.nn.dot_product_attention`` without dropout, whose softmax is float32) and
+  ``flax.nnx.nn.attention.dot_product_attention_weights`` (weights) — heads laid out
+  ``(B, T, N = 1, d)``;
+* ``flax.nnx.MultiHeadAttention`` — kernels ``(in, N, H)`` and ``(N, H, out)`` are our ``(in, D)``
+  and ``(D, out)`` reshaped (head ``n`` = our columns ``n*H .. (n+1)*H - 1``); called plainly
+  (output) and with ``sow_weights=True`` (output and weights, the unfused path);
+* ``flax.nnx.LayerNorm`` (``epsilon=1e-5`` as the book's ``nn.LayerNorm``);
+* ``flax.nnx.GRUCell`` run by ``flax.nnx.RNN``, one per layer. Its gates have no hidden bias:
+  PyTorch's ``b_hr`` and ``b_hz`` are added to the gate's input bias, which is exact, but
+  ``b_hn`` sits inside ``r * (W_hn h + b_hn)`` and cannot be moved, so cases with ``b_hn != 0``
+  are n/a for it;
+* ``flax.nnx.Embed`` for the relative position bias table; ``flax.nnx.softmax(where=)``
+  (JAX's ``jax.nn.softmax``, re-exported) for the masked softmax.
+
+Our NNX modules (parameters assigned from the case, ``eval()`` mode, weights read back with
+``nnx.capture``): ``NWKernelRegression``, ``DotProductAttention``, ``AdditiveAttention``,
+``MultiHeadAttention``, ``PositionalEncoding``, ``GRU``, ``Seq2SeqEncoder``, ``BahdanauSeq2Seq``,
+``PositionWiseFFN``, ``AddNorm``, ``TransformerEncoderBlock``, ``TransformerDecoderBlock``,
+``TransformerSeq2Seq``. Functions with neither a Flax built-in nor a module (``sequence_mask``,
+``rotary_embedding``, ``relative_position_buckets``) run through our functional core, labelled so.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from jax_attention.conformance.cases import Case, flatten_params
+from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.targets import jax_target
+from jax_attention.conformance.targets._common import (
+    check_device,
+    first_reason,
+    fully_masked_reason,
+    jax_setup,
+    keep_mask,
+    standard_promotion,
+    to_jax,
+    value_size_reason,
+)
+
+FUSED_FLOAT32 = ("without dropout Flax hands over to jax.nn.dot_product_attention, whose softmax "
+                 "is float32 whatever the input dtype (by design): held to the float32 tolerance")
+
+
+def _captured(module, *args, **kwargs):
+    """``module(*args, **kwargs)`` jit-compiled, with what it sowed: ``(output, intermediates)``."""
+    from flax import nnx
+
+    return nnx.jit(lambda m, *a: nnx.capture(m, nnx.Intermediate)(*a, **kwargs))(module, *args)
+
+
+def _sown(intermediates, *path):
+    node = intermediates
+    for key in path:
+        node = node[key]
+    (value,) = node.get_value()
+    return value
+
+
+def _load(variables: dict, params: dict) -> None:
+    """Write ``params`` (nested, NumPy) into ``variables`` (the same nesting, NNX Variables)."""
+    import jax.numpy as jnp
+
+    for path, value in flatten_params(params).items():
+        node = variables
+        for key in path.split("/"):
+            node = node[key]
+        node[...] = jnp.asarray(value, node[...].dtype)
+
+
+def _without_initialisers(build):
+    """``build()`` — one of our NNX modules — with every array zero (RNG keys fixed) instead of
+    its random initial values, for :func:`_load` to overwrite with the case's parameters.
+
+    ``nnx.eval_shape`` gives each Variable only its shape and dtype. Running the initialisers
+    instead would compile their random ops anew for each parameter shape — about a second per
+    case on a CPU — for values that are thrown away. The module's other state, the RNG streams of
+    its dropout layers (rate 0 here, never drawn from), gets a fixed key and a zero count. A
+    parameter that :func:`_load` missed would stay zero and fail its row, never pass silently.
+    """
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(nnx.eval_shape(build))
+
+    def concrete(leaf):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            key = jax.random.key(0)
+            return key if leaf.shape == () else jax.random.split(key, leaf.shape)
+        return jax.numpy.asarray(np.zeros(leaf.shape, leaf.dtype))
+
+    return nnx.merge(graphdef, jax.tree.map(concrete, state))
+
+
+def _dtype(params: dict):
+    import jax.numpy as jnp
+
+    return jnp.dtype(next(iter(flatten_params(params).values())).dtype)
+
+
+# --------------------------------------------------------------------------- Flax built-ins
+
+
+def _flax_dot_product_attention(device) -> list[Implementation]:
+    import jax
+    from flax import nnx
+    from flax.nnx.nn.attention import dot_product_attention_weights
+
+    def prepare(case, inputs):
+        T, S = inputs["queries"].shape[1], inputs["keys"].shape[1]
+        keep = keep_mask(inputs, T, S)  # causal passed natively
+        bias = inputs.get("bias")
+        # One head: (B, T, d) -> Flax's (B, T, N = 1, d); masks and biases (B, N = 1, T, S).
+        return to_jax((inputs["queries"][:, :, None], inputs["keys"][:, :, None],
+                       inputs["values"][:, :, None], None if bias is None else bias[:, None],
+                       None if keep is None else keep[:, None]), device)
+
+    @functools.cache
+    def attend(is_causal):
+        return jax.jit(lambda q, k, v, bias, mask: nnx.dot_product_attention(
+            q, k, v, bias, mask, is_causal=is_causal)[:, :, 0])
+
+    @functools.cache
+    def weigh(is_causal):
+        return jax.jit(lambda q, k, bias, mask: dot_product_attention_weights(
+            q, k, bias, mask, is_causal=is_causal)[:, 0])
+
+    def run_output(case, inputs, params):
+        q, k, v, bias, mask = prepare(case, inputs)
+        with standard_promotion():
+            out = attend(bool(case.config.get("is_causal", False)))(q, k, v, bias, mask)
+        return check_device({"output": out}, device)
+
+    def run_weights(case, inputs, params):
+        q, k, v, bias, mask = prepare(case, inputs)
+        with standard_promotion():
+            weights = weigh(bool(case.config.get("is_causal", False)))(q, k, bias, mask)
+        return check_device({"weights": weights}, device)
+
+    output_name = "flax.nnx.dot_product_attention"
+    weights_name = "flax.nnx.nn.attention.dot_product_attention_weights"
+    return [
+        Implementation(output_name, run_output,
+                       first_reason(fully_masked_reason(output_name),
+                                    value_size_reason(output_name)),
+                       tolerance_dtype="float32", note=FUSED_FLOAT32),
+        Implementation(weights_name, run_weights, fully_masked_reason(weights_name)),
+    ]
+
+
+def _flax_multi_head_attention(device) -> list[Implementation]:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def build(params, num_heads):
+        query_size, num_hiddens = params["W_q"].shape
+        H = num_hiddens // num_heads
+        use_bias = "b_q" in params
+        dtype = _dtype(params)
+        with standard_promotion():
+            module = nnx.MultiHeadAttention(
+                num_heads, query_size, num_hiddens, params["W_o"].shape[1],
+                in_kv_features=params["W_k"].shape[0], use_bias=use_bias, decode=False,
+                param_dtype=dtype, rngs=nnx.Rngs(0), kernel_init=nnx.initializers.zeros)
+        for layer, name in ((module.query, "q"), (module.key, "k"), (module.value, "v")):
+            layer.kernel[...] = jnp.asarray(params[f"W_{name}"].reshape(-1, num_heads, H))
+            if use_bias:
+                layer.bias[...] = jnp.asarray(params[f"b_{name}"].reshape(num_heads, H))
+        module.out.kernel[...] = jnp.asarray(params["W_o"].reshape(num_heads, H, -1))
+        if use_bias:
+            module.out.bias[...] = jnp.asarray(params["b_o"])
+        return module
+
+    def arguments(case, inputs):
+        T, S = inputs["queries"].shape[1], inputs["keys"].shape[1]
+        keep = keep_mask(inputs, T, S)
+        return to_jax((inputs["queries"], inputs["keys"], inputs["values"],
+                       None if keep is None else keep[:, None]), device)
+
+    def run_plain(case, inputs, params):
+        q, k, v, mask = arguments(case, inputs)
+        module = build(params, case.config["num_heads"])
+        with standard_promotion():
+            out = nnx.jit(lambda m, q, k, v, mask: m(
+                q, k, v, mask=mask, is_causal=case.config.get("is_causal", False)))(
+                module, q, k, v, mask)
+        return check_device({"output": out}, device)
+
+    def run_sown(case, inputs, params):
+        q, k, v, mask = arguments(case, inputs)
+        module = build(params, case.config["num_heads"])
+        with standard_promotion():
+            out, sown = _captured(module, q, k, v, mask=mask, sow_weights=True,
+                                  is_causal=case.config.get("is_causal", False))
+        return check_device({"output": out, "weights": _sown(sown, "attention_weights")}, device)
+
+    def sizes(case: Case) -> str | None:
+        W_q, W_k, W_v = (case.params[n] for n in ("W_q", "W_k", "W_v"))
+        if W_k.shape[0] != W_v.shape[0]:
+            return (f"flax.nnx.MultiHeadAttention takes one input size for keys and values "
+                    f"(in_kv_features); the case has {W_k.shape[0]} and {W_v.shape[0]}")
+        return None
+
+    reasons = first_reason(fully_masked_reason("flax.nnx.MultiHeadAttention"), sizes)
+    return [Implementation("flax.nnx.MultiHeadAttention", run_plain, reasons,
+                           tolerance_dtype="float32", note=FUSED_FLOAT32),
+            Implementation("flax.nnx.MultiHeadAttention(sow_weights=True)", run_sown, reasons)]
+
+
+def _flax_layer_norm(device) -> Implementation:
+    from flax import nnx
+
+    def run(case, inputs, params):
+        D = params["gamma"].shape[0]
+        with standard_promotion():
+            module = nnx.LayerNorm(D, epsilon=1e-5, param_dtype=_dtype(params), rngs=nnx.Rngs(0))
+        _load({"gamma": module.scale, "beta": module.bias}, params)
+        with standard_promotion():
+            out = nnx.jit(lambda m, X: m(X))(module, to_jax(inputs["X"], device))
+        return check_device({"output": out}, device)
+
+    return Implementation("flax.nnx.LayerNorm", run)
+
+
+def _flax_gru(device) -> Implementation:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def run(case, inputs, params):
+        dtype = _dtype(params)
+        X = to_jax(inputs["inputs"], device)
+        B = X.shape[0]
+        state = inputs.get("state")
+        finals = []
+        for layer in range(len(params)):
+            p = params[f"layer_{layer}"]
+            h = p["W_h"].shape[0]
+            with standard_promotion():
+                cell = nnx.GRUCell(p["W_x"].shape[0], h, param_dtype=dtype, rngs=nnx.Rngs(0),
+                                   kernel_init=nnx.initializers.zeros,
+                                   recurrent_kernel_init=nnx.initializers.zeros)
+            # PyTorch's r and z hidden biases join the input bias (they are only ever added to
+            # it); the candidate's b_hn is zero in the cases this row runs (see n/a).
+            folded = p["b_x"] + np.concatenate([p["b_h"][:2 * h], np.zeros(h, p["b_h"].dtype)])
+            _load({"k": cell.dense_i.kernel, "b": cell.dense_i.bias, "h": cell.dense_h.kernel},
+                  {"k": p["W_x"], "b": folded, "h": p["W_h"]})
+            carry = (jnp.zeros((B, h), dtype) if state is None
+                     else to_jax(state[layer], device))
+            with standard_promotion():
+                carry, X = nnx.jit(lambda r, x, c: r(x, initial_carry=c))(
+                    nnx.RNN(cell, return_carry=True), X, carry)
+            finals.append(carry)
+        return check_device({"outputs": X, "state": jnp.stack(finals)}, device)
+
+    def candidate_bias(case: Case) -> str | None:
+        for name, p in case.params.items():
+            h = p["W_h"].shape[0]
+            if np.any(p["b_h"][2 * h:] != 0):
+                return ("flax.nnx.GRUCell has no hidden bias: b_hr and b_hz fold into the input "
+                        "bias exactly, but PyTorch's b_hn is multiplied by r and cannot; this "
+                        f"case has b_hn != 0 ({name}); gru.zero_candidate_hidden_bias checks it")
+        return None
+
+    return Implementation("flax.nnx.GRUCell + nnx.RNN", run, candidate_bias)
+
+
+def _flax_embed(device) -> Implementation:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def run(case, inputs, params):
+        rows, heads = params["table"].shape
+        with standard_promotion():
+            module = nnx.Embed(rows, heads, param_dtype=_dtype(params), rngs=nnx.Rngs(0),
+                               embedding_init=nnx.initializers.zeros)
+        module.embedding[...] = jnp.asarray(params["table"])
+        with standard_promotion():
+            bias = nnx.jit(lambda m, i: jnp.transpose(m(i), (2, 0, 1))[None])(
+                module, to_jax(inputs["indices"], device))
+        return check_device({"bias": bias}, device)
+
+    return Implementation("flax.nnx.Embed", run)
+
+
+def _flax_softmax(device) -> Implementation:
+    import jax
+    from flax import nnx
+
+    compiled = jax.jit(lambda X, where: nnx.softmax(X, axis=-1, where=where))
+
+    def run(case, inputs, params):
+        X = inputs["X"]
+        keep = keep_mask(inputs, X.shape[-2], X.shape[-1])
+        keep = np.ones(X.shape, bool) if keep is None else np.broadcast_to(keep, X.shape)
+        with standard_promotion():
+            weights = compiled(*to_jax((X, keep), device))
+        return check_device({"weights": weights}, device)
+
+    return Implementation("flax.nnx.softmax(where=)", run)
+
+
+# --------------------------------------------------------------------------- our NNX modules
+
+
+def _ours(device, label: str, build, call, outputs) -> Implementation:
+    """One of our NNX modules: ``build(case, params, dtype)`` makes it (eval mode, parameters
+    loaded), ``call(module, case, inputs)`` runs it and returns ``(outputs, intermediates)``
+    through :func:`_captured`; ``outputs(result, intermediates)`` names the arrays."""
+
+    def run(case, inputs, params):
+        module = build(case, params, _dtype(params) if params else None)
+        result, sown = call(module, case, to_jax(inputs, device))
+        return check_device(outputs(result, sown), device)
+
+    return Implementation(f"jax_attention NNX {label}", run)
+
+
+def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jax_attention import attention_pooling, bahdanau, multihead, positional, scoring
+    from jax_attention import transformer as tf
+
+    def rngs():
+        return nnx.Rngs(0)  # the initial values are overwritten by the case's
+    run_dtype = jnp.dtype(dtype_name)
+
+    def nw(case, params, dtype):
+        module = _without_initialisers(lambda: attention_pooling.NWKernelRegression(
+            sow_weights=True, param_dtype=dtype, rngs=rngs()))
+        module.w[...] = jnp.asarray(params["w"])
+        return module
+
+    def dot(case, params, dtype):
+        return scoring.DotProductAttention(sow_weights=True)
+
+    def additive(case, params, dtype):
+        (q, h), k = params["W_q"].shape, params["W_k"].shape[0]
+        module = _without_initialisers(lambda: scoring.AdditiveAttention(
+            q, k, h, sow_weights=True, param_dtype=dtype, rngs=rngs()))
+        _load({"W_q": module.W_q, "W_k": module.W_k, "w_v": module.w_v}, params)
+        return module
+
+    def mha(case, params, dtype):
+        module = _without_initialisers(lambda: multihead.MultiHeadAttention(
+            params["W_q"].shape[1], case.config["num_heads"], bias="b_q" in params,
+            query_size=params["W_q"].shape[0], key_size=params["W_k"].shape[0],
+            value_size=params["W_v"].shape[0], sow_weights=True, param_dtype=dtype, rngs=rngs()))
+        _load({name: getattr(module, name) for name in params}, params)
+        return module
+
+    def positional_table(case, params, dtype):
+        return positional.PositionalEncoding(case.config["num_hiddens"], 0.0,
+                                             max_len=case.config["num_steps"], dtype=run_dtype)
+
+    def gru_layers(module, params):
+        return {f"layer_{i}": {name: getattr(layer, name) for name in ("W_x", "W_h", "b_x", "b_h")}
+                for i, layer in enumerate(module.layers)}
+
+    def gru(case, params, dtype):
+        L, I, h = len(params), params["layer_0"]["W_x"].shape[0], params["layer_0"]["W_h"].shape[0]
+        module = _without_initialisers(lambda: bahdanau.GRU(I, h, L, param_dtype=dtype,
+                                                             rngs=rngs()))
+        _load(gru_layers(module, params), params)
+        return module
+
+    def encoder(case, params, dtype):
+        (V, E), gru_params = params["embedding"].shape, params["gru"]
+        module = _without_initialisers(lambda: bahdanau.Seq2SeqEncoder(
+            V, E, gru_params["layer_0"]["W_h"].shape[0], len(gru_params), param_dtype=dtype,
+            rngs=rngs()))
+        _load({"embedding": module.embedding, "gru": gru_layers(module.gru, gru_params)}, params)
+        return module
+
+    def seq2seq(case, params, dtype):
+        enc, dec = params["encoder"], params["decoder"]
+        # The loss is called without nnx.capture, where sowing would be an error.
+        module = _without_initialisers(lambda: bahdanau.BahdanauSeq2Seq(
+            enc["embedding"].shape[0], dec["embedding"].shape[0], enc["embedding"].shape[1],
+            dec["attention"]["W_q"].shape[0], len(enc["gru"]),
+            sow_weights=case.function == "bahdanau.seq2seq", param_dtype=dtype, rngs=rngs()))
+        module.eval()
+        e, d = module.encoder, module.decoder
+        _load({"encoder": {"embedding": e.embedding, "gru": gru_layers(e.gru, enc["gru"])},
+               "decoder": {"embedding": d.embedding,
+                           "attention": {"W_q": d.W_q, "W_k": d.W_k, "w_v": d.w_v},
+                           "gru": gru_layers(d.gru, dec["gru"]),
+                           "dense": {"W": d.W, "b": d.b}}}, params)
+        return module
+
+    def tree(module):
+        """A _ParamTree module's Variables by the nested names of its params dict."""
+        return {path: module.params[path.replace("/", "__")] for path in module._paths}
+
+    def ffn(case, params, dtype):
+        module = _without_initialisers(lambda: tf.PositionWiseFFN(
+            params["W_1"].shape[0], params["W_1"].shape[1], param_dtype=dtype, rngs=rngs()))
+        _load(tree(module), params)
+        return module
+
+    def add_norm(case, params, dtype):
+        module = _without_initialisers(lambda: tf.AddNorm(params["gamma"].shape[0],
+                                                           param_dtype=dtype, rngs=rngs()))
+        _load(tree(module), params)
+        return module
+
+    def block(kind):
+        def build(case, params, dtype):
+            D, F = params["ffn"]["W_1"].shape
+            return kind(D, F, case.config["num_heads"], param_dtype=dtype, rngs=rngs(),
+                        params=params)
+
+        return build
+
+    def transformer(case, params, dtype):
+        enc, dec = params["encoder"], params["decoder"]
+        D, F = enc["blocks"]["block_0"]["ffn"]["W_1"].shape
+        module = tf.TransformerSeq2Seq(
+            enc["embedding"].shape[0], dec["embedding"].shape[0], D, F, case.config["num_heads"],
+            len(enc["blocks"]), sow_weights=case.function == "transformer.transformer",
+            param_dtype=dtype, rngs=rngs(), params=params)
+        module.eval()
+        return module
+
+    def capture(names, keywords=(), config=()):
+        """``call`` for a module taking the inputs ``names`` in order, the inputs ``keywords``
+        and the config entries ``config`` by name."""
+
+        def call(module, case, inputs):
+            args = [inputs.get(name) for name in names]
+            given = {name: inputs.get(name) for name in keywords}
+            given.update({name: case.config[name] for name in config if name in case.config})
+            return _captured(module, *args, **given)
+
+        return call
+
+    def loss(module, case, inputs):
+        f = nnx.jit(lambda m, *a: m.loss(*a, bos_id=case.config["bos_id"]))
+        return f(module, inputs["src"], inputs["src_valid_len"], inputs["tgt"],
+                 inputs["tgt_valid_len"]), None
+
+    def positional_call(module, case, inputs):
+        zeros = jnp.zeros((1, case.config["num_steps"], case.config["num_hiddens"]), run_dtype)
+        return nnx.jit(lambda m, x: m(x, deterministic=True))(module, zeros)[0], None
+
+    def weights(*path):
+        return lambda out, sown: {"output": out, "weights": _sown(sown, *path)}
+
+    ours = functools.partial(_ours, device)
+    return {
+        "attention_pooling.nadaraya_watson": [ours(
+            "NWKernelRegression", nw, capture(names=("queries", "keys", "values")),
+            weights("attention_weights"))],
+        "scoring.dot_product_attention": [ours(
+            "DotProductAttention", dot,
+            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask", "bias"),
+                    config=("is_causal",)), weights("attention_weights"))],
+        "scoring.additive_attention": [ours(
+            "AdditiveAttention", additive,
+            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask",),
+                    config=("is_causal",)), weights("attention_weights"))],
+        "multihead.multi_head_attention": [ours(
+            "MultiHeadAttention", mha,
+            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask", "bias"),
+                    config=("is_causal",)), weights("attention", "attention_weights"))],
+        "positional.positional_encoding": [ours(
+            "PositionalEncoding", positional_table, positional_call,
+            lambda out, sown: {"P": out})],
+        "bahdanau.gru": [ours("GRU", gru, capture(names=("inputs", "state")),
+                               lambda out, sown: {"outputs": out[0], "state": out[1]})],
+        "bahdanau.encoder": [ours("Seq2SeqEncoder", encoder, capture(names=("src",)),
+                                   lambda out, sown: {"outputs": out[0], "state": out[1]})],
+        "bahdanau.seq2seq": [ours(
+            "BahdanauSeq2Seq", seq2seq, capture(names=("src", "src_valid_len", "dec_input")),
+            lambda out, sown: {"logits": out, "weights": _sown(sown, "attention_weights")})],
+        "bahdanau.teacher_forcing_loss": [ours("BahdanauSeq2Seq.loss", seq2seq, loss,
+                                                lambda out, sown: {"loss": out})],
+        "transformer.position_wise_ffn": [ours("PositionWiseFFN", ffn, capture(names=("X",)),
+                                                lambda out, sown: {"output": out})],
+        "transformer.add_norm": [ours("AddNorm", add_norm, capture(names=("X", "Y")),
+                                       lambda out, sown: {"output": out})],
+        "transformer.encoder_block": [ours(
+            "TransformerEncoderBlock", block(tf.TransformerEncoderBlock),
+            capture(names=("X", "src_valid_len")),
+            lambda out, sown: {"output": out[0], "weights": out[1]})],
+        "transformer.decoder_block": [ours(
+            "TransformerDecoderBlock", block(tf.TransformerDecoderBlock),
+            capture(names=("X", "enc_outputs", "src_valid_len")),
+            lambda out, sown: {"output": out[0], "self_weights": out[1],
+                               "cross_weights": out[2]})],
+        "transformer.transformer": [ours(
+            "TransformerSeq2Seq", transformer, capture(names=("src", "src_valid_len", "dec_input")),
+            lambda out, sown: {"logits": out, **_sown(sown, "attention_weights")})],
+        "transformer.teacher_forcing_loss": [ours("TransformerSeq2Seq.loss", transformer, loss,
+                                                   lambda out, sown: {"loss": out})],
+    }
+
+
+def make_flax_target(dtype: str, platform: str | None, precision: str) -> Target:
+    device, context, environment = jax_setup(dtype, platform, precision)
+    implementations = _our_modules(device, dtype)
+    # No Flax built-in and no module of ours: our functional core, labelled as such.
+    for function in ("masking.sequence_mask", "positional.rotary_embedding",
+                     "positional.relative_position_buckets"):
+        functional = jax_target.ours(function, dtype, device)
+        implementations[function] = [Implementation(
+            "jax_attention (jit); no Flax built-in", functional.run)]
+    builtins = {
+        "masking.masked_softmax": [_flax_softmax(device)],
+        "scoring.dot_product_attention": _flax_dot_product_attention(device),
+        "multihead.multi_head_attention": _flax_multi_head_attention(device),
+        "positional.relative_position_bias": [_flax_embed(device)],
+        "bahdanau.gru": [_flax_gru(device)],
+        "transformer.layer_norm": [_flax_layer_norm(device)],
+    }
+    for function, rows in builtins.items():
+        implementations[function] = rows + implementations.get(function, [])
+    return Target("flax", "Flax built-ins (flax.nnx) where they exist, jax_attention's NNX "
+                          "modules for the rest", implementations, environment, context)

@@ -1,0 +1,75 @@
+"""``--against my_package.my_module`` or ``--against path/to/file.py``: your own implementations.
+
+The module defines ``IMPLEMENTATIONS = {"<function>": callable}`` with function names from the
+index (``"scoring.dot_product_attention"``, ...; see
+:data:`~jax_attention.conformance.functions.FUNCTIONS`).
+Each callable is called as ``callable(inputs, params, config)`` for every case of its function
+and returns ``{output name: array-like}``; the contract is in :mod:`jax_attention.conformance`.
+Functions of the index that the module leaves out, and names in ``IMPLEMENTATIONS`` the index
+does not know, are reported as not covered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from jax_attention.conformance.cases import Case
+from jax_attention.conformance.functions import FUNCTIONS
+from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.targets._common import jax_setup
+
+
+def _import(against: str):
+    """The module named by a dotted name, or loaded from a ``.py`` file."""
+    path = Path(against)
+    if against.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"no such file: {against}")
+        name = f"_conformance_user_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module, path.stem
+    try:
+        return importlib.import_module(against), against
+    except ModuleNotFoundError as error:
+        raise ValueError(f"cannot import {against!r} ({error}); --against takes numpy, jax, "
+                         "flax, torch, an importable module or a .py file") from None
+
+
+def _wrap(prefix: str, implementation) -> Implementation:
+    def run(case: Case, inputs: dict, params: dict):
+        return implementation(inputs, params, dict(case.config))
+
+    name = getattr(implementation, "__qualname__", None) or type(implementation).__name__
+    return Implementation(f"{prefix}.{name}", run)
+
+
+def make_user_target(against: str, dtype: str, platform: str | None, precision: str) -> Target:
+    module, label = _import(against)
+    given = getattr(module, "IMPLEMENTATIONS", None)
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{label} must define IMPLEMENTATIONS = {{'<function>': callable}} "
+                         f"(functions: {', '.join(FUNCTIONS)}); got "
+                         f"{type(given).__name__ if given is not None else 'nothing'}")
+    not_callable = [name for name, value in given.items() if not callable(value)]
+    if not_callable:
+        raise ValueError(f"IMPLEMENTATIONS of {label}: {not_callable} are not callable")
+    # Your code may use JAX: it runs on the chosen platform, with x64 on for float64 and the
+    # chosen matmul precision, as our JAX targets do.
+    _, context, environment = jax_setup(dtype, platform, precision)
+    return Target(
+        label, f"IMPLEMENTATIONS of {label} "
+               f"({len(given)} function{'' if len(given) == 1 else 's'})",
+        {name: [_wrap(label, value)] for name, value in given.items() if name in FUNCTIONS},
+        {"module": getattr(module, "__file__", None) or label, **environment}, context,
+        check_dtype=False, unknown=[name for name in given if name not in FUNCTIONS])

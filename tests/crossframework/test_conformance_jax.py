@@ -1,0 +1,32 @@
+"""The conformance kit against JAX: our functional core (jit) and jax.nn's built-ins pass every
+case in float64 and float32, on JAX's default platform, with the run's settings reported."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from jax_attention.conformance import run_conformance
+from tests.conformance_support import assert_conforms
+
+NOT_APPLICABLE = [
+    ("dot_product_attention.fully_masked_row", "jax.nn.dot_product_attention"),
+    ("dot_product_attention.value_size_6", "jax.nn.dot_product_attention"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_jax_passes_every_case(dtype):
+    report = run_conformance("jax", dtype=dtype)
+    assert_conforms(report, NOT_APPLICABLE)
+    ours = [r for r in report.results if r.implementation == "jax_attention (jit)"]
+    assert len(ours) == report.num_cases  # our core runs every case, none n/a
+    builtin = [r for r in report.results if r.implementation == "jax.nn.dot_product_attention"]
+    # It normalises in float32 whatever the inputs: held to the float32 tolerance, and says so.
+    assert {(r.tolerance_dtype, r.rtol) for r in builtin} == {("float32", 1e-5)}
+    assert all("float32" in r.note for r in builtin if r.status == "PASS")
+    environment = report.environment
+    assert environment["platform"] == jax.default_backend()
+    assert str(jax.devices()[0]) in environment["device"]
+    assert "'highest'" in environment["precision"]
+    assert ("x64 on" in environment["precision"]) == (dtype == "float64")
