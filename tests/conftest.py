@@ -11,6 +11,10 @@ import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+# Every comparison in the suite is at float32 or float64 tolerance; GPUs would otherwise multiply
+# float32 matrices in TF32 (about 1e-3 relative). The `highest_precision` fixture below states it
+# again where a test is about precision.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 

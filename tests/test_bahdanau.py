@@ -20,6 +20,7 @@ from flax import nnx
 
 from jax_attention import bahdanau, data
 from jax_attention.train import BOOK_PAIRS, train_bahdanau
+from tests.reproducibility import assert_same_losses, assert_same_params
 
 B, S, T = 3, 5, 4
 V_SRC, V_TGT, E, H, L = 10, 12, 4, 6, 2
@@ -137,7 +138,9 @@ def test_module_train_and_eval_modes():
     model.eval()
     evaluated = call(model)
     expected, _ = bahdanau.seq2seq(model.params_dict(), src, src_valid_len, tgt)
-    np.testing.assert_array_equal(evaluated, expected)
+    # Equal on CPU; on GPU, XLA fuses the jitted module's graph differently from the eager call
+    # (last-bit differences, seen on an H200).
+    np.testing.assert_allclose(evaluated, expected, rtol=1e-6, atol=1e-7)
     model.train()
     assert not model.deterministic
 
@@ -252,8 +255,8 @@ def test_tiny_run_reports_everything(tiny_run):
 
 def test_same_seed_same_run_bit_for_bit(tiny_run):
     again = train_bahdanau(seed=3, **TINY)
-    assert again.losses == tiny_run.losses
-    chex.assert_trees_all_equal(again.params, tiny_run.params)
+    assert_same_losses(again.losses, tiny_run.losses)
+    assert_same_params(again.params, tiny_run.params)
     other = train_bahdanau(seed=4, **TINY)
     assert other.losses != tiny_run.losses
 
