@@ -49,6 +49,7 @@ from flax import nnx
 from jax import lax
 
 from jax_attention.decoding import greedy_search
+from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
 
 __all__ = [
@@ -172,30 +173,6 @@ def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, embed_size: int =
     """
     shapes = param_shapes(src_vocab_size, tgt_vocab_size, embed_size, num_hiddens, num_layers)
     return unflatten_params(_init_named(rng, flatten_params(shapes), param_dtype, num_hiddens))
-
-
-def flatten_params(params, prefix: str = "") -> dict:
-    """``{"encoder/gru/layer_0/W_x": leaf, ...}``: the nested dict keyed by ``/``-joined paths."""
-    flat = {}
-    for name, value in params.items():
-        path = f"{prefix}{name}"
-        if isinstance(value, dict):
-            flat.update(flatten_params(value, path + "/"))
-        else:
-            flat[path] = value
-    return flat
-
-
-def unflatten_params(flat: dict) -> dict:
-    """The inverse of :func:`flatten_params`."""
-    params: dict = {}
-    for path, value in flat.items():
-        node = params
-        *parents, name = path.split("/")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = value
-    return params
 
 
 # --------------------------------------------------------------------------- the functional core

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_attention.conformance.functions import FUNCTIONS, call
+from jax_attention.params import flatten_params, unflatten_params
 
 __all__ = [
     "Case",
@@ -105,33 +106,6 @@ class Case:
                 "tolerances": self.tolerances, "tags": list(self.tags),
                 "inputs": list(self.inputs), "params": list(flatten_params(self.params)),
                 "outputs": list(self.outputs)}
-
-
-# --------------------------------------------------------------------------- nested parameters
-
-
-def flatten_params(params: Mapping, prefix: str = "") -> dict[str, np.ndarray]:
-    """``{"a": {"b": x}}`` -> ``{"a/b": x}``, in insertion order."""
-    flat = {}
-    for name, value in params.items():
-        path = f"{prefix}{name}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_params(value, path + "/"))
-        else:
-            flat[path] = value
-    return flat
-
-
-def unflatten_params(flat: Mapping[str, np.ndarray]) -> dict:
-    """The inverse of :func:`flatten_params`."""
-    nested: dict = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = nested
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return nested
 
 
 # --------------------------------------------------------------------------- building blocks

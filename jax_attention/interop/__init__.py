@@ -64,6 +64,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from jax_attention.params import flatten_params, unflatten_params
+
 __all__ = ["COMPONENTS", "to_torch", "from_torch"]
 
 COMPONENTS = (
@@ -255,27 +257,6 @@ def _check_component(component) -> str:
     return component
 
 
-def _flatten(params, prefix: str = "") -> dict:
-    flat = {}
-    for name, value in params.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{name}/"))
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat
-
-
-def _unflatten(flat: dict) -> dict:
-    nested: dict = {}
-    for path, value in flat.items():
-        node = nested
-        *parents, name = path.split("/")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = value
-    return nested
-
-
 def _describe(dims) -> str:
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
@@ -455,7 +436,7 @@ def to_torch(params, component: str, *, dtype=None, bias: bool = True) -> dict:
       ImportError: PyTorch is not installed.
     """
     component = _check_component(component)
-    flat = {path: _to_numpy(value) for path, value in _flatten(_as_params(params)).items()}
+    flat = {path: _to_numpy(value) for path, value in flatten_params(_as_params(params)).items()}
     for path, array in flat.items():
         _check_float("params", path, array)
     what = "params"
@@ -556,4 +537,4 @@ def from_torch(state_dict, component: str) -> dict:
     _check_shapes(what, component, state, torch_dims)
     flat = {ours: (np.ascontiguousarray(state[key].T) if transpose else state[key])
             for key, ours, transpose, _ in spec}
-    return _unflatten(flat)
+    return unflatten_params(flat)

@@ -271,7 +271,20 @@ def nadaraya_watson(queries, keys, values, w=1.0):
 # --------------------------------------------------------------------------- scoring (§11.3)
 
 
-class DotProductAttention(nn.Module):
+class _Attention(nn.Module):
+    """Masked softmax of the scores, dropout on the weights, the weighted sum of the values."""
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def _pool(self, scores, values, valid_lens, mask, is_causal):
+        weights = masked_softmax(scores, valid_lens,
+                                 mask=_with_causal(mask, is_causal, scores.shape, scores.device))
+        return self.dropout(weights) @ values, weights
+
+
+class DotProductAttention(_Attention):
     """Scaled dot-product attention with dropout on the weights — d2l §11.3.3.
 
     ``softmax(Q K^T / sqrt(d)) V``, masked as :func:`masked_softmax`.
@@ -281,8 +294,7 @@ class DotProductAttention(nn.Module):
     """
 
     def __init__(self, dropout: float = 0.0):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        super().__init__(dropout)
 
     def forward(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
         """Attend.
@@ -297,9 +309,7 @@ class DotProductAttention(nn.Module):
           ``(output (B, ..., T, v), weights (B, ..., T, S))``; the weights before dropout.
         """
         scores = queries @ keys.transpose(-1, -2) / math.sqrt(queries.shape[-1])
-        weights = masked_softmax(scores, valid_lens,
-                                 mask=_with_causal(mask, is_causal, scores.shape, scores.device))
-        return self.dropout(weights) @ values, weights
+        return self._pool(scores, values, valid_lens, mask, is_causal)
 
 
 def _with_causal(mask, is_causal: bool, shape, device):
@@ -309,7 +319,7 @@ def _with_causal(mask, is_causal: bool, shape, device):
     return causal if mask is None else torch.as_tensor(mask, device=device) & causal
 
 
-class AdditiveAttention(nn.Module):
+class AdditiveAttention(_Attention):
     """Additive attention ``softmax(w_v^T tanh(W_q q + W_k k)) V`` with dropout — d2l §11.3.2.
 
     Parameters (the book's names): ``W_q`` ``nn.Linear(query_size, num_hiddens, bias=False)``,
@@ -323,11 +333,10 @@ class AdditiveAttention(nn.Module):
     """
 
     def __init__(self, query_size: int, key_size: int, num_hiddens: int, dropout: float = 0.0):
-        super().__init__()
+        super().__init__(dropout)
         self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
         self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
         self.w_v = nn.Linear(num_hiddens, 1, bias=False)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
         """Attend.
@@ -343,10 +352,7 @@ class AdditiveAttention(nn.Module):
         """
         # Every query meets every key: (..., T, 1, h) + (..., 1, S, h) -> (..., T, S, h).
         features = torch.tanh(self.W_q(queries).unsqueeze(-2) + self.W_k(keys).unsqueeze(-3))
-        scores = self.w_v(features).squeeze(-1)
-        weights = masked_softmax(scores, valid_lens,
-                                 mask=_with_causal(mask, is_causal, scores.shape, scores.device))
-        return self.dropout(weights) @ values, weights
+        return self._pool(self.w_v(features).squeeze(-1), values, valid_lens, mask, is_causal)
 
 
 # --------------------------------------------------------------------------- multi-head (§11.5)
