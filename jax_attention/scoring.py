@@ -21,10 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax import lax
 
-from jax_attention.masking import (_check_valid_lens, attention_mask, masked_fill_value,
-                                   masked_softmax)
+from jax_attention.masking import attention_mask, masked_softmax
 
 __all__ = [
     "dot_product_attention_weights",
@@ -93,20 +91,8 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     """
     arrays = _check_inputs(queries, keys, values, same_depth=same_depth)
     queries, keys = arrays[0], arrays[1]
-    shape = queries.shape[:-1] + keys.shape[-2:-1]
-    if valid_lens is not None and jnp.ndim(valid_lens) == 1 and len(shape) >= 3:
-        # One length per sequence: the mask is (B, 1, ..., 1, S), not (B, ..., T, S), so neither
-        # it nor the reductions below over it cost a pass over the T x S scores.
-        lens = _check_valid_lens(valid_lens, shape[0], shape[-2], shape[-1])
-        S = shape[-1]
-        keep = (jnp.arange(S, dtype=jnp.int32)[None, :] < lens[:, None]).reshape(
-            (shape[0],) + (1,) * (len(shape) - 2) + (S,))
-        other = attention_mask(shape, None, mask=mask, is_causal=is_causal)
-        if other is not None:
-            keep = jnp.logical_and(other.reshape((1,) * (len(shape) - other.ndim) + other.shape),
-                                   keep)
-    else:
-        keep = attention_mask(shape, valid_lens, mask=mask, is_causal=is_causal)
+    keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
+                          is_causal=is_causal)
     if keep is None:
         return keep, arrays
     query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
@@ -135,65 +121,9 @@ def _add_bias(scores, bias):
     return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
 
 
-def _softmax(scores, keep):
-    """:func:`~jax_attention.masking.masked_softmax` of ``scores`` under the ready-made boolean
-    ``keep`` (or ``None``), the same values in two fewer passes over the ``T x S`` scores: no
-    ``where`` when nothing is masked."""
-    compute_dtype = jnp.float32 if jnp.finfo(scores.dtype).bits < 32 else scores.dtype
-    logits = scores.astype(compute_dtype)
-    if keep is not None:
-        logits = jnp.where(keep, logits, masked_fill_value(compute_dtype))
-    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), compute_dtype))
-    exps = jnp.exp(logits - shift)
-    if keep is not None:
-        exps = jnp.where(keep, exps, jnp.zeros((), compute_dtype))
-    total = jnp.sum(exps, axis=-1, keepdims=True)
-    weights = exps / jnp.where(total == 0, jnp.ones((), compute_dtype), total)
-    return weights.astype(scores.dtype)
-
-
-def _dot_product_scores(queries, keys, bias):
-    # Scaling the (T, d) queries rather than the (T, S) scores saves a pass over the scores.
-    scale = jnp.asarray(1 / math.sqrt(queries.shape[-1]), queries.dtype)
-    return _add_bias(jnp.einsum(DOT_SCORES, queries * scale, keys), bias)
-
-
 def _dot_product_weights(queries, keys, keep, bias):
-    return _softmax(_dot_product_scores(queries, keys, bias), keep)
-
-
-@jax.custom_jvp
-def _softmax_pool(scores, values, keep):
-    """``(weights @ values, weights)`` with ``weights = _softmax(scores, keep)``.
-
-    A custom JVP written so that its transpose — the backward pass — uses the identity
-    ``rowsum(P * (dO V^T)) = rowsum(dO * O)`` (FlashAttention, Dao et al. 2022): with
-    ``r = rowsum(P * dS)``, the tangents are ``dW = P * dS - P * r`` and
-    ``dO = (P * dS) V - r * O + P dV``, so reverse mode gets the score gradient
-    ``P * (dO V^T - rowsum(dO * O))`` from the saved weights in one pass over ``T x S`` arrays
-    instead of several, while forward mode (``jax.jvp``, ``jax.hessian``) keeps working.
-    Masked entries and fully masked rows have ``P = 0``, hence zero tangents.
-    """
-    weights = _softmax(scores, keep)
-    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
-
-
-@_softmax_pool.defjvp
-def _softmax_pool_jvp(primals, tangents):
-    scores, values, keep = primals
-    d_scores, d_values, _ = tangents  # keep is boolean: its tangent is float0
-    weights = _softmax(scores, keep)
-    output = jnp.einsum(WEIGHTED_SUM, weights, values)
-    compute_dtype = jnp.float32 if jnp.finfo(weights.dtype).bits < 32 else weights.dtype
-    P = weights.astype(compute_dtype)
-    P_dS = P * d_scores.astype(compute_dtype)
-    r = jnp.sum(P_dS, axis=-1, keepdims=True)
-    d_weights = (P_dS - P * r).astype(weights.dtype)
-    d_output = (jnp.einsum(WEIGHTED_SUM, P_dS, values.astype(compute_dtype))
-                - r * output.astype(compute_dtype)).astype(output.dtype)
-    d_output = d_output + jnp.einsum(WEIGHTED_SUM, weights, d_values)
-    return (output, weights), (d_output, d_weights)
+    scores = jnp.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
+    return masked_softmax(_add_bias(scores, bias), mask=keep)
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
@@ -236,7 +166,8 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     """
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
                                              same_depth=True)
-    return _softmax_pool(_dot_product_scores(queries, keys, bias), values, keep)
+    weights = _dot_product_weights(queries, keys, keep, bias)
+    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
 
 
 def _check_additive_params(params, queries, keys):
