@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax import lax
 from tqdm import tqdm
 
 from jax_attention.attention_pooling import (
@@ -317,9 +318,7 @@ class BahdanauResult:
         }
 
 
-@nnx.jit
-def _bahdanau_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
-                   tgt_valid_len):
+def _update(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len):
     """One teacher-forced Adam step on ``sum`` of the per-sequence losses; returns that sum.
 
     The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
@@ -336,6 +335,60 @@ def _bahdanau_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_inpu
     # above stays strict.
     with jax.numpy_dtype_promotion("standard"):
         optimizer.update(model, grads)
+    return loss
+
+
+def _pure_step(graphdef, state, batch):
+    """:func:`_update` as a pure function of the split ``(model, optimizer)`` state.
+
+    ``batch = (src, src_valid_len, dec_input, tgt, tgt_valid_len)``. The state holds the
+    parameters, Adam's moments and step count, and the model's dropout stream (key and count), so
+    that a step advances the dropout stream exactly as a call of the model does.
+    """
+    model, optimizer = nnx.merge(graphdef, state)
+    loss = _update(model, optimizer, *batch)
+    return nnx.state((model, optimizer)), loss
+
+
+# Module level, with the graph definition static: every run with the same model structure and
+# optimizer (same shapes) reuses one compilation. The state is donated: it is replaced by the
+# returned one, and XLA may update the parameters and moments in place.
+_jit_step = jax.jit(_pure_step, static_argnums=0, donate_argnums=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=1)
+def _train_steps(graphdef, state, batches, bos_id: int):
+    """Several training steps in one compiled call: ``lax.scan`` of :func:`_pure_step`.
+
+    ``batches = (src, src_valid_len, tgt, tgt_valid_len)``, each stacked along a leading steps
+    axis (``(K, B, T)`` and ``(K, B)``). Step ``k`` trains on batch ``k``, in order, with the
+    dropout key that the ``k``-th call of the model would draw: the same updates as ``K`` calls
+    of :func:`_bahdanau_step`, without ``K`` dispatches from Python and ``K`` round trips of the
+    whole state. The decoder inputs (``<bos>`` + target) are built here, on the device.
+
+    Returns:
+      ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss.
+    """
+    from jax_attention.bahdanau import teacher_forcing_inputs
+
+    def body(state, batch):
+        src, src_valid_len, tgt, tgt_valid_len = batch
+        dec_input = teacher_forcing_inputs(tgt, bos_id)
+        return _pure_step(graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len))
+
+    return lax.scan(body, state, batches)
+
+
+def _bahdanau_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
+                   tgt_valid_len):
+    """One training step of a seq2seq model in place (:func:`_update`, compiled); returns the loss.
+
+    Splits the model and optimizer, runs the compiled pure step and writes the new state back:
+    the step of :func:`_train_steps`, one batch at a time.
+    """
+    graphdef, state = nnx.split((model, optimizer))
+    state, loss = _jit_step(graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len))
+    nnx.update((model, optimizer), state)
     return loss
 
 
@@ -391,43 +444,61 @@ def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BO
     return [(reference, t) for (_, reference), t in zip(pairs, results)], scores
 
 
+def _epoch_batches(nmt, epoch: int):
+    """The batches of ``epoch`` (0-based), padded (:func:`_pad_batch`) and stacked along a steps axis.
+
+    Returns:
+      ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, T)``
+      and ``(K, B)`` for the epoch's ``K`` batches, in :meth:`~jax_attention.data.
+      TranslationData.batches` order, and the number of target tokens (the valid lengths' sum).
+    """
+    src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
+    padded = [_pad_batch(batch, nmt.batch_size, src_pad, tgt_pad) for batch in nmt.batches(epoch)]
+    stacked = tuple(np.stack(arrays) for arrays in zip(*padded))
+    return stacked, int(stacked[3].sum())
+
+
 def _train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
                   log, log_every: int):
     """The teacher-forced epochs shared by the seq2seq models (any ``model(src, src_valid_len,
-    dec_input) -> logits``); returns the per-epoch loss per target token and tokens/sec."""
-    from jax_attention.bahdanau import teacher_forcing_inputs
+    dec_input) -> logits``); returns the per-epoch loss per target token and tokens/sec.
 
-    tgt_vocab = nmt.tgt_vocab
-    bos_id, src_pad, tgt_pad = tgt_vocab["<bos>"], nmt.src_vocab["<pad>"], tgt_vocab["<pad>"]
+    The model and optimizer are split once; each epoch is one compiled call (:func:`_train_steps`)
+    over its stacked batches, with one device sync (its losses) per epoch. The steps are those of
+    :func:`_bahdanau_step` batch after batch — same batches, order, dropout keys and updates —
+    without a Python dispatch, an NNX split/merge of the whole state and a host round trip per
+    step, which took a large part of the step time of these small models (the most for the
+    Transformer, whose state has the most leaves). The model and optimizer get the trained state
+    back at the end, in a ``finally`` block.
+    """
+    bos_id = nmt.tgt_vocab["<bos>"]
+    graphdef, state = nnx.split((model, optimizer))
     losses, tokens_per_sec = [], []
-    with tqdm(total=epochs, desc=desc, unit="epoch",
-              disable=None if progress else True, leave=False) as bar:
-        for epoch in range(1, epochs + 1):
-            epoch_start = time.perf_counter()
-            batch_losses, num_tokens = [], 0
-            for batch in nmt.batches(epoch - 1):
-                src, src_valid_len, tgt, tgt_valid_len = _pad_batch(batch, nmt.batch_size, src_pad,
-                                                                    tgt_pad)
-                dec_input = np.asarray(teacher_forcing_inputs(tgt, bos_id))
-                batch_losses.append(_bahdanau_step(model, optimizer, src, src_valid_len,
-                                                   dec_input, tgt, tgt_valid_len))
-                num_tokens += int(tgt_valid_len.sum())
-            # One device sync per epoch (steps are dispatched asynchronously until here).
-            total = float(sum(float(loss) for loss in batch_losses))
-            elapsed = time.perf_counter() - epoch_start
-            losses.append(total / num_tokens)
-            tokens_per_sec.append(num_tokens / elapsed)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
-                            refresh=False)
-            bar.update(1)
-            if log is not None and (epoch % log_every == 0 or epoch == epochs):
-                line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
-                        f"{tokens_per_sec[-1]:.1f} tokens/sec")
-                if bar.disable:
-                    log(line)
-                else:
-                    with tqdm.external_write_mode():
+    try:
+        with tqdm(total=epochs, desc=desc, unit="epoch",
+                  disable=None if progress else True, leave=False) as bar:
+            for epoch in range(1, epochs + 1):
+                epoch_start = time.perf_counter()
+                batches, num_tokens = _epoch_batches(nmt, epoch - 1)
+                state, batch_losses = _train_steps(graphdef, state, batches, bos_id)
+                # The epoch's one device sync; summed on the host in float64, in batch order.
+                total = float(sum(float(loss) for loss in np.asarray(batch_losses)))
+                elapsed = time.perf_counter() - epoch_start
+                losses.append(total / num_tokens)
+                tokens_per_sec.append(num_tokens / elapsed)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
+                                refresh=False)
+                bar.update(1)
+                if log is not None and (epoch % log_every == 0 or epoch == epochs):
+                    line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
+                            f"{tokens_per_sec[-1]:.1f} tokens/sec")
+                    if bar.disable:
                         log(line)
+                    else:
+                        with tqdm.external_write_mode():
+                            log(line)
+    finally:
+        nnx.update((model, optimizer), state)
     return losses, tokens_per_sec
 
 
