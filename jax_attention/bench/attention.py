@@ -1,0 +1,520 @@
+"""``jax-attention bench attention``: scaled dot-product attention against the built-ins.
+
+Peers, each fed its native layout (the transposes are made once, outside the timed calls):
+
+* ``ours`` — :func:`jax_attention.scoring.dot_product_attention`, heads-first ``(B, N, T, H)``,
+  padding as ``valid_lens``;
+* ``ours_efficient`` — :func:`jax_attention.efficient.dot_product_attention` (chunked,
+  online softmax), same layout and arguments;
+* ``jax.nn`` — :func:`jax.nn.dot_product_attention`, ``(B, T, N, H)``, padding as
+  ``key_value_seq_lengths``;
+* ``flax.nnx`` — :func:`flax.nnx.dot_product_attention`, ``(B, T, N, H)``, padding as a boolean
+  ``mask`` ``(B, 1, 1, S)``;
+* ``torch`` — ``torch.nn.functional.scaled_dot_product_attention``, ``(B, N, T, H)``, padding as
+  a boolean ``attn_mask`` ``(B, 1, 1, S)``; forward under ``torch.inference_mode``, backward with
+  ``torch.autograd.grad``;
+* ``numpy`` — :func:`reference_numpy.scoring.dot_product_attention` in float64, forward only (it
+  is also the forward reference the errors are measured against).
+
+Each JAX peer's forward and forward+backward (the gradients of ``sum(output * cotangent)`` with
+respect to queries, keys and values, one cotangent shared by every peer) are jitted once. All
+peers are timed interleaved (:func:`~jax_attention.bench.common.time_interleaved`) and reported
+as medians, effective GFLOP/s (``4·B·N·T·S·H`` flops forward, three times that with the
+backward pass, whatever the mask skips), the percentage of a float32 GEMM ceiling measured in
+the same run, the time ratios to ``jax.nn`` and ``torch``, and the largest absolute error of the
+output and of the gradients against float64.
+
+A peer whose timed rounds would take longer than ``budget_s`` at a shape (NumPy at
+``T = S = 8192``, say) is measured once for its error and recorded as skipped with the estimate,
+never dropped silently. The default budget, 60 s, keeps every compiled peer at the default shapes
+on a busy two-core machine (30–50 s each at ``T = 8192`` with a load average of 6, where a 30 s
+budget dropped jax.nn, Flax and torch); NumPy at ``T = 8192`` is at the limit (50–85 s measured,
+depending on the load), so whether it is timed there depends on the machine, and the record says
+which.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from jax_attention.bench.common import (environment, format_environment, format_table,
+                                        gemm_ceiling, load_average, source_fingerprint, summarize,
+                                        time_interleaved)
+
+__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "padding_lens",
+           "forward_backward", "bench_attention", "format_attention", "format_sources"]
+
+PEERS = ("ours", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
+# (B, N, T = S, H), from many short sequences to one long one; B·N·T² is 1M, 8M, 32M, 64M.
+DEFAULT_SHAPES = ((8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (1, 1, 8192, 64))
+MASKS = ("none", "padding")
+DTYPES = ("float32", "bfloat16")
+PADDING_FRACTION = 0.25
+# The peers the ratios are taken against: the built-ins a user would otherwise call.
+BASELINES = ("jax.nn", "torch")
+# Our code under test, fingerprinted at the start and the end of a run.
+SOURCES = ("jax_attention.scoring", "jax_attention.efficient", "jax_attention.masking")
+
+
+def attention_flops(B: int, N: int, T: int, S: int, H: int, *, backward: bool = False) -> int:
+    """Effective flops: ``2·T·S·H`` for ``Q K^T`` and as many for ``weights V``, per batch and
+    head; the backward pass counts twice the forward (four matmuls of the same size)."""
+    forward = 4 * B * N * T * S * H
+    return 3 * forward if backward else forward
+
+
+def padding_lens(batch: int, num_keys: int, rng: np.random.Generator,
+                 fraction: float = PADDING_FRACTION) -> np.ndarray:
+    """Valid key lengths ``(B,)`` whose mean padding is ``fraction`` of ``num_keys``.
+
+    Spread evenly between ``2·fraction`` padding and none (so batches differ, as real padding
+    does) and shuffled; with ``B = 1`` the single length pads exactly ``fraction``. Every length
+    is at least 1, so no query row is fully masked (where the peers' conventions differ).
+    """
+    padded = 2 * fraction * (np.arange(batch) + 0.5) / batch  # mean = fraction
+    lens = np.clip(np.round(num_keys * (1 - padded)), 1, num_keys).astype(np.int32)
+    return rng.permutation(lens)
+
+
+def forward_backward(attend: Callable) -> Callable:
+    """``(q, k, v, lens, cotangent) -> (dq, dk, dv)``: the gradients of ``sum(attend(q, k, v,
+    lens) * cotangent)``, i.e. the forward pass and the vector-Jacobian product of a training
+    step. Not jitted (the caller does)."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(q, k, v, lens, cotangent):
+        return jnp.sum(attend(q, k, v, lens) * cotangent)
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+# --------------------------------------------------------------------------- peers
+
+
+class _Peer:
+    """One implementation ready to run: ``forward()`` and ``forward_backward()`` run it on the
+    prepared inputs and wait for the result; ``output(result)`` and ``grads(result)`` turn their
+    results into float64 NumPy arrays in the ``(B, N, T, H)`` layout, for the errors."""
+
+    def __init__(self, forward, forward_backward=None, *, output, grads=None, note=""):
+        self.forward = forward
+        self.forward_backward = forward_backward
+        self.output = output
+        self.grads = grads
+        self.note = note
+
+
+def _to_float64(x) -> np.ndarray:
+    # bfloat16 (ml_dtypes) converts through astype; jax arrays through np.asarray.
+    return np.asarray(x).astype(np.float64)
+
+
+def _jax_peer(attend, inputs, *, heads_last: bool, standard_promotion: bool, note: str) -> _Peer:
+    """A JAX implementation ``attend(q, k, v, padding) -> output`` on ``inputs`` of its layout."""
+    import jax
+
+    def traced(q, k, v, padding):
+        if standard_promotion:
+            # The built-ins mix dtypes internally (float32 logits); a process with strict
+            # promotion (the test suite) would refuse that, which is no fault of theirs.
+            with jax.numpy_dtype_promotion("standard"):
+                return attend(q, k, v, padding)
+        return attend(q, k, v, padding)
+
+    forward = jax.jit(traced)
+    grads = jax.jit(forward_backward(traced))
+    q, k, v, padding, cotangent = inputs
+
+    def to_bnth(x):
+        x = _to_float64(x)
+        return x.transpose(0, 2, 1, 3) if heads_last else x
+
+    return _Peer(lambda: jax.block_until_ready(forward(q, k, v, padding)),
+                 lambda: jax.block_until_ready(grads(q, k, v, padding, cotangent)),
+                 output=to_bnth, grads=lambda gs: [to_bnth(g) for g in gs], note=note)
+
+
+def _build_peers(names, arrays, lens, dtype_name, efficient_chunks):
+    """``{name: _Peer or reason}`` for the requested peers on float32 NumPy ``arrays`` (q, k, v,
+    cotangent in ``(B, N, T, H)``) and ``lens`` (``(B,)`` int32 or ``None``)."""
+    import jax.numpy as jnp
+
+    dtype = jnp.dtype(dtype_name)
+    q, k, v, cotangent = arrays
+    B, N, T, H = q.shape
+    S = k.shape[2]
+    peers: dict[str, _Peer | str] = {}
+    bnth = [jnp.asarray(a, dtype) for a in (q, k, v)]
+    btnh = [jnp.asarray(np.ascontiguousarray(a.transpose(0, 2, 1, 3)), dtype) for a in arrays]
+    ct_bnth = jnp.asarray(cotangent, dtype)
+    jax_lens = None if lens is None else jnp.asarray(lens)
+    # (B, 1, 1, S): True where the key is real, broadcast over heads and queries.
+    key_mask = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
+
+    for name in names:
+        if name == "ours":
+            from jax_attention import scoring
+
+            peers[name] = _jax_peer(
+                lambda q, k, v, lens: scoring.dot_product_attention(q, k, v, lens)[0],
+                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
+                note="jax_attention.scoring.dot_product_attention, (B, N, T, H), valid_lens")
+        elif name == "ours_efficient":
+            from jax_attention import efficient
+
+            peers[name] = _jax_peer(
+                lambda q, k, v, lens: efficient.dot_product_attention(q, k, v, lens,
+                                                                      **efficient_chunks),
+                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
+                note="jax_attention.efficient.dot_product_attention, (B, N, T, H), valid_lens"
+                     + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
+        elif name == "jax.nn":
+            import jax
+
+            peers[name] = _jax_peer(
+                lambda q, k, v, lens: jax.nn.dot_product_attention(q, k, v,
+                                                                   key_value_seq_lengths=lens),
+                (*btnh[:3], jax_lens, btnh[3]), heads_last=True, standard_promotion=True,
+                note="jax.nn.dot_product_attention (implementation=None), (B, T, N, H), "
+                     "key_value_seq_lengths")
+        elif name == "flax.nnx":
+            from flax import nnx
+
+            flax_mask = None if key_mask is None else jnp.asarray(key_mask)
+            peers[name] = _jax_peer(
+                lambda q, k, v, mask: nnx.dot_product_attention(q, k, v, mask=mask),
+                (*btnh[:3], flax_mask, btnh[3]), heads_last=True, standard_promotion=True,
+                note="flax.nnx.dot_product_attention, (B, T, N, H), mask (B, 1, 1, S)")
+        elif name == "torch":
+            peers[name] = _torch_peer(q, k, v, cotangent, key_mask, dtype_name)
+        elif name == "numpy":
+            peers[name] = _numpy_peer(q, k, v, lens, dtype)
+        else:
+            raise ValueError(f"unknown peer {name!r}; expected one of {', '.join(PEERS)}")
+    return peers
+
+
+def _torch_peer(q, k, v, cotangent, key_mask, dtype_name) -> _Peer | str:
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as error:
+        return f"PyTorch is not installed (pip install -e '.[torch]'): {error}"
+    dtype = getattr(torch, dtype_name)
+    leaves = [torch.from_numpy(a).to(dtype).requires_grad_(True) for a in (q, k, v)]
+    ct = torch.from_numpy(cotangent).to(dtype)
+    mask = None if key_mask is None else torch.from_numpy(np.ascontiguousarray(key_mask))
+
+    def forward():
+        with torch.inference_mode():
+            return F.scaled_dot_product_attention(*leaves, attn_mask=mask)
+
+    def forward_backward():
+        output = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
+        return torch.autograd.grad(output, leaves, grad_outputs=ct)
+
+    def to_numpy(x):
+        return x.detach().to(torch.float64).numpy()
+
+    return _Peer(forward, forward_backward, output=to_numpy,
+                 grads=lambda gs: [to_numpy(g) for g in gs],
+                 note=f"torch.nn.functional.scaled_dot_product_attention, (B, N, T, H), "
+                      f"attn_mask (B, 1, 1, S), {torch.get_num_threads()} threads")
+
+
+def _numpy_peer(q, k, v, lens, dtype) -> _Peer:
+    from reference_numpy import scoring as reference
+
+    # The inputs as the other peers see them (rounded to bfloat16 when that is the dtype).
+    q, k, v = (np.asarray(np.asarray(a).astype(dtype)).astype(np.float64) for a in (q, k, v))
+    return _Peer(lambda: reference.dot_product_attention(q, k, v, lens)[0], None,
+                 output=lambda x: x,
+                 note="reference_numpy.scoring.dot_product_attention in float64, forward only "
+                      "(the forward reference itself)")
+
+
+def _float64_grads(q, k, v, cotangent, lens):
+    """Float64 gradients ``(dq, dk, dv)`` of ``sum(attention * cotangent)`` and what made them.
+
+    PyTorch float64 autograd through the textbook formula (two matmuls and a masked softmax,
+    no fused kernel), independent of every peer; without PyTorch, our own function under JAX's
+    64-bit mode.
+    """
+    S = k.shape[2]
+    keep = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
+    try:
+        import torch
+    except ImportError:
+        import jax
+
+        from jax_attention import scoring
+
+        def attend(q, k, v, lens):
+            return scoring.dot_product_attention(q, k, v, lens)[0]
+
+        with jax.enable_x64(True):
+            grads = jax.jit(forward_backward(attend))(q, k, v, lens, cotangent)
+            return [np.asarray(g, np.float64) for g in grads], "ours, float64 (jax x64)"
+    leaves = [torch.from_numpy(a).requires_grad_(True) for a in (q, k, v)]
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        keep_t = torch.from_numpy(np.ascontiguousarray(keep))
+        scores = torch.where(keep_t, scores, torch.finfo(torch.float64).min)
+    output = torch.softmax(scores, dim=-1) @ leaves[2]
+    grads = torch.autograd.grad(output, leaves, grad_outputs=torch.from_numpy(cotangent))
+    return [g.numpy() for g in grads], "torch float64 autograd of softmax(Q K^T / sqrt(H)) V"
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def _max_error(got, expected) -> float:
+    return float(np.max(np.abs(np.asarray(got) - np.asarray(expected))))
+
+
+def _check_shapes(shapes) -> list[tuple[int, int, int, int]]:
+    checked = []
+    for shape in shapes:
+        shape = tuple(shape)
+        if len(shape) != 4 or not all(isinstance(n, (int, np.integer)) and n > 0 for n in shape):
+            raise ValueError(f"a shape must be four positive integers (B, N, T, H), got {shape}")
+        checked.append(tuple(int(n) for n in shape))
+    if not checked:
+        raise ValueError("shapes must name at least one (B, N, T, H)")
+    return checked
+
+
+def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
+                    peers: Sequence[str] = PEERS, masks: Sequence[str] = MASKS,
+                    dtype: str = "float32", repeats: int = 7, warmup: int = 1,
+                    budget_s: float = 60.0, gemm_size: int = 2048, seed: int = 0,
+                    efficient_chunks: dict | None = None,
+                    log: Callable[[str], None] | None = None) -> dict:
+    """Run the attention benchmark; returns its JSON-able record.
+
+    Args:
+      shapes: ``(B, N, T, H)`` tuples, ``S = T``.
+      peers: a subset of :data:`PEERS`.
+      masks: a subset of :data:`MASKS`: ``"none"`` and/or ``"padding"`` (valid key lengths with
+        about 25% padding, see :func:`padding_lens`).
+      dtype: ``"float32"`` or ``"bfloat16"`` for every peer but NumPy (float64).
+      repeats: timed rounds (>= 5); the medians are reported.
+      warmup: untimed rounds before them, after each peer's first (compiling) calls.
+      budget_s: a peer whose ``warmup + repeats`` rounds at a shape would take longer, estimated
+        from a call after compilation, is measured for its error only and recorded as skipped.
+      gemm_size: ``n`` of the ``n³`` float32 GEMM whose best GFLOP/s is the ceiling.
+      seed: seeds the inputs and the order of the valid lengths.
+      efficient_chunks: keyword arguments for ``ours_efficient`` (``query_chunk_size``,
+        ``key_chunk_size``); ``None`` keeps its defaults.
+      log: called with a line before each case (progress); ``None`` for silence.
+
+    Returns:
+      ``{"command", "environment", "settings", "gemm", "results": [...], "sources",
+      "sources_changed_during_run", "loadavg_after"}``; each result holds a
+      shape, a mask, the flops, the float64 references used and ``peers``: per peer
+      ``{"status": "ok" | "skipped", "reason", "note", "forward": {...},
+      "forward_backward": {...}}`` with the timing summary, ``gflops``,
+      ``percent_of_ceiling``, ``ratio_to_<baseline>`` (time / the baseline's time) and
+      ``max_abs_error`` in each pass.
+    """
+    shapes = _check_shapes(shapes)
+    peers = list(dict.fromkeys(peers))
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown or not peers:
+        raise ValueError(f"peers must be a non-empty subset of {', '.join(PEERS)}, got {peers}")
+    masks = list(dict.fromkeys(masks))
+    if not masks or any(m not in MASKS for m in masks):
+        raise ValueError(f"masks must be a non-empty subset of {', '.join(MASKS)}, got {masks}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if repeats < 5:
+        raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
+    if warmup < 0 or not budget_s > 0:
+        raise ValueError(f"need warmup >= 0 and budget_s > 0, got {warmup} and {budget_s}")
+    efficient_chunks = dict(efficient_chunks or {})
+    log = log or (lambda line: None)
+
+    env = environment()
+    sources = source_fingerprint(*SOURCES)
+    log(f"GEMM ceiling ({gemm_size}³ float32) ...")
+    gemm = gemm_ceiling(gemm_size)
+    ceiling = gemm["ceiling_gflops"]
+    rng = np.random.default_rng(seed)
+    results = []
+    for B, N, T, H in shapes:
+        S = T
+        # The inputs of every mask case at this shape are the same draws.
+        arrays = [rng.standard_normal(shape, dtype=np.float32)
+                  for shape in ((B, N, T, H), (B, N, S, H), (B, N, S, H), (B, N, T, H))]
+        lens_padding = padding_lens(B, S, rng)
+        for mask in masks:
+            lens = lens_padding if mask == "padding" else None
+            log(f"(B, N, T, H) = ({B}, {N}, {T}, {H}), mask {mask} ...")
+            results.append(_bench_case(arrays, lens, mask, peers, dtype, repeats, warmup, budget_s,
+                                       ceiling, efficient_chunks))
+    return {"command": "bench attention", "environment": env,
+            "settings": {"shapes": [list(s) for s in shapes], "peers": peers, "masks": masks,
+                         "dtype": dtype, "repeats": repeats, "warmup": warmup,
+                         "budget_s": budget_s, "seed": seed, "efficient_chunks": efficient_chunks,
+                         "interleaving": "each round calls every timed function once, in a new "
+                                         "random order (seeded)",
+                         "flops": "4·B·N·T·S·H forward, 3× that forward+backward (effective: "
+                                  "the same whatever the mask skips)",
+                         "ratios": "this peer's median time / the baseline's (> 1: slower)",
+                         "errors": "max |peer - float64 reference| over the output (forward) and "
+                                   "over dq, dk, dv (forward_backward)"},
+            "gemm": gemm, "results": results, "sources": sources,
+            "sources_changed_during_run":
+                source_fingerprint(*SOURCES)["modules"] != sources["modules"],
+            # With the start's (in "environment"): how busy the machine was during the run.
+            "loadavg_after": load_average()}
+
+
+def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s, ceiling,
+                efficient_chunks) -> dict:
+    q, k, v, cotangent = arrays
+    B, N, T, H = q.shape
+    S = k.shape[2]
+    flops = {"forward": attention_flops(B, N, T, S, H),
+             "forward_backward": attention_flops(B, N, T, S, H, backward=True)}
+    built = _build_peers(peer_names, arrays, lens, dtype, efficient_chunks)
+
+    # float64 references, from the inputs each peer actually sees (rounded to its dtype).
+    import jax.numpy as jnp
+
+    seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
+    numpy_peer = built.get("numpy") if isinstance(built.get("numpy"), _Peer) else \
+        _numpy_peer(q, k, v, lens, jnp.dtype(dtype))
+    start = time.perf_counter()
+    reference_output = numpy_peer.forward()
+    reference_seconds = time.perf_counter() - start
+    reference_grads, grads_source = _float64_grads(*seen, lens)
+
+    record_peers: dict[str, dict] = {}
+    timed: dict[str, Callable[[], object]] = {}
+    for name in peer_names:
+        peer = built[name]
+        if isinstance(peer, str):
+            record_peers[name] = {"status": "skipped", "reason": peer}
+            continue
+        entry = {"status": "ok", "note": peer.note, "forward": {}, "forward_backward": None}
+        # First calls: compilation, and the results whose errors are reported.
+        output = reference_output if name == "numpy" else peer.output(peer.forward())
+        entry["forward"]["max_abs_error"] = _max_error(output, reference_output)
+        estimate = reference_seconds if name == "numpy" else None
+        if peer.forward_backward is not None:
+            entry["forward_backward"] = {"max_abs_error": max(
+                _max_error(g, e) for g, e in zip(peer.grads(peer.forward_backward()),
+                                                 reference_grads))}
+        if estimate is None:
+            # A second call of each, compiled by now, estimates the time the rounds will take.
+            start = time.perf_counter()
+            peer.forward()
+            if peer.forward_backward is not None:
+                peer.forward_backward()
+            estimate = time.perf_counter() - start
+        projected = estimate * (warmup + repeats)
+        entry["estimated_s_per_round"] = estimate
+        if projected > budget_s:
+            entry["status"] = "skipped"
+            entry["reason"] = (f"{warmup + repeats} rounds would take about {projected:.0f} s "
+                               f"(> budget {budget_s:g} s); errors measured from one call")
+        else:
+            timed[f"{name}/forward"] = peer.forward
+            if peer.forward_backward is not None:
+                timed[f"{name}/forward_backward"] = peer.forward_backward
+        record_peers[name] = entry
+
+    samples = (time_interleaved(timed, repeats=repeats, warmup=warmup, shuffle_seed=0)
+               if timed else {})
+    medians = {key: summarize(times) for key, times in samples.items()}
+    for name, entry in record_peers.items():
+        for kind in ("forward", "forward_backward"):
+            result = entry.get(kind)
+            timing = medians.get(f"{name}/{kind}")
+            if result is None or timing is None:
+                continue
+            result.update(timing)
+            result["gflops"] = flops[kind] / timing["median_s"] / 1e9
+            result["percent_of_ceiling"] = 100.0 * result["gflops"] / ceiling
+            for baseline in BASELINES:
+                other = medians.get(f"{baseline}/{kind}")
+                result[f"ratio_to_{baseline}"] = (None if other is None else
+                                                  timing["median_s"] / other["median_s"])
+    return {"shape": {"B": B, "N": N, "T": T, "S": S, "H": H}, "mask": mask,
+            "valid_lens": None if lens is None else lens.tolist(),
+            "padding_fraction": 0.0 if lens is None else float(1 - lens.sum() / (B * S)),
+            "flops": flops,
+            "reference": {"forward": "reference_numpy.scoring.dot_product_attention, float64",
+                          "forward_s": reference_seconds, "gradients": grads_source},
+            "peers": record_peers}
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def format_sources(record: dict, *, imported_once: bool = True) -> str:
+    """One line saying which code was measured, and a warning if it changed during the run.
+
+    ``imported_once``: the run imported the code once, at its start (``bench attention``), so its
+    figures are of the fingerprinted version; otherwise (``bench memory``, a process per figure)
+    they may mix versions.
+    """
+    sources = record.get("sources") or {}
+    commit = (sources.get("git_commit") or "no git")[:10]
+    modified = sources.get("modified")
+    line = f"code: commit {commit}" + (f", modified: {', '.join(modified)}" if modified else "")
+    if record.get("sources_changed_during_run"):
+        line += ("\nWARNING: the code under test was edited during the run; " +
+                 ("the figures are of the version imported at its start (above)" if imported_once
+                  else "processes started after the edit measured the new version"))
+    return line
+
+
+def _fmt(value, spec):
+    return None if value is None else format(value, spec)
+
+
+def format_attention(record: dict) -> str:
+    """The environment header and one table row per (shape, mask, peer)."""
+    gemm = record["gemm"]
+    settings = record["settings"]
+    lines = [format_environment(record["environment"]),
+             f"GEMM ceiling ({gemm['n']}³ float32): {gemm['ceiling_gflops']:.1f} GFLOP/s ("
+             + ", ".join(f"{k} {v:.1f}" for k, v in gemm["gflops"].items()) + ")",
+             f"dtype {settings['dtype']}, medians of {settings['repeats']} interleaved rounds after "
+             f"{settings['warmup']} warm-up; GFLOP/s and % of ceiling are forward+backward "
+             f"(forward for numpy); ×jax.nn, ×torch: time ratios (> 1 slower)",
+             f"load average at the end: {record.get('loadavg_after')}",
+             format_sources(record), ""]
+    headers = ["peer", "B,N,T,H", "mask", "fwd ms", "fwd+bwd ms", "GFLOP/s", "% ceil",
+               "fwd ×jax.nn", "f+b ×jax.nn", "fwd ×torch", "f+b ×torch", "err fwd", "err grad"]
+    rows = []
+    skipped = []
+    for result in record["results"]:
+        s = result["shape"]
+        shape = f"{s['B']},{s['N']},{s['T']},{s['H']}"
+        for name, entry in result["peers"].items():
+            fwd = entry.get("forward") or {}
+            both = entry.get("forward_backward") or {}
+            main = both if "median_s" in both else fwd
+            if entry["status"] != "ok":
+                skipped.append(f"  {name} at {shape}, mask {result['mask']}: {entry['reason']}")
+            rows.append([
+                name if entry["status"] == "ok" else name + " (skipped)", shape, result["mask"],
+                _fmt(fwd.get("median_s") and fwd["median_s"] * 1e3, ".2f"),
+                _fmt(both.get("median_s") and both["median_s"] * 1e3, ".2f"),
+                _fmt(main.get("gflops"), ".1f"), _fmt(main.get("percent_of_ceiling"), ".0f"),
+                _fmt(fwd.get("ratio_to_jax.nn"), ".2f"), _fmt(both.get("ratio_to_jax.nn"), ".2f"),
+                _fmt(fwd.get("ratio_to_torch"), ".2f"), _fmt(both.get("ratio_to_torch"), ".2f"),
+                _fmt(fwd.get("max_abs_error"), ".1e"), _fmt(both.get("max_abs_error"), ".1e"),
+            ])
+    lines.append(format_table(headers, rows))
+    if skipped:
+        lines += ["", "skipped:"] + skipped
+    return "\n".join(lines)

@@ -1,0 +1,450 @@
+"""``bench decode``: greedy translation of the training sources, batched and compiled vs one by one.
+
+The sources are the book's training pairs (``load_data_nmt``, 600 by default), encoded as in
+training; the weights come from a checkpoint of ``jax-attention train`` or from a training run
+with the book's settings made here. Peers, all greedy (argmax fed back) and all stopping a
+sentence at its ``<eos>``:
+
+* ``batched_kv`` (Transformer) — :func:`jax_attention.transformer.greedy_decode`: every source
+  in one batch, one compiled call (``lax.scan`` over the steps), the key/value cache;
+* ``batched_recompute`` (Transformer) — :func:`greedy_decode_recompute`: the same, but each step
+  runs the whole decoder over a fixed ``(B, max_len)`` buffer of the tokens so far (causal
+  self-attention: position ``t`` reads only positions ``<= t``) instead of updating a cache —
+  the fair compiled baseline of the cache;
+* ``batched`` (Bahdanau) — :func:`jax_attention.bahdanau.greedy_decode` (the GRU state is the
+  decoder's whole state);
+* ``eager_loop`` — the book's ``predict_seq2seq``: one sentence at a time, our functions called
+  without ``jit`` (each operation dispatched on its own; a ``lax.scan`` as one), a Python loop
+  per output token that stops at ``<eos>``, the Transformer with its key/value cache
+  (:func:`~jax_attention.transformer.decoder_step`);
+* ``torch_eager_loop`` — the same loop with the PyTorch mirror of the model and the same weights
+  (:mod:`jax_attention.interop.torch_models`), under ``torch.inference_mode``. The Bahdanau
+  mirror decodes step by step with its GRU state, exactly the book's loop; the Transformer
+  mirror has no incremental state, so each token re-runs its decoder on the prefix.
+
+The one-by-one loops are slow, so they translate an evenly spaced subset of the sources
+(``eager_sentences``); rates are sentences per second either way. The loops' translations are
+checked against the batched ones (``agree``), and the recompute decoder's against the cache's.
+
+A second comparison (Transformer) runs both batched decoders for ``long_steps`` output steps
+(50 by default): the cost of recomputing the prefix grows with the square of the length, the
+cache's linearly.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from jax_attention.bench.common import (environment, format_environment, format_table,
+                                        load_average, summarize, time_interleaved)
+
+__all__ = ["MODELS", "greedy_decode_recompute", "bench_decode", "format_decode"]
+
+MODELS = ("transformer", "bahdanau")
+
+
+# --------------------------------------------------------------------------- the baseline decoder
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "num_heads", "bos_id", "eos_id", "pad_id", "max_len", "max_positions"))
+def _greedy_decode_recompute(params, src, src_valid_len, *, num_heads, bos_id, eos_id, pad_id,
+                             max_len, max_positions):
+    import jax.numpy as jnp
+    from jax import lax
+
+    from jax_attention import transformer
+    from jax_attention.decoding import greedy_search
+
+    enc_outputs, _ = transformer.encoder(params["encoder"], src, src_valid_len,
+                                         num_heads=num_heads, max_positions=max_positions)
+    B = src.shape[0]
+
+    def step(state, tokens):
+        buffer, position = state
+        # The token fed at step t is the decoder input at position t.
+        buffer = lax.dynamic_update_slice(buffer, tokens[:, None],
+                                          (jnp.zeros((), jnp.int32), position))
+        logits, weights = transformer.decoder(params["decoder"], buffer, enc_outputs,
+                                              src_valid_len, num_heads=num_heads,
+                                              max_positions=max_positions)
+        step_logits = lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False)
+        cross = lax.dynamic_index_in_dim(weights["encoder_decoder"][-1], position, axis=2,
+                                         keepdims=False)  # (B, N, S)
+        return step_logits, (buffer, position + 1), jnp.mean(cross, axis=1)
+
+    start = (jnp.full((B, max_len), pad_id, jnp.int32), jnp.zeros((), jnp.int32))
+    return greedy_search(step, start, B, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                         max_len=max_len)
+
+
+def greedy_decode_recompute(params, src, src_valid_len, *, num_heads: int, bos_id: int,
+                            eos_id: int, pad_id: int, max_len: int,
+                            max_positions: int = 1000):
+    """Batched greedy Transformer decoding under ``jit`` that recomputes the prefix at every step.
+
+    The baseline of :func:`jax_attention.transformer.greedy_decode` (same arguments, same
+    results): no key/value cache; step ``t`` writes its input token into a fixed ``(B, max_len)``
+    buffer and runs :func:`jax_attention.transformer.decoder` over the whole buffer, reading the
+    logits at position ``t`` (causal self-attention keeps the positions after ``t`` out). Fixed
+    shapes, one compilation; ``max_len`` steps of ``max_len`` positions each.
+
+    Returns:
+      ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))`` as
+      :func:`~jax_attention.transformer.greedy_decode`.
+    """
+    import jax.numpy as jnp
+
+    from jax_attention.transformer import _check_max_len, _check_positions, _check_tokens
+
+    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    _check_positions("src", src.shape[1], max_positions)
+    max_len = _check_max_len(max_len, max_positions)
+    return _greedy_decode_recompute(params, src, jnp.asarray(src_valid_len), num_heads=num_heads,
+                                    bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                                    max_len=max_len, max_positions=max_positions)
+
+
+# --------------------------------------------------------------------------- one sentence at a time
+
+
+def _eager_bahdanau(params, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
+    """The book's ``predict_seq2seq`` with our functions, un-jitted: token ids without ``<eos>``."""
+    import jax.numpy as jnp
+
+    from jax_attention import bahdanau
+
+    src = jnp.asarray(src_row[None])
+    src_valid_len = jnp.asarray([valid_len], jnp.int32)
+    enc_outputs, state = bahdanau.encoder(params["encoder"], src)
+    token, output = bos_id, []
+    for _ in range(max_len):
+        logits, state, _ = bahdanau.decoder_step(params["decoder"], jnp.asarray([token], jnp.int32),
+                                                 state, enc_outputs, src_valid_len)
+        token = int(jnp.argmax(logits[0]))
+        if token == eos_id:
+            break
+        output.append(token)
+    return output
+
+
+def _eager_transformer(params, src_row, valid_len: int, *, bos_id: int, eos_id: int,
+                       max_len: int, num_heads: int, max_positions: int):
+    """The book's ``predict_seq2seq`` with our functions (key/value cache), un-jitted."""
+    import jax.numpy as jnp
+
+    from jax_attention import transformer
+
+    src = jnp.asarray(src_row[None])
+    src_valid_len = jnp.asarray([valid_len], jnp.int32)
+    enc_outputs, _ = transformer.encoder(params["encoder"], src, src_valid_len,
+                                         num_heads=num_heads, max_positions=max_positions)
+    state = transformer.init_decoder_state(params["decoder"], enc_outputs, src_valid_len,
+                                           num_heads=num_heads, max_len=max_len)
+    token, output = bos_id, []
+    for _ in range(max_len):
+        logits, state, _ = transformer.decoder_step(params["decoder"], state,
+                                                    jnp.asarray([token], jnp.int32),
+                                                    num_heads=num_heads,
+                                                    max_positions=max_positions)
+        token = int(jnp.argmax(logits[0]))
+        if token == eos_id:
+            break
+        output.append(token)
+    return output
+
+
+def _torch_bahdanau(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
+    """The book's ``predict_seq2seq`` with the PyTorch mirror: the decoder one step at a time."""
+    import torch
+
+    src = torch.from_numpy(np.ascontiguousarray(src_row[None]))
+    dec_state = net.decoder.init_state(net.encoder(src), torch.tensor([valid_len]))
+    X = torch.tensor([[bos_id]])
+    output = []
+    for _ in range(max_len):
+        Y, dec_state, _ = net.decoder(X, dec_state)
+        X = Y.argmax(dim=2)
+        token = int(X[0, 0])
+        if token == eos_id:
+            break
+        output.append(token)
+    return output
+
+
+def _torch_transformer(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
+    """The loop with the PyTorch mirror, which has no incremental state: the decoder re-runs on
+    the prefix for every new token."""
+    import torch
+
+    src = torch.from_numpy(np.ascontiguousarray(src_row[None]))
+    src_valid_len = torch.tensor([valid_len])
+    enc_outputs, _ = net.encoder(src, src_valid_len)
+    prefix, output = [bos_id], []
+    for _ in range(max_len):
+        logits, _ = net.decoder(torch.tensor([prefix]), enc_outputs, src_valid_len)
+        token = int(logits[0, -1].argmax())
+        if token == eos_id:
+            break
+        output.append(token)
+        prefix.append(token)
+    return output
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def _weights(kind: str, checkpoint, *, epochs, seed, data, num_examples, sizes, say):
+    """``(params, src_vocab, tgt_vocab, config, source)``: from a checkpoint, or trained here."""
+    if checkpoint is not None:
+        from jax_attention.train import load_checkpoint
+
+        loaded = load_checkpoint(checkpoint)
+        if loaded.config["model"] != kind:
+            raise ValueError(f"checkpoint {str(checkpoint)!r} holds a {loaded.config['model']} "
+                             f"model, expected {kind}")
+        return loaded.params, loaded.src_vocab, loaded.tgt_vocab, loaded.config, \
+            f"checkpoint {checkpoint}"
+    from jax_attention import train
+
+    trainer = train.train_transformer if kind == "transformer" else train.train_bahdanau
+    kwargs = {"seed": seed, "data": data, "num_examples": num_examples, "progress": False,
+              "log": None, **(sizes or {})}
+    if epochs is not None:
+        kwargs["epochs"] = epochs
+    say(f"{kind}: training with the book's settings"
+        + (f" ({epochs} epochs)" if epochs is not None else ""))
+    result = trainer(**kwargs)
+    return result.params, result.src_vocab, result.tgt_vocab, result.config, \
+        f"trained here: {result.config['training']['epochs']} epochs, seed {seed}"
+
+
+def _rows(tokens, lengths, rows) -> list[list[int]]:
+    return [[int(t) for t in tokens[row, :int(lengths[row])]] for row in rows]
+
+
+def _bench_model(kind: str, params, src_vocab, tgt_vocab, config, *, num_examples, data, seed,
+                 long_steps, eager_sentences, repeats, warmup, torch_threads, say) -> dict:
+    import torch
+
+    from jax_attention import bahdanau, transformer
+    from jax_attention.bench.train import _torch_model, _torch_threads_context
+    from jax_attention.data import load_data_nmt
+
+    num_steps = config["num_steps"]
+    examples = config.get("training", {}).get("num_examples", num_examples)
+    nmt = load_data_nmt(1, num_steps, examples, data=data, seed=seed)
+    if [nmt.src_vocab.idx_to_token, nmt.tgt_vocab.idx_to_token] != \
+            [src_vocab.idx_to_token, tgt_vocab.idx_to_token]:
+        raise ValueError(f"the {kind} weights were trained on other data: their vocabularies "
+                         "differ from those of the training pairs read now")
+    src, src_valid_len = nmt.train.src, nmt.train.src_valid_len
+    n = len(nmt.train)
+    bos_id, eos_id, pad_id = (tgt_vocab[t] for t in ("<bos>", "<eos>", "<pad>"))
+    ids = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
+    subset = np.unique(np.linspace(0, n - 1, min(eager_sentences, n)).round().astype(int))
+    params = jax.tree.map(jax.numpy.asarray, params)
+
+    if kind == "transformer":
+        heads, positions = config["num_heads"], config["max_positions"]
+        sizes = {key: config[key] for key in ("num_hiddens", "ffn_num_hiddens", "num_heads",
+                                              "num_layers")}
+        sizes.update(dropout=0.0, max_positions=positions)
+
+        def batched(decode, max_len):
+            def run():
+                return jax.block_until_ready(decode(params, src, src_valid_len, num_heads=heads,
+                                                    max_len=max_len, max_positions=positions,
+                                                    **ids))
+            return run
+
+        batched_peers = {"batched_kv": transformer.greedy_decode,
+                         "batched_recompute": greedy_decode_recompute}
+
+        def eager(row):
+            return _eager_transformer(params, src[row], int(src_valid_len[row]), bos_id=bos_id,
+                                      eos_id=eos_id, max_len=num_steps, num_heads=heads,
+                                      max_positions=positions)
+
+        torch_loop = _torch_transformer
+    else:
+        sizes = {key: config[key] for key in ("embed_size", "num_hiddens", "num_layers")}
+        sizes.update(dropout=0.0)
+
+        def batched(decode, max_len):
+            def run():
+                return jax.block_until_ready(decode(params, src, src_valid_len, max_len=max_len,
+                                                    **ids))
+            return run
+
+        batched_peers = {"batched": bahdanau.greedy_decode}
+
+        def eager(row):
+            return _eager_bahdanau(params, src[row], int(src_valid_len[row]), bos_id=bos_id,
+                                   eos_id=eos_id, max_len=num_steps)
+
+        torch_loop = _torch_bahdanau
+
+    net = _torch_model(kind, sizes, len(src_vocab), len(tgt_vocab),
+                       jax.tree.map(np.asarray, params))
+    net.eval()
+
+    def torch_run():
+        with torch.inference_mode():
+            return [torch_loop(net, src[row], int(src_valid_len[row]), bos_id=bos_id,
+                               eos_id=eos_id, max_len=num_steps) for row in subset]
+
+    functions = {name: batched(decode, num_steps) for name, decode in batched_peers.items()}
+    functions["eager_loop"] = lambda: [eager(row) for row in subset]
+    functions["torch_eager_loop"] = torch_run
+    say(f"{kind}: compiling and checking the decoders")
+    compile_s, outputs = {}, {}
+    for name, function in functions.items():
+        start = time.perf_counter()
+        outputs[name] = function()
+        compile_s[name] = time.perf_counter() - start
+    first = next(iter(batched_peers))
+    reference = _rows(outputs[first][0], outputs[first][1], range(n))
+    agree = {name: sum(out == reference[row] for row, out in zip(subset, outputs[name]))
+             for name in ("eager_loop", "torch_eager_loop")}
+    for name in batched_peers:
+        agree[name] = sum(a == b for a, b in zip(_rows(outputs[name][0], outputs[name][1],
+                                                       range(n)), reference))
+    say(f"{kind}: {warmup} warm-up and {repeats} timed rounds")
+    with _torch_threads_context(torch, torch_threads):
+        samples = time_interleaved(functions, repeats=repeats, warmup=warmup)
+    peers = {}
+    for name, times in samples.items():
+        count = n if name in batched_peers else len(subset)
+        summary = summarize(times)
+        peers[name] = {**summary, "sentences": count,
+                       "sentences_per_s": count / summary["median_s"],
+                       "agree_with_" + first: agree[name],
+                       "first_call_s": compile_s[name]}
+    best_loop = max(("eager_loop", "torch_eager_loop"), key=lambda k: peers[k]["sentences_per_s"])
+    record = {
+        "num_sentences": n,
+        "eager_sentences": len(subset),
+        "max_len": num_steps,
+        "mean_output_tokens": float(np.mean([len(r) for r in reference])),
+        "peers": peers,
+        "ratios": {
+            f"{first}/eager_loop": peers[first]["sentences_per_s"]
+            / peers["eager_loop"]["sentences_per_s"],
+            f"{first}/torch_eager_loop": peers[first]["sentences_per_s"]
+            / peers["torch_eager_loop"]["sentences_per_s"],
+            f"{first}/fastest_loop": peers[first]["sentences_per_s"]
+            / peers[best_loop]["sentences_per_s"],
+        },
+    }
+    if kind == "transformer":
+        record["ratios"]["batched_kv/batched_recompute"] = (
+            peers["batched_kv"]["sentences_per_s"] / peers["batched_recompute"]["sentences_per_s"])
+        say(f"{kind}: the batched decoders at {long_steps} output steps")
+        long = {name: batched(decode, long_steps) for name, decode in batched_peers.items()}
+        long_outputs = {name: function() for name, function in long.items()}
+        long_samples = time_interleaved(long, repeats=repeats, warmup=warmup)
+        long_peers = {}
+        for name, times in long_samples.items():
+            summary = summarize(times)
+            long_peers[name] = {**summary, "sentences_per_s": n / summary["median_s"],
+                                "output_steps_per_s": n * long_steps / summary["median_s"]}
+        long_peers["batched_recompute"]["agree_with_batched_kv"] = int(np.sum(np.all(
+            np.asarray(long_outputs["batched_recompute"][0])
+            == np.asarray(long_outputs["batched_kv"][0]), axis=1)))
+        record["long"] = {
+            "max_len": long_steps, "peers": long_peers,
+            "ratio_kv/recompute": long_peers["batched_kv"]["sentences_per_s"]
+            / long_peers["batched_recompute"]["sentences_per_s"],
+        }
+    return record
+
+
+def bench_decode(models: Sequence[str] = MODELS, *, checkpoints: dict | None = None,
+                 epochs: int | None = None, seed: int = 0, data=None, num_examples: int = 600,
+                 long_steps: int = 50, eager_sentences: int = 100, repeats: int = 5,
+                 warmup: int = 1, torch_threads: int = 1, sizes: dict | None = None,
+                 log: Callable[[str], object] | None = None) -> dict:
+    """Sentences per second of greedy translation of the training sources, per peer and model.
+
+    Args:
+      models: among :data:`MODELS`.
+      checkpoints: ``{model: directory}`` of ``jax-attention train`` checkpoints; a model without
+        one is trained here with the book's settings (``epochs``, ``sizes`` override them).
+      epochs: training epochs when training here (``None``: the book's).
+      seed, data, num_examples: the data (and the training here).
+      long_steps: output steps of the cache-vs-recompute comparison (Transformer).
+      eager_sentences: sources translated by the one-by-one loops (evenly spaced).
+      repeats: timed rounds (>= 5); warmup: untimed rounds after the first call.
+      torch_threads: PyTorch's threads for its loop (one sentence at a time: 1 is fastest).
+      sizes: ``{model: {setting: value}}`` passed to the training here (tests: tiny models).
+      log: called with progress lines, or ``None``.
+
+    Returns:
+      A JSON-ready dict; see :func:`format_decode`.
+    """
+    for model in models:
+        if model not in MODELS:
+            raise ValueError(f"models must be among {MODELS}, got {model!r}")
+    if isinstance(long_steps, bool) or not isinstance(long_steps, int) or long_steps < 1:
+        raise ValueError(f"long_steps must be an integer >= 1, got {long_steps!r}")
+    if isinstance(eager_sentences, bool) or not isinstance(eager_sentences, int) \
+            or eager_sentences < 1:
+        raise ValueError(f"eager_sentences must be an integer >= 1, got {eager_sentences!r}")
+    say = log or (lambda line: None)
+    checkpoints = checkpoints or {}
+    record = {"benchmark": "decode", "load_average": {"before": load_average()},
+              "settings": {"models": list(models), "seed": seed, "num_examples": num_examples,
+                           "long_steps": long_steps, "eager_sentences": eager_sentences,
+                           "repeats": repeats, "warmup": warmup, "torch_threads": torch_threads},
+              "environment": environment(), "models": {}}
+    for model in models:
+        params, src_vocab, tgt_vocab, config, source = _weights(
+            model, checkpoints.get(model), epochs=epochs, seed=seed, data=data,
+            num_examples=num_examples, sizes=(sizes or {}).get(model), say=say)
+        result = _bench_model(model, params, src_vocab, tgt_vocab, config,
+                              num_examples=num_examples, data=data, seed=seed,
+                              long_steps=long_steps, eager_sentences=eager_sentences,
+                              repeats=repeats, warmup=warmup, torch_threads=torch_threads,
+                              say=say)
+        record["models"][model] = {"weights": source, **result}
+    record["load_average"]["after"] = load_average()
+    return record
+
+
+def format_decode(record: dict) -> str:
+    """The environment, then per model a table of the peers, the ratios and the long run."""
+    lines = [format_environment(record["environment"])]
+    for model, result in record["models"].items():
+        first = "batched_kv" if model == "transformer" else "batched"
+        lines += ["", f"{model}: {result['num_sentences']} training sources, greedy, max_len "
+                      f"{result['max_len']} (mean output {result['mean_output_tokens']:.1f} "
+                      f"tokens); one-by-one loops on {result['eager_sentences']} of them; "
+                      f"weights: {result['weights']}"]
+        rows = []
+        for name, peer in result["peers"].items():
+            rows.append([name, peer["sentences"], f"{peer['median_s'] * 1e3:.1f}",
+                         f"{peer['sentences_per_s']:.1f}",
+                         f"{peer['agree_with_' + first]}/{peer['sentences']}"])
+        lines.append(format_table(["peer", "sentences", "median ms", "sentences/s",
+                                   f"same as {first}"], rows))
+        lines.append("ratios (sentences/s): " + ", ".join(
+            f"{name} {value:.1f}x" for name, value in result["ratios"].items()))
+        if "long" in result:
+            long = result["long"]
+            rows = [[name, f"{peer['median_s'] * 1e3:.1f}", f"{peer['sentences_per_s']:.1f}",
+                     f"{peer['output_steps_per_s']:.0f}"]
+                    for name, peer in long["peers"].items()]
+            lines += [f"{model} at {long['max_len']} output steps (every step computed): "
+                      f"cache / recompute {long['ratio_kv/recompute']:.1f}x; recompute tokens "
+                      f"equal the cache's in {long['peers']['batched_recompute']['agree_with_batched_kv']}"
+                      f"/{result['num_sentences']} sentences",
+                      format_table(["peer", "median ms", "sentences/s", "output steps/s"], rows)]
+    load = record["load_average"]
+    lines += ["", f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}"]
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""``bench attention`` and ``bench memory``: the records on tiny shapes, the CLI, bad options.
+
+Timings here are of tiny shapes on a shared machine: the tests check that every peer ran the real
+code and the record holds what the schema promises (finite positive times, ratios, small errors,
+the environment), not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from jax_attention.bench.attention import (PEERS, attention_flops, bench_attention,
+                                           format_attention, padding_lens)
+from jax_attention.bench.memory import bench_memory, format_memory, plain_estimate_bytes, run_child
+from jax_attention.cli import main
+
+# PyTorch is optional: without it the torch peer must be recorded as skipped, with the reason.
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+TINY = (2, 2, 16, 8)  # (B, N, T, H)
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def record():
+    """One run of every peer on a tiny shape, with and without padding (shared by the tests)."""
+    return bench_attention([TINY], repeats=5, warmup=0, gemm_size=64, budget_s=600.0)
+
+
+def test_attention_flops():
+    # 2·T·S·H for Q K^T and as many for weights · V, per batch and head; backward twice that.
+    assert attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert attention_flops(2, 3, 5, 7, 11, backward=True) == 3 * 4 * 2 * 3 * 5 * 7 * 11
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_padding_lens(batch):
+    lens = padding_lens(batch, 128, np.random.default_rng(0))
+    assert lens.shape == (batch,) and lens.dtype == np.int32
+    assert (lens >= 1).all() and (lens <= 128).all()
+    assert abs(1 - lens.mean() / 128 - 0.25) < 0.01
+
+
+def test_record_schema(record):
+    env = record["environment"]
+    assert {"cpu", "cpu_count", "jax", "numpy", "loadavg", "env", "torch"} <= set(env)
+    assert _positive(record["gemm"]["ceiling_gflops"])
+    # Which code ran: a hash per module under test, unchanged while the test ran.
+    assert set(record["sources"]["modules"]) == {"jax_attention.scoring", "jax_attention.efficient",
+                                                 "jax_attention.masking"}
+    assert all(record["sources"]["modules"].values())
+    assert record["sources_changed_during_run"] is False and record["loadavg_after"] is not None
+    assert record["settings"]["repeats"] == 5 and record["settings"]["dtype"] == "float32"
+    assert [r["mask"] for r in record["results"]] == ["none", "padding"]
+    for result in record["results"]:
+        assert result["shape"] == {"B": 2, "N": 2, "T": 16, "S": 16, "H": 8}
+        assert result["flops"]["forward"] == attention_flops(2, 2, 16, 16, 8)
+        if result["mask"] == "padding":
+            assert len(result["valid_lens"]) == 2 and result["padding_fraction"] == 0.25
+        else:
+            assert result["valid_lens"] is None and result["padding_fraction"] == 0.0
+        assert list(result["peers"]) == list(PEERS)
+        for name, entry in result["peers"].items():
+            if name == "torch" and not HAVE_TORCH:
+                assert entry["status"] == "skipped" and "PyTorch" in entry["reason"]
+                continue
+            assert entry["status"] == "ok", entry
+            passes = ["forward"] + ([] if name == "numpy" else ["forward_backward"])
+            if name == "numpy":
+                assert entry["forward_backward"] is None
+            for kind in passes:
+                figures = entry[kind]
+                assert figures["repeats"] == 5
+                for key in ("median_s", "min_s", "max_s", "gflops", "percent_of_ceiling"):
+                    assert _positive(figures[key]), (name, kind, key, figures)
+                assert figures["min_s"] <= figures["median_s"] <= figures["max_s"]
+                assert _positive(figures["ratio_to_jax.nn"])
+                if HAVE_TORCH:
+                    assert _positive(figures["ratio_to_torch"])
+                # float32 against float64 on O(1) values: a few float32 ulps.
+                assert 0 <= figures["max_abs_error"] < 1e-5, (name, kind, figures)
+        # A baseline's ratio to itself is 1.
+        assert result["peers"]["jax.nn"]["forward"]["ratio_to_jax.nn"] == 1.0
+    json.dumps(record)  # JSON-able as it is
+
+
+def test_table_has_every_peer(record):
+    table = format_attention(record)
+    assert "GEMM ceiling" in table and "load average" in table
+    assert ("torch.get_num_threads() = " if HAVE_TORCH else "torch: not installed") in table
+    for name in PEERS:
+        assert name in table
+
+
+def test_over_budget_is_skipped_with_the_reason_and_errors_still_measured():
+    record = bench_attention([(1, 1, 8, 4)], peers=["ours", "numpy"], masks=["none"], repeats=5,
+                             warmup=0, gemm_size=32, budget_s=1e-9)
+    for entry in record["results"][0]["peers"].values():
+        assert entry["status"] == "skipped" and "budget" in entry["reason"]
+        assert entry["forward"]["max_abs_error"] < 1e-5 and "median_s" not in entry["forward"]
+    assert "skipped:" in format_attention(record)
+
+
+def test_without_torch(monkeypatch):
+    # `import torch` fails: the torch peer is skipped with the reason, and the float64 gradients
+    # come from our function in JAX's 64-bit mode instead.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    record = bench_attention([(1, 2, 8, 4)], peers=["ours", "torch"], masks=["padding"],
+                             repeats=5, warmup=0, gemm_size=32)
+    result = record["results"][0]
+    assert result["reference"]["gradients"].startswith("ours, float64")
+    assert result["peers"]["torch"]["status"] == "skipped"
+    assert "PyTorch is not installed" in result["peers"]["torch"]["reason"]
+    ours = result["peers"]["ours"]
+    assert ours["status"] == "ok" and ours["forward_backward"]["max_abs_error"] < 1e-5
+    assert ours["forward"]["ratio_to_torch"] is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"repeats": 4}, "repeats"),
+    ({"peers": ["ours", "tensorflow"]}, "peers"),
+    ({"peers": []}, "peers"),
+    ({"masks": ["causal"]}, "masks"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"shapes": [(1, 2, 8)]}, "four positive integers"),
+    ({"shapes": [(1, 0, 8, 4)]}, "four positive integers"),
+])
+def test_bad_arguments(kwargs, message):
+    arguments = {"shapes": [(1, 1, 8, 4)], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        bench_attention(**arguments)
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    path = tmp_path / "out" / "bench.json"
+    status = main(["bench", "attention", "--shapes", "1,2,8,4", "--peers", "ours", "jax.nn",
+                   "--no-mask", "--repeats", "5", "--warmup", "0", "--gemm-size", "32",
+                   "--json", str(path)])
+    assert status == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "(B, N, T, H) = (1, 2, 8, 4), mask none ..." in captured.err  # progress on stderr
+    assert "fwd+bwd ms" in printed and "jax.nn" in printed and f"wrote {path}" in printed
+    record = json.loads(path.read_text())
+    assert record["command"] == "bench attention"
+    settings = record["settings"]
+    assert settings["masks"] == ["none"] and settings["peers"] == ["ours", "jax.nn"]
+    assert record["settings"]["shapes"] == [[1, 2, 8, 4]]
+    assert record["results"][0]["peers"]["ours"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "attention", "--shapes", "8,8,128"], "B,N,T,H"),
+    (["bench", "attention", "--shapes", "8,8,x,64"], "B,N,T,H"),
+    (["bench", "attention", "--repeats", "4"], ">= 5"),
+    (["bench", "attention", "--peers", "ours", "tf"], "invalid choice: 'tf'"),
+    (["bench", "attention", "--dtype", "float16"], "invalid choice: 'float16'"),
+    (["bench", "attention", "--budget", "0"], "> 0"),
+    (["bench", "memory", "--sizes", "0"], ">= 1"),
+    (["bench", "memory", "--variants", "flash"], "invalid choice: 'flash'"),
+    (["bench", "memory", "--cap-gib", "-1"], "> 0"),
+])
+def test_cli_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_json_path_is_a_directory(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "memory", "--json", str(tmp_path)])
+    assert exit_info.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
+def test_memory_children_and_cap():
+    # 3·4·64² = 48 KiB fits the cap, 3·4·128² = 192 KiB does not: plain at 128 is skipped
+    # (and no process is started for it).
+    cap = 100_000
+    assert plain_estimate_bytes(64) < cap < plain_estimate_bytes(128)
+    # While this process holds 640 MiB: Linux's ru_maxrss would carry that into every child
+    # through exec; the children's own peaks must not see it.
+    ballast = np.ones(640 * 2**20 // 8)
+    record = bench_memory([64, 128], variants=["plain"], cap_bytes=cap, timeout_s=300)
+    del ballast
+    measured, skipped = record["results"]
+    assert measured["baseline_peak_rss_bytes"] < 600 * 2**20
+    if sys.platform.startswith("linux"):  # where exec keeps the parent's high-water mark
+        assert measured["ru_maxrss_bytes"] > 600 * 2**20
+    assert measured["status"] == "ok", measured
+    assert (measured["n"], measured["variant"]) == (64, "plain") and measured["grads_finite"]
+    assert measured["peak_rss_bytes"] > 0 and measured["baseline_peak_rss_bytes"] > 0
+    assert measured["peak_rss_bytes"] >= measured["peak_rss_after_compile_bytes"]
+    assert measured["attention_bytes"] == (measured["peak_rss_bytes"]
+                                           - measured["baseline_peak_rss_bytes"])
+    assert _positive(measured["run_s"]) and _positive(measured["compile_s"])
+    assert skipped["status"] == "skipped" and "cap" in skipped["reason"]
+    assert record["sources"]["modules"]["jax_attention.scoring"] and "loadavg_after" in record
+    assert "peak_rss_bytes" not in skipped
+    table = format_memory(record)
+    assert "not measured:" in table and "plain at N = 128" in table
+
+
+def test_memory_child_efficient():
+    child = run_child("efficient", 96, head_size=8, timeout_s=300)
+    assert child["status"] == "ok", child
+    assert child["peak_rss_bytes"] > 0 and child["grads_finite"] and child["variant"] == "efficient"
+
+
+def test_memory_child_failure_is_recorded():
+    failed = run_child("baseline", 64, timeout_s=0.01)
+    assert failed["status"] == "failed" and "timed out" in failed["reason"]
+    with pytest.raises(ValueError, match="variant"):
+        run_child("flash", 64)
+
+
+def test_memory_cli_writes_json(tmp_path, capsys):
+    path = tmp_path / "memory.json"
+    # The cap skips plain attention at this size, so no child runs: the CLI path alone.
+    assert main(["bench", "memory", "--sizes", "4096", "--variants", "plain", "--cap-gib", "0.001",
+                 "--json", str(path), "--no-progress"]) == 0
+    record = json.loads(path.read_text())
+    assert record["command"] == "bench memory" and record["settings"]["sizes"] == [4096]
+    assert record["results"][0]["status"] == "skipped"
+    assert "not measured:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kwargs", [{"sizes": []}, {"sizes": [0]}, {"variants": ["flash"]},
+                                    {"dtype": "float16"}, {"cap_bytes": 0}])
+def test_memory_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        bench_memory(**{"sizes": [64], **kwargs})
