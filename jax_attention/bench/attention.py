@@ -412,12 +412,16 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
                 _max_error(g, e) for g, e in zip(peer.grads(peer.forward_backward()),
                                                  reference_grads))}
         if estimate is None:
-            # A second call of each, compiled by now, estimates the time the rounds will take.
-            start = time.perf_counter()
-            peer.forward()
-            if peer.forward_backward is not None:
-                peer.forward_backward()
-            estimate = time.perf_counter() - start
+            # Two more calls of each, compiled by now, estimate the time a round will take; the
+            # faster, because one call on a busy machine can stall (PyTorch's backward at
+            # T = 8192 took 20 s instead of 0.4 s now and then with a load average of 4).
+            estimate = math.inf
+            for _ in range(2):
+                start = time.perf_counter()
+                peer.forward()
+                if peer.forward_backward is not None:
+                    peer.forward_backward()
+                estimate = min(estimate, time.perf_counter() - start)
         projected = estimate * (warmup + repeats)
         entry["estimated_s_per_round"] = estimate
         if projected > budget_s:
