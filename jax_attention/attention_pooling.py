@@ -13,12 +13,14 @@ The computation runs in the queries' float dtype.
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import masked_softmax
+from jax_attention.masking import _is_integer_dtype, masked_softmax
 
 __all__ = [
     "leave_one_out",
@@ -55,6 +57,9 @@ def leave_one_out(x):
 def _per_query(queries, keys, values):
     """Checks shapes; returns keys ``(..., Q, K)`` and values ``(..., Q, K[, v])`` per query."""
     queries, keys, values = (jnp.asarray(a) for a in (queries, keys, values))
+    for name, a in (("queries", queries), ("keys", keys), ("values", values)):
+        if not (jnp.issubdtype(a.dtype, jnp.floating) or _is_integer_dtype(a.dtype)):
+            raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype} with shape {a.shape}")
     if queries.ndim < 1:
         raise ValueError(f"queries must have shape (..., Q), got {queries.shape}")
     if keys.ndim == queries.ndim and keys.shape[:-1] == queries.shape[:-1]:
@@ -79,6 +84,20 @@ def _per_query(queries, keys, values):
     return queries, keys, values
 
 
+def _check_width(w, shape):
+    """The kernel's inverse width ``w``, broadcastable to the distances ``(..., Q, K)``."""
+    w = jnp.asarray(w)
+    if not (jnp.issubdtype(w.dtype, jnp.floating) or _is_integer_dtype(w.dtype)):
+        raise TypeError(f"w must hold real numbers, got dtype {w.dtype} with shape {w.shape}")
+    try:
+        if np.broadcast_shapes(w.shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"w must be a scalar or broadcast to the distances (..., Q, K) = "
+                         f"{tuple(shape)}, got shape {w.shape}") from None
+    return w
+
+
 def _float_dtype(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.result_type(float)
 
@@ -96,10 +115,12 @@ def average_pooling(queries, keys, values):
       values: the keys' shape, optionally with a trailing ``v``.
 
     Returns:
-      ``(prediction (..., Q[, v]), weights (..., Q, K))`` with every weight ``1 / K``.
+      ``(prediction (..., Q[, v]), weights (..., Q, K))`` with every weight ``1 / K``; with no key
+      (``K = 0``) the prediction is zero, as for a fully masked row.
     """
     queries, keys, values = _per_query(queries, keys, values)
-    weights = jnp.full(keys.shape, 1.0 / keys.shape[-1], dtype=_float_dtype(values))
+    # No key (K = 0): nothing to average, the zero output of a fully masked row.
+    weights = jnp.full(keys.shape, 1.0 / max(keys.shape[-1], 1), dtype=_float_dtype(values))
     return _pool(weights, values.astype(weights.dtype)), weights
 
 
@@ -119,10 +140,13 @@ def nadaraya_watson_weights(queries, keys, w=1.0):
     """
     queries, keys, _ = _per_query(queries, keys, keys)
     dtype = _float_dtype(queries)
-    queries, keys = queries.astype(dtype), keys.astype(dtype)
-    w = jnp.asarray(w).astype(dtype)
+    # float16/bfloat16: the logits are formed in float32 (a float16 squared distance overflows
+    # beyond 256, which made every weight of a row 0); only the weights are rounded back.
+    compute = jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype
+    queries, keys = queries.astype(compute), keys.astype(compute)
+    w = _check_width(w, keys.shape).astype(compute)
     distances = (queries[..., None] - keys) * w.reshape((1,) * (keys.ndim - w.ndim) + w.shape)
-    return masked_softmax(-(distances**2) / 2)
+    return masked_softmax(-(distances**2) / 2).astype(dtype)
 
 
 def nadaraya_watson(queries, keys, values, w=1.0):
@@ -135,7 +159,13 @@ def nadaraya_watson(queries, keys, values, w=1.0):
       w: inverse kernel width (see :func:`nadaraya_watson_weights`).
 
     Returns:
-      ``(prediction (..., Q[, v]), weights (..., Q, K))``.
+      ``(prediction (..., Q[, v]), weights (..., Q, K))``; with no key (``K = 0``) the prediction
+      is zero, as for a fully masked row.
+
+    Raises:
+      ValueError: keys or values of a shape that does not match the queries', or ``w`` that does
+        not broadcast to ``(..., Q, K)``.
+      TypeError: inputs that are not real numbers.
     """
     queries, keys, values = _per_query(queries, keys, values)
     weights = nadaraya_watson_weights(queries, keys, w)
@@ -164,6 +194,9 @@ def kernel_regression_data(rngs, n_train: int = 50, n_test: int = 50, noise: flo
       A dict of float32 arrays: ``x_train (n_train,)``, ``y_train (n_train,)``,
       ``x_test (n_test,)``, ``y_truth (n_test,)``.
     """
+    for name, value in (("n_train", n_train), ("n_test", n_test)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
     if n_train < 2 or n_test < 1:
         raise ValueError(f"need n_train >= 2 and n_test >= 1, got n_train={n_train}, n_test={n_test}")
     inputs_rng, noise_rng = jax.random.split(rngs)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,7 +47,15 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention.decoding import greedy_search
+from jax_attention.decoding import _check_id, _check_max_len, greedy_search
+from jax_attention.masking import (
+    _check_dropout,
+    _check_lengths,
+    _check_size,
+    _check_values_in,
+    _clip_values,
+    _is_integer_dtype,
+)
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
 
@@ -81,12 +88,6 @@ DENSE = "...h,hv->...v"
 
 
 # --------------------------------------------------------------------------- parameters
-
-
-def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def _gru_shapes(input_size: int, num_hiddens: int, num_layers: int) -> dict:
@@ -184,12 +185,6 @@ def _dropout(x, rate: float, rng):
         return x
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
-
-
-def _check_dropout(dropout) -> float:
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
-    return float(dropout)
 
 
 def _check_gru_layer(params, input_size: int, num_hiddens: int, dtype):
@@ -303,31 +298,36 @@ def gru(params, inputs, state=None, *, dropout: float = 0.0, dropout_rng=None):
     return layer_inputs, jnp.stack(final)
 
 
-def _check_tokens(name: str, tokens, vocab_size: int, ndim: int):
-    """Integer ids of the right rank; their values are checked when concrete (eager calls)."""
+def _check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
+    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)``, as int32 — the package's rule for ids.
+
+    The dtype and shape are checked always (``ValueError``; ``batch``, when given, fixes ``B``).
+    Values outside ``[0, V)`` raise ``ValueError`` when concrete; traced ones (under ``jit`` or
+    ``vmap``) are clipped to ``[0, V - 1]``, so an embedding lookup never wraps a negative id
+    around to the end of the table nor gives NaN (see :mod:`jax_attention.masking`).
+    """
     tokens = jnp.asarray(tokens)
-    if tokens.ndim != ndim or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        expected = "(B,)" if ndim == 1 else "(B, T)"
+    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
+        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
+    if (tokens.ndim != ndim or not _is_integer_dtype(tokens.dtype)
+            or (batch is not None and tokens.shape[0] != batch)):
         raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
                          f"{tokens.dtype} with shape {tokens.shape}")
-    if not isinstance(tokens, jax.core.Tracer) and tokens.size:
-        values = np.asarray(tokens)
-        if values.min() < 0 or values.max() >= vocab_size:
-            raise ValueError(f"{name} must lie in [0, V) = [0, {vocab_size}), got values from "
-                             f"{values.min()} to {values.max()}")
-    return tokens.astype(jnp.int32)
+    _check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
+    return _clip_values(tokens, 0, vocab_size - 1)
 
 
 def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
     """The seq2seq encoder: embedding, then a multi-layer GRU — d2l §10.7.2 ``Seq2SeqEncoder``.
 
     As in the book, the GRU runs over all ``S`` positions, padding included; attention later
-    ignores the padded outputs through the source valid lengths. Under ``jit`` the ids cannot be
-    checked; out-of-range ids are then clamped (JAX's gather).
+    ignores the padded outputs through the source valid lengths.
 
     Args:
       params: ``{"embedding": (V_src, E), "gru": {...}}``.
-      src: ``(B, S)`` source token ids.
+      src: ``(B, S)`` source token ids in ``[0, V_src)``: checked when concrete; under ``jit``
+        they cannot be, and ids outside are clipped to ``[0, V_src - 1]`` (never NaN, never a
+        negative id wrapping around; see :mod:`jax_attention.masking`).
       dropout, dropout_rng: as in :func:`gru`.
 
     Returns:
@@ -357,11 +357,26 @@ def _apply_keep(x, keep, rate: float):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
 
 
+def _check_decoder_state(params, state, enc_outputs):
+    """Checks ``state (L, B, h)`` against the decoder's GRU and ``enc_outputs (B, S, h)``."""
+    state, enc_outputs = jnp.asarray(state), jnp.asarray(enc_outputs)
+    L = _num_layers(params["gru"])
+    h = jnp.shape(params["gru"]["layer_0"]["W_h"])[0]
+    if state.ndim != 3 or state.shape[0] != L or state.shape[2] != h:
+        raise ValueError(f"state must have shape (L, B, h) = ({L}, B, {h}) for the decoder's GRU, "
+                         f"got {state.shape}")
+    B = state.shape[1]
+    if enc_outputs.ndim != 3 or enc_outputs.shape[0] != B or enc_outputs.shape[2] != h:
+        raise ValueError(f"enc_outputs must have shape (B, S, h) = ({B}, S, {h}) for state of "
+                         f"shape {state.shape}, got {enc_outputs.shape}")
+    return state, enc_outputs
+
+
 def _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout: float, keep):
     """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout)."""
     embedding = jnp.asarray(params["embedding"])
-    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1)
-    state, enc_outputs = jnp.asarray(state), jnp.asarray(enc_outputs)
+    state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
+    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
     query = state[-1][:, None, :]  # (B, 1, h)
     weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
     dropped = weights if keep is None else _apply_keep(weights, keep[0][:, None, :], dropout)
@@ -389,20 +404,21 @@ def decoder_step(params, tokens, state, enc_outputs, src_valid_len, *, dropout: 
 
     Args:
       params: the decoder's dict (``embedding``, ``attention``, ``gru``, ``dense``).
-      tokens: ``(B,)`` the input tokens of this step.
+      tokens: ``(B,)`` the input tokens of this step, in ``[0, V)`` (clipped when traced).
       state: ``(L, B, h)``.
       enc_outputs: ``(B, S, h)``.
-      src_valid_len: ``(B,)`` integers in ``[0, S]``.
+      src_valid_len: ``(B,)`` integers in ``[0, S]`` (act as clipped when traced).
       dropout, dropout_rng: the rate and a key (``None``: no dropout).
 
     Returns:
       ``(logits (B, V), state (L, B, h), weights (B, S))``; the weights are those before dropout.
     """
     dropout = _check_dropout(dropout)
+    state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     keep = None
     if dropout_rng is not None and dropout > 0:
-        L, B, h = jnp.shape(state)
-        keep = _decoder_keep_masks(dropout_rng, dropout, (B,), jnp.shape(enc_outputs)[1], L, h)
+        L, B, h = state.shape
+        keep = _decoder_keep_masks(dropout_rng, dropout, (B,), enc_outputs.shape[1], L, h)
     return _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout, keep)
 
 
@@ -422,12 +438,10 @@ def decoder(params, dec_input, state, enc_outputs, src_valid_len, *, dropout: fl
       ``(logits (B, T, V), state (L, B, h), weights (B, T, S))``.
     """
     dropout = _check_dropout(dropout)
-    dec_input = jnp.asarray(dec_input)
-    if dec_input.ndim != 2:
-        raise ValueError(f"dec_input must have shape (B, T), got {dec_input.shape}")
+    state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     embedding_rows = jnp.shape(params["embedding"])[0]
-    dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
-    state = jnp.asarray(state)
+    dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2,
+                              batch=state.shape[1])
     B, T = dec_input.shape
     keep = None
     if dropout_rng is not None and dropout > 0:
@@ -458,6 +472,12 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
         encoder_rng, decoder_rng = jax.random.split(dropout_rng)
+    # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    dec_input = _check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
+                              ndim=2)
+    if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
+        raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
+                         f"{jnp.shape(src)} and dec_input {dec_input.shape}")
     enc_outputs, state = encoder(params["encoder"], src, dropout=dropout, dropout_rng=encoder_rng)
     logits, _, weights = decoder(params["decoder"], dec_input, state, enc_outputs, src_valid_len,
                                  dropout=dropout, dropout_rng=decoder_rng)
@@ -468,12 +488,21 @@ def teacher_forcing_inputs(tgt, bos_id: int):
     """The decoder inputs of teacher forcing: ``<bos>`` then ``tgt[:, :-1]`` (d2l ``train_seq2seq``).
 
     Args:
-      tgt: ``(B, T)`` target token ids. bos_id: the id of ``<bos>``.
+      tgt: ``(B, T)`` integer target token ids (``T = 0`` gives ``(B, 0)``).
+      bos_id: the id of ``<bos>``, an integer scalar ``>= 0`` (may be traced).
 
     Returns:
       ``(B, T)`` of ``tgt``'s dtype.
     """
     tgt = jnp.asarray(tgt)
+    if tgt.ndim != 2 or not _is_integer_dtype(tgt.dtype):
+        raise ValueError(f"tgt must be integer token ids of shape (B, T), got dtype {tgt.dtype} "
+                         f"with shape {tgt.shape}")
+    if jnp.shape(bos_id) != () or not _is_integer_dtype(jnp.result_type(bos_id)):
+        raise ValueError(f"bos_id must be an integer scalar (a token id), got {bos_id!r}")
+    _check_values_in("bos_id", bos_id, 0, np.iinfo(np.int32).max, "[0, V)")
+    if tgt.shape[1] == 0:
+        return tgt
     bos = jnp.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype)
     return jnp.concatenate([bos, tgt[:, :-1]], axis=1)
 
@@ -487,13 +516,32 @@ def masked_cross_entropy(logits, labels, valid_len):
     cross-entropy per target token divided by ``T``.
 
     Args:
-      logits: ``(B, T, V)``. labels: ``(B, T)`` ids. valid_len: ``(B,)`` in ``[0, T]``.
+      logits: float ``(B, T, V)``.
+      labels: integer ``(B, T)`` ids in ``[0, V)``.
+      valid_len: integer ``(B,)`` in ``[0, T]``.
+
+    Values follow the package's rule (:mod:`jax_attention.masking`): out-of-range labels and
+    lengths raise ``ValueError`` when concrete; under ``jit`` labels are clipped to
+    ``[0, V - 1]`` (never NaN from an out-of-bounds gather) and lengths act as clipped to
+    ``[0, T]``.
 
     Returns:
-      ``(B,)``.
+      ``(B,)``; zeros when ``T = 0`` (no step to count).
     """
-    logits, labels = jnp.asarray(logits), jnp.asarray(labels).astype(jnp.int32)
-    valid_len = jnp.asarray(valid_len).astype(jnp.int32)
+    logits = jnp.asarray(logits)
+    if logits.ndim != 3 or not jnp.issubdtype(logits.dtype, jnp.floating):
+        raise ValueError(f"logits must be a float array of shape (B, T, V), got dtype "
+                         f"{logits.dtype} with shape {logits.shape}")
+    B, T, V = logits.shape
+    labels = jnp.asarray(labels)
+    if labels.shape != (B, T) or not _is_integer_dtype(labels.dtype):
+        raise ValueError(f"labels must be integer token ids of shape (B, T) = {(B, T)} for "
+                         f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
+    _check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
+    valid_len = _check_lengths("valid_len", valid_len, B, T, "T")
+    if T == 0:
+        return jnp.zeros((B,), logits.dtype)
+    labels = _clip_values(labels, 0, V - 1)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
     keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
@@ -502,13 +550,30 @@ def masked_cross_entropy(logits, labels, valid_len):
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          dropout: float = 0.0, dropout_rng=None):
-    """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``."""
+    """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``.
+
+    ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
+    package's rule for values (checked when concrete, clipped when traced).
+    """
+    tgt = _check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                         dropout=dropout, dropout_rng=dropout_rng)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
 
 @functools.partial(jax.jit, static_argnames=("bos_id", "eos_id", "pad_id", "max_len"))
+def _greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
+                   max_len: int):
+    enc_outputs, state = encoder(params["encoder"], src)
+
+    def step(state, tokens):
+        return decoder_step(params["decoder"], tokens, state, enc_outputs, src_valid_len)
+
+    return greedy_search(step, state, enc_outputs.shape[0], bos_id=bos_id, eos_id=eos_id,
+                         pad_id=pad_id, max_len=max_len)
+
+
 def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
                   max_len: int):
     """Batched greedy decoding, compiled once per shape — the book's ``predict_seq2seq`` (d2l §10.7.6).
@@ -517,22 +582,25 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
     (:func:`jax_attention.decoding.greedy_search`); a row stops at its own ``<eos>``: that step
     writes ``<eos>``, the later ones ``<pad>`` with zero attention weights.
 
+    The inputs are checked here, eagerly, before the compiled loop: ``src`` ids in
+    ``[0, V_src)`` and ``src_valid_len`` in ``[0, S]`` when concrete (inside a caller's ``jit``
+    they are clipped, as everywhere in the package), and the special ids in ``[0, V_tgt)``.
+
     Args:
       params: ``{"encoder": ..., "decoder": ...}``.
       src: ``(B, S)`` source ids. src_valid_len: ``(B,)`` in ``[0, S]``.
-      bos_id, eos_id, pad_id: token ids (static). max_len: the number of steps (static).
+      bos_id, eos_id, pad_id: token ids in ``[0, V_tgt)`` (static). max_len: the number of
+        steps, ``>= 1`` (static).
 
     Returns:
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``lengths``
       counts the tokens before ``<eos>``.
     """
-    enc_outputs, state = encoder(params["encoder"], src)
-
-    def step(state, tokens):
-        return decoder_step(params["decoder"], tokens, state, enc_outputs, src_valid_len)
-
-    return greedy_search(step, state, enc_outputs.shape[0], bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id, max_len=max_len)
+    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    return _greedy_decode(params, src, src_valid_len, bos_id=_check_id("bos_id", bos_id),
+                          eos_id=_check_id("eos_id", eos_id), pad_id=_check_id("pad_id", pad_id),
+                          max_len=_check_max_len(max_len))
 
 
 # --------------------------------------------------------------------------- translation

@@ -8,6 +8,10 @@ padded index arrays (:func:`build_array`), and serves shuffled mini-batches
 (:func:`load_data_nmt`, :class:`TranslationData`). :func:`encode_source` encodes a user sentence
 for translation.
 
+Malformed lines never stop the loader: a line that is not valid UTF-8, holds a carriage return
+other than a CRLF line ending, has no tab, or has an empty English or French side is skipped and
+counted (:data:`SKIP_REASONS`, :attr:`TranslationData.skipped`, :class:`MalformedLinesWarning`).
+
 It imports neither JAX nor Flax: the arrays are NumPy ``int32``, so that the pipeline can be used
 (and tested) without an accelerator, and callers move batches to devices themselves.
 
@@ -24,11 +28,12 @@ import os
 import re
 import tempfile
 import urllib.request
+import warnings
 import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +42,16 @@ __all__ = [
     "DATA_URL",
     "DATA_SHA1",
     "ENV_VAR",
+    "MalformedLinesWarning",
     "RESERVED_TOKENS",
+    "SKIP_REASONS",
     "TranslationArrays",
     "TranslationData",
     "Vocab",
     "build_array",
     "cache_dir",
     "checkout_candidates",
+    "describe_skipped",
     "download_fra_eng",
     "encode_source",
     "find_data",
@@ -230,48 +238,72 @@ def download_fra_eng(url: str = DATA_URL, sha1: str = DATA_SHA1, *,
     return target
 
 
+# How the file is decoded. "utf-8-sig" drops the byte-order mark a Windows editor may put first
+# (plain UTF-8 otherwise). "surrogateescape" turns each byte that is not valid UTF-8 into one lone
+# surrogate (U+DC80..U+DCFF), which valid UTF-8 never decodes to: such lines are then found and
+# skipped exactly (:func:`_line_problem`) instead of failing the whole read with a
+# UnicodeDecodeError. UTF-8 never uses the byte of "\n" inside a character, so a bad byte cannot
+# join two lines. newline="\n" splits at line feeds only: a lone carriage return stays inside its
+# line, where it is found and skipped, instead of splitting the line in two as universal newlines
+# would (which would turn "Go.<TAB>Va\r !" into a wrong pair and a stray line).
+_TEXT_OPTIONS = {"encoding": "utf-8-sig", "errors": "surrogateescape", "newline": "\n"}
+
+
 @contextmanager
 def _open_text(location: Path) -> Iterator[io.TextIOBase]:
-    """The text of ``location`` (a zip, a folder or fra.txt) as a UTF-8 stream.
-
-    Universal newlines, as the book's ``open(..., 'r')``: ``\\r\\n`` reads as ``\\n``.
-    """
+    """The text of ``location`` (a zip, a folder or fra.txt) as a stream (:data:`_TEXT_OPTIONS`)."""
     member = _member(location)
     if member is None:
         raise FileNotFoundError(f"{str(location)!r} holds neither fra-eng/fra.txt nor fra.txt")
     if member == "":
-        with open(location, encoding="utf-8") as stream:
+        with open(location, **_TEXT_OPTIONS) as stream:
             yield stream
     elif location.is_dir():
-        with open(location / member, encoding="utf-8") as stream:
+        with open(location / member, **_TEXT_OPTIONS) as stream:
             yield stream
     else:
         with zipfile.ZipFile(location) as archive, \
-                io.TextIOWrapper(archive.open(member), encoding="utf-8") as stream:
+                io.TextIOWrapper(archive.open(member), **_TEXT_OPTIONS) as stream:
             yield stream
 
 
+def _lines(stream: io.TextIOBase) -> Iterator[str]:
+    """The lines of ``stream``; a CRLF ending (or a last line's final CR) reads as ``\\n``."""
+    for line in stream:
+        if line.endswith("\r\n"):
+            line = line[:-2] + "\n"
+        elif line.endswith("\r"):  # the last line of a CRLF file that lost its final LF
+            line = line[:-1]
+        yield line
+
+
 def read_fra_eng(path: str | os.PathLike | None = None, *, download: bool = False) -> str:
-    """The raw text of ``fra.txt`` (d2l's ``read_data_nmt``), located by :func:`find_data`."""
-    with _open_text(find_data(path, download=download)) as stream:
-        return stream.read()
+    """The raw text of ``fra.txt`` (d2l's ``read_data_nmt``), located by :func:`find_data`.
+
+    The text is read as UTF-8, never failing on the file's contents: CRLF line endings read as
+    ``\\n`` (as the book's ``open(..., 'r')``), a leading byte-order mark is dropped, a carriage
+    return elsewhere is kept, and each byte that is not valid UTF-8 becomes a lone surrogate
+    (Python's ``surrogateescape``: ``text.encode("utf-8", "surrogateescape")`` gives the bytes
+    back).
+    :func:`tokenize` skips and counts the lines holding either.
+    """
+    return _read_first_pairs(path, None, download)
 
 
 def _read_first_pairs(path, num_examples: int | None, download: bool) -> str:
     """The raw text up to and including the line of the ``num_examples``-th pair.
 
     Streams the file, so that the book's 600 examples do not decompress and preprocess all
-    167,130 lines. A pair is a line with at least one tab, as in :func:`tokenize`.
+    167,130 lines. A pair is a line that :func:`tokenize` keeps (:func:`_line_problem`).
     """
     with _open_text(find_data(path, download=download)) as stream:
-        if num_examples is None:
-            return stream.read()
         lines, pairs = [], 0
-        for line in stream:
+        for line in _lines(stream):
             lines.append(line)
-            pairs += "\t" in line
-            if pairs == num_examples:
-                break
+            if num_examples is not None:
+                pairs += _line_problem(line.removesuffix("\n")) is None
+                if pairs == num_examples:
+                    break
         return "".join(lines)
 
 
@@ -316,39 +348,102 @@ def _check_count(name: str, value, minimum: int, *, allow_none: bool = False) ->
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
-def tokenize(text: str, num_examples: int | None = None
-             ) -> tuple[list[list[str]], list[list[str]]]:
+#: Why a line is not a pair, in the order they are checked (a line is counted under the first that
+#: applies): bytes that are not valid UTF-8, a carriage return that does not end the line (CRLF
+#: endings are read as plain ones), no tab, an empty (or whitespace-only) first or second column.
+SKIP_REASONS = ("invalid_utf8", "stray_cr", "no_tab", "empty_side")
+
+_SKIP_DESCRIPTIONS = {
+    "invalid_utf8": "not valid UTF-8",
+    "stray_cr": "with a stray carriage return",
+    "no_tab": "without a tab",
+    "empty_side": "with an empty English or French side",
+}
+# The lone surrogates that surrogateescape decodes invalid bytes to (see _TEXT_OPTIONS).
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+class MalformedLinesWarning(UserWarning):
+    """:func:`load_data_nmt` skipped malformed lines of the corpus (counts in the message)."""
+
+
+def _line_problem(line: str) -> str | None:
+    """The :data:`SKIP_REASONS` entry of ``line`` (without its ``\\n``), ``None`` for a pair.
+
+    The same answer before and after :func:`preprocess` (which changes no tab, carriage return,
+    surrogate or whitespace-only column), so the raw reader and :func:`tokenize` agree on what a
+    pair is.
+    """
+    if _ESCAPED_BYTE.search(line):
+        return "invalid_utf8"
+    if "\r" in line:
+        return "stray_cr"
+    parts = line.split("\t")
+    if len(parts) < 2:
+        return "no_tab"
+    # str.split() with no argument splits at every Unicode space, the no-break ones included.
+    if not parts[0].split() or not parts[1].split():
+        return "empty_side"
+    return None
+
+
+def describe_skipped(skipped: dict[str, int]) -> str:
+    """``skipped`` (counts keyed by :data:`SKIP_REASONS`) in words, e.g. for a warning."""
+    total = sum(skipped.values())
+    parts = [f"{count} {_SKIP_DESCRIPTIONS[reason]}" for reason, count in skipped.items() if count]
+    return f"{total} malformed line{'s' * (total != 1)} skipped ({', '.join(parts) or 'none'})"
+
+
+def tokenize(text: str, num_examples: int | None = None, *, return_skipped: bool = False):
     """Word tokens of each pair: the book's ``tokenize_nmt`` (d2l §10.5.2).
 
     Each line is split at tabs; a line with two columns is a pair (source, target). The file has
     exactly two columns, but later Tatoeba exports add attribution columns, so from a line with
-    more than two only the first two are taken (the book would drop such lines). Lines without a
-    tab are skipped. Tokens are the space-separated words; unlike the book's ``split(' ')``,
-    empty tokens (from doubled, leading or trailing spaces) are dropped.
+    more than two only the first two are taken (the book would drop such lines). Tokens are the
+    space-separated words; unlike the book's ``split(' ')``, empty tokens (from doubled, leading
+    or trailing spaces) are dropped.
+
+    Malformed lines are skipped and counted, never raised on (:data:`SKIP_REASONS`): lines holding
+    bytes that were not valid UTF-8 (lone surrogates, see :func:`read_fra_eng`) or a carriage
+    return, lines without a tab (blank lines included), and lines whose first or second column is
+    empty or whitespace only (a pair with nothing to translate or nothing to learn). The empty
+    string after the final newline is not a line.
 
     Args:
       text: preprocessed text (:func:`preprocess`).
       num_examples: keep the first ``num_examples`` pairs (``None``: all). The book's
         ``if num_examples and i > num_examples: break`` keeps ``num_examples + 1`` lines (an
-        off-by-one); here the count is exact.
+        off-by-one); here the count is exact, and skipped lines do not count.
+      return_skipped: also return the counts of the skipped lines.
 
     Returns:
-      ``(source, target)``: two lists of the same length, each item a list of tokens.
+      ``(source, target)``: two lists of the same length, each item a list of tokens; with
+      ``return_skipped``, ``(source, target, skipped)`` where ``skipped`` maps each of
+      :data:`SKIP_REASONS` to the number of lines skipped for it (among the lines read before
+      the ``num_examples``-th pair).
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     _check_count("num_examples", num_examples, 1, allow_none=True)
     source, target = [], []
-    for line in text.split("\n"):
+    skipped = dict.fromkeys(SKIP_REASONS, 0)
+    lines = text.split("\n")
+    if lines[-1] == "":  # after the final newline (or the whole of an empty text): not a line
+        lines.pop()
+    for line in lines:
         if num_examples is not None and len(source) == num_examples:
             break
-        parts = line.split("\t")
-        if len(parts) < 2:  # no pair: the empty string after the final newline, stray lines
+        problem = _line_problem(line)
+        if problem is not None:
+            skipped[problem] += 1
             continue
+        parts = line.split("\t")
         # Only the first two columns: newer Tatoeba exports append attribution columns, which
         # the book's `len(parts) == 2` would make it drop; this file has exactly two everywhere.
         source.append([token for token in parts[0].split(" ") if token])
         target.append([token for token in parts[1].split(" ") if token])
+    if return_skipped:
+        return source, target, skipped
     return source, target
 
 
@@ -598,6 +693,8 @@ class TranslationData:
       train, val: the splits; ``val`` is empty (``N = 0``) when ``val_fraction = 0``.
       num_steps: ``T``. batch_size: the size of the batches of :meth:`batches`.
       seed: seeds the shuffling of :meth:`batches`.
+      skipped: the malformed lines skipped while reading, counted by reason (every key of
+        :data:`SKIP_REASONS`, zeros included); all zero for the book's file.
     """
 
     src_vocab: Vocab
@@ -607,6 +704,7 @@ class TranslationData:
     num_steps: int
     batch_size: int
     seed: int = 0
+    skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SKIP_REASONS, 0))
 
     @property
     def num_batches(self) -> int:
@@ -645,6 +743,10 @@ def load_data_nmt(batch_size: int, num_steps: int, num_examples: int | None = 60
     (:func:`build_array`). Only the lines needed are read and preprocessed; the result is the same
     as preprocessing the whole file.
 
+    Malformed lines (:data:`SKIP_REASONS`) are skipped, do not count towards ``num_examples``, and
+    are counted in :attr:`TranslationData.skipped`; when there are any, one
+    :class:`MalformedLinesWarning` gives the counts.
+
     Args:
       batch_size: examples per batch (>= 1).
       num_steps: ``T``, the padded length (>= 1).
@@ -657,6 +759,10 @@ def load_data_nmt(batch_size: int, num_steps: int, num_examples: int | None = 60
 
     Returns:
       A :class:`TranslationData`.
+
+    Raises:
+      ValueError: a bad argument, or a file without a single pair (the message gives the counts
+        of the lines skipped).
     """
     _check_count("batch_size", batch_size, 1)
     _check_count("num_steps", num_steps, 1)
@@ -667,9 +773,16 @@ def load_data_nmt(batch_size: int, num_steps: int, num_examples: int | None = 60
         raise ValueError(f"val_fraction must be a number with 0 <= val_fraction < 1, "
                          f"got {val_fraction!r}")
 
-    text = preprocess(_read_first_pairs(data, num_examples, download))
-    source, target = tokenize(text, num_examples)
+    location = find_data(data, download=download)
+    text = preprocess(_read_first_pairs(location, num_examples, download))
+    source, target, skipped = tokenize(text, num_examples, return_skipped=True)
     n = len(source)
+    if n == 0:
+        raise ValueError(f"{str(location)!r} holds no English–French pair (a line 'english<TAB>"
+                         f"french'): {describe_skipped(skipped)}")
+    if any(skipped.values()):
+        warnings.warn(f"{str(location)!r}: {describe_skipped(skipped)}", MalformedLinesWarning,
+                      stacklevel=2)
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if n - n_val < 1:
         raise ValueError(f"val_fraction={val_fraction!r} leaves no training pair out of {n}")
@@ -685,4 +798,4 @@ def load_data_nmt(batch_size: int, num_steps: int, num_examples: int | None = 60
 
     return TranslationData(src_vocab=src_vocab, tgt_vocab=tgt_vocab, train=arrays(0, n_train),
                            val=arrays(n_train, n), num_steps=int(num_steps),
-                           batch_size=int(batch_size), seed=int(seed))
+                           batch_size=int(batch_size), seed=int(seed), skipped=skipped)

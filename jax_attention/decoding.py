@@ -42,6 +42,24 @@ def _check_max_len(max_len) -> int:
     return int(max_len)
 
 
+def _check_logits(logits_shape, rows: int, rows_text: str, ids: dict) -> int:
+    """The step's logits must be ``(rows, V)``, and the special ids must lie in ``[0, V)``.
+
+    Static checks, run while the step is traced: an id ``>= V`` would be fed to the model as an
+    input (``<bos>``, ``<pad>`` of finished beams) that the embedding can only clip, or, for
+    ``<eos>``, could never be predicted. Returns ``V``.
+    """
+    if len(logits_shape) != 2 or logits_shape[0] != rows:
+        raise ValueError(f"step must return logits of shape {rows_text} = ({rows}, V), got "
+                         f"{tuple(logits_shape)}")
+    V = logits_shape[1]
+    for name, value in ids.items():
+        if value >= V:
+            raise ValueError(f"{name} must be a token id in [0, V) = [0, {V}) (V from the step's "
+                             f"logits of shape {tuple(logits_shape)}), got {value}")
+    return V
+
+
 def greedy_search(step: Callable, state, batch_size: int, *, bos_id: int, eos_id: int,
                   pad_id: int, max_len: int):
     """Greedy decoding of a batch for a fixed ``max_len`` steps; every row stops at its own ``<eos>``.
@@ -54,20 +72,26 @@ def greedy_search(step: Callable, state, batch_size: int, *, bos_id: int, eos_id
       step: ``step(state, tokens (B,)) -> (logits (B, V), state, weights (B, S))``, traceable.
       state: the decoder's initial state (any pytree of arrays).
       batch_size: ``B``.
-      bos_id, eos_id, pad_id: token ids (Python ints, static under ``jit``).
+      bos_id, eos_id, pad_id: token ids in ``[0, V)`` (Python ints, static under ``jit``).
       max_len: the number of steps (>= 1, static).
 
     Returns:
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; see the module
-      docstring.
+      docstring. ``B = 0`` gives empty arrays.
     """
     bos_id, eos_id, pad_id = (_check_id(n, v) for n, v in
                               (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)))
     max_len = _check_max_len(max_len)
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 0):
+        raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
+    batch_size = int(batch_size)
 
     def body(carry, _):
         state, tokens, done = carry
         logits, state, weights = step(state, tokens)
+        _check_logits(jnp.shape(logits), batch_size, "(B, V)",
+                      {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
         predicted = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         emitted = jnp.where(done, jnp.asarray(pad_id, jnp.int32), predicted)
         weights = jnp.where(done[:, None], jnp.zeros((), weights.dtype), weights)
@@ -137,7 +161,7 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
       state: the decoder's initial state for ``B`` examples (leaves ``(B, ...)``).
       batch_size: ``B``.
       beam_size: ``k``, an integer in ``[1, V]`` (static).
-      bos_id, eos_id, pad_id: token ids (Python ints, static under ``jit``).
+      bos_id, eos_id, pad_id: token ids in ``[0, V)`` (Python ints, static under ``jit``).
       max_len: the number of steps (>= 1, static).
       length_penalty: ``alpha >= 0`` (static); the book's example uses 0.75.
 
@@ -172,10 +196,8 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
     start = jnp.full((B * k,), bos_id, dtype=jnp.int32)
 
     logits_shape = jax.eval_shape(step, state, start)[0]
-    if len(logits_shape.shape) != 2 or logits_shape.shape[0] != B * k:
-        raise ValueError(f"step must return logits of shape (B * k, V) = ({B * k}, V), got "
-                         f"{logits_shape.shape}")
-    V = logits_shape.shape[1]
+    V = _check_logits(logits_shape.shape, B * k, "(B * k, V)",
+                      {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
     if k > V:
         raise ValueError(f"beam_size must be <= the vocabulary size V = {V}, got {k}")
     dtype = _score_dtype(logits_shape.dtype)

@@ -81,6 +81,8 @@ def _chunk_size(requested, length: int, name: str) -> int:
     the padding (work on rows that are thrown away) below one row per chunk.
     """
     try:
+        if isinstance(requested, bool):
+            raise TypeError
         requested = operator.index(requested)
     except TypeError:
         raise TypeError(f"{name} must be a positive int, got {requested!r}") from None

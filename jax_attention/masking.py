@@ -17,9 +17,20 @@ constants closed over by a jitted function. When they are traced (arguments of a
 function) they cannot be inspected; the mask ``s < valid_len`` then acts as if they were clipped
 to ``[0, S]``: a negative length masks the whole row (zero weights), a length above ``S`` keeps all
 keys.
+
+This is the rule of the whole package for every value that only the data can show — valid
+lengths, token ids (``[0, V)``), table indices, decoding positions: shapes and dtypes are static
+and always checked (``ValueError``/``TypeError`` naming the argument and the shapes, under ``jit``
+and ``vmap`` alike); values raise ``ValueError`` when concrete (:func:`_check_values_in`); traced
+values are *clipped* into their range (:func:`_clip_values`), so the result stays defined and
+finite — never the NaN of an out-of-bounds ``jnp.take``, never the wrap-around of a negative
+NumPy index. Empty axes (``B``, ``T`` or ``S`` of size 0) give empty results, and ``S = 0`` gives
+the zero output of a fully masked row.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -59,22 +70,79 @@ def _is_integer_dtype(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
 
 
-def _check_valid_lens(valid_lens, batch: int, num_queries: int, num_keys: int) -> jax.Array:
+def _check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
+    """The package's check of values only the data can show (lengths, token ids, indices).
+
+    Concrete ``x`` (eager calls, constants closed over by a jitted function): ``ValueError``
+    unless every value lies in ``[lower, upper]``, naming ``name``, the ``interval`` (e.g.
+    ``"[0, V) = [0, 7)"``), the values found and the shape. Traced ``x``: nothing can be checked;
+    the caller clips the values with :func:`_clip_values` (or, for lengths, compares them so
+    that they act clipped) and documents it. See the module docstring.
+    """
+    values = _concrete(x)
+    if values is not None and values.size and (values.min() < lower or values.max() > upper):
+        raise ValueError(
+            f"{name} must lie in {interval}, got values from {values.min()} to {values.max()} "
+            f"(shape {values.shape})"
+        )
+
+
+def _clip_values(x, lower: int, upper: int) -> jax.Array:
+    """``x`` as int32 clipped to ``[lower, upper]``: the defined result for traced values.
+
+    A no-op for values that passed :func:`_check_values_in`. It replaces what a gather would do
+    with an index out of range: ``jnp.take`` fills floats with NaN, ``x[i]`` wraps negative ``i``
+    around to the end and clamps the rest.
+    """
+    return jnp.clip(jnp.asarray(x).astype(jnp.int32), lower, upper)
+
+
+def _check_size(name: str, value) -> int:
+    """A static size that must be positive (a width, a vocabulary, a number of layers)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _check_dropout(dropout) -> float:
+    """A dropout rate in ``[0, 1)`` (1 would drop everything and divide by zero)."""
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
+    return float(dropout)
+
+
+def _check_count(name: str, value) -> int:
+    """A static size that may be 0 (a sequence length), as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> jax.Array:
+    """One length per sequence: integers ``(B,)`` in ``[0, maximum]`` (values checked when
+    concrete, see :func:`_check_values_in`), as int32."""
+    lengths = _as_array_like(lengths)
+    shape, dtype = jnp.shape(lengths), jnp.result_type(lengths)
+    if not _is_integer_dtype(dtype) or shape != (batch,):
+        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype {dtype} "
+                         f"with shape {shape}")
+    _check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
+    return jnp.asarray(lengths).astype(jnp.int32)
+
+
+def _check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> jax.Array:
+    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``) as int32."""
     valid_lens = _as_array_like(valid_lens)
     shape, dtype = jnp.shape(valid_lens), jnp.result_type(valid_lens)
     if not _is_integer_dtype(dtype):
         raise ValueError(f"valid_lens must hold integers, got dtype {dtype} with shape {shape}")
+    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
+                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
+    if batch is None and len(shape) in (1, 2):
+        batch = shape[0]
     if shape not in ((batch,), (batch, num_queries)):
-        raise ValueError(
-            f"valid_lens must have shape (B,) = ({batch},) or (B, T) = ({batch}, {num_queries}), "
-            f"got {shape}"
-        )
-    values = _concrete(valid_lens)
-    if values is not None and values.size and (values.min() < 0 or values.max() > num_keys):
-        raise ValueError(
-            f"valid_lens must lie in [0, S] = [0, {num_keys}], got values from "
-            f"{values.min()} to {values.max()} (shape {shape})"
-        )
+        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
+    _check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
     # One index dtype whatever the caller passed, so comparisons never promote (x64 on or off).
     return jnp.asarray(valid_lens).astype(jnp.int32)
 
@@ -85,7 +153,15 @@ def masked_fill_value(dtype) -> jax.Array:
     It only has to lose every ``max`` against a real score; masked entries are zeroed with
     ``where`` afterwards, so it never turns into a weight (unlike the book's ``-1e6``, which is
     ``-inf`` in float16 and a real, uniform weight in a fully masked row).
+
+    Raises ``TypeError`` for a dtype that is not a real float.
     """
+    try:
+        is_float = jnp.issubdtype(dtype, jnp.floating)
+    except TypeError:
+        is_float = False
+    if not is_float:
+        raise TypeError(f"dtype must be a real float dtype (the scores' dtype), got {dtype!r}")
     return jnp.asarray(jnp.finfo(dtype).min, dtype=dtype)
 
 
@@ -96,7 +172,9 @@ def sequence_mask(X, valid_len, value=0):
 
     Args:
       X: array of shape ``(..., S)``, for example ``(B, S)`` as in the book.
-      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``.
+      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``, with
+        values in ``[0, S]`` (checked when concrete; traced values act as if clipped to
+        ``[0, S]``, see the module docstring).
       value: the fill value (cast to ``X``'s dtype).
 
     Returns:
@@ -117,6 +195,7 @@ def sequence_mask(X, valid_len, value=0):
         raise ValueError(
             f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {lens_shape}"
         ) from None
+    _check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     lens = jnp.asarray(valid_len).astype(jnp.int32)
     lens = jnp.broadcast_to(lens, X.shape[:-1])
     keep = _key_positions(X.shape[-1], X.ndim) < lens[..., None]
@@ -134,10 +213,15 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
 
     Returns:
       ``None`` when ``valid_lens`` is ``None``, else a boolean array of shape ``(B, T, S)``.
+
+    Raises ``ValueError`` for lengths of the wrong dtype or shape, or (when concrete) outside
+    ``[0, S]``, and for sizes that are not integers ``>= 0``.
     """
+    num_queries = _check_count("num_queries", num_queries)
+    num_keys = _check_count("num_keys", num_keys)
     if valid_lens is None:
         return None
-    lens = jnp.asarray(valid_lens).astype(jnp.int32)
+    lens = _check_valid_lens(valid_lens, None, num_queries, num_keys)
     if lens.ndim == 1:
         lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], num_queries))
     return _key_positions(num_keys, lens.ndim + 1) < lens[..., None]
@@ -151,26 +235,48 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     when ``T`` new queries attend a cache holding ``S`` keys.
 
     Args:
-      num_queries: ``T``.
-      num_keys: ``S``; defaults to ``T``.
-      offset: position of query 0 relative to key 0 (an int, or a traced int under jit).
+      num_queries: ``T >= 0``.
+      num_keys: ``S >= 0``; defaults to ``T``.
+      offset: position of query 0 relative to key 0 (an integer scalar, may be traced under jit).
 
     Returns:
       A boolean array of shape ``(T, S)``.
     """
-    num_keys = num_queries if num_keys is None else num_keys
-    rows = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset, jnp.int32)
+    num_queries = _check_count("num_queries", num_queries)
+    num_keys = num_queries if num_keys is None else _check_count("num_keys", num_keys)
+    offset = _as_array_like(offset)
+    if jnp.shape(offset) != () or not _is_integer_dtype(jnp.result_type(offset)):
+        raise TypeError(f"offset must be an integer scalar, got dtype {jnp.result_type(offset)} "
+                        f"with shape {jnp.shape(offset)}")
+    rows = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset).astype(jnp.int32)
     return jnp.arange(num_keys, dtype=jnp.int32)[None, :] <= rows
 
 
 def combine_masks(*masks):
-    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are."""
-    masks = [jnp.asarray(m) for m in masks if m is not None]
-    if not masks:
+    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are.
+
+    Masks of fewer axes are aligned to the right (NumPy broadcasting), explicitly, so that strict
+    rank promotion holds. Raises ``TypeError`` for a non-boolean mask and ``ValueError`` for
+    shapes that do not broadcast together, naming ``masks[i]`` (the position among the arguments).
+    """
+    given = [(i, _as_array_like(m)) for i, m in enumerate(masks) if m is not None]
+    if not given:
         return None
-    combined = masks[0]
-    for m in masks[1:]:
-        combined = jnp.logical_and(combined, m)
+    for i, m in given:
+        if jnp.result_type(m) != jnp.bool_:
+            raise TypeError(f"masks[{i}] must be boolean (True = attend), got dtype "
+                            f"{jnp.result_type(m)} with shape {jnp.shape(m)}")
+    shapes = [jnp.shape(m) for _, m in given]
+    try:
+        shape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        got = ", ".join(f"masks[{i}] {s}" for (i, _), s in zip(given, shapes))
+        raise ValueError(f"masks must broadcast together, got shapes {got}") from None
+    combined = None
+    for _, m in given:
+        m = jnp.asarray(m)
+        m = m.reshape((1,) * (len(shape) - m.ndim) + m.shape)
+        combined = m if combined is None else jnp.logical_and(combined, m)
     return combined
 
 
@@ -204,7 +310,7 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
     """
     shape = tuple(shape)
     if len(shape) < 2:
-        raise ValueError(f"attention scores must have shape (..., T, S), got {shape}")
+        raise ValueError(f"shape (of the attention scores) must be (..., T, S), got {shape}")
     T, S = shape[-2], shape[-1]
     parts = []
     if valid_lens is not None:
@@ -239,12 +345,25 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
       mask: boolean, broadcastable to ``X.shape``; True = attend.
 
     Returns:
-      Weights of ``X``'s shape and dtype: each row sums to 1, or to 0 when fully masked.
+      Weights of ``X``'s shape and dtype: each row sums to 1, or to 0 when fully masked (with
+      ``S = 0`` every row is, and the weights are empty).
+
+    Raises:
+      ValueError: ``X`` with fewer than two axes; lengths or a mask of the wrong shape; lengths
+        of a non-integer dtype or (when concrete) outside ``[0, S]``.
+      TypeError: ``X`` that is not real numbers (bool, complex); a non-boolean mask.
     """
-    X = jnp.asarray(X)
+    X = jnp.asarray(_as_array_like(X))
+    if X.ndim < 2:
+        raise ValueError(f"X must have shape (..., T, S), e.g. (B, T, S), got {X.shape}")
+    if not (jnp.issubdtype(X.dtype, jnp.floating) or _is_integer_dtype(X.dtype)):
+        raise TypeError(f"X must hold real numbers (scores), got dtype {X.dtype} with shape {X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):
         X = X.astype(jnp.result_type(float))
     keep = attention_mask(X.shape, valid_lens, mask=mask)
+    if X.shape[-1] == 0:
+        # No key at all: every row is fully masked, and its (empty) weights need no softmax.
+        return jnp.zeros(X.shape, X.dtype)
     compute_dtype = jnp.float32 if jnp.finfo(X.dtype).bits < 32 else X.dtype
     logits = X.astype(compute_dtype)
     if keep is None:

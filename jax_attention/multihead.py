@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import attention_mask
+from jax_attention.masking import _check_dropout, _check_size, attention_mask
 from jax_attention.scoring import DotProductAttention, dot_product_attention
 from jax_attention.scoring import _check_inputs as _check_scoring_inputs
 
@@ -40,13 +40,15 @@ __all__ = [
 PROJECT = "bti,io->bto"
 
 
-def _check_num_heads(num_hiddens: int | None, num_heads) -> None:
+def _check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
+    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
+    width comes from) is added to the message."""
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
     if num_hiddens is not None and num_hiddens % num_heads:
         raise ValueError(
             f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
-            f"num_heads={num_heads}"
+            f"num_heads={num_heads}" + (f" ({context})" if context else "")
         )
 
 
@@ -55,7 +57,7 @@ def split_heads(X, num_heads: int):
     X = jnp.asarray(X)
     if X.ndim != 3:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
-    _check_num_heads(X.shape[-1], num_heads)
+    _check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
     B, T, D = X.shape
     return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
@@ -84,14 +86,17 @@ def transpose_output(X, num_heads: int):
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
 
 
-def _param(params, name, shape):
+def _param(params, name, shape, context=""):
     array = jnp.asarray(params[name])
     if array.shape != shape:
-        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}")
+        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}{context}")
     return array
 
 
 def _check_params(params, queries, keys, values):
+    if not hasattr(params, "keys"):
+        raise ValueError(f"params must be a mapping with 'W_q', 'W_k', 'W_v' and 'W_o', got "
+                         f"{type(params).__name__}")
     missing = [name for name in ("W_q", "W_k", "W_v", "W_o") if name not in params]
     if missing:
         raise ValueError(f"params must hold 'W_q', 'W_k', 'W_v' and 'W_o', missing {missing}")
@@ -100,7 +105,9 @@ def _check_params(params, queries, keys, values):
     shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D),
               "W_v": (values.shape[-1], D), "W_o": (D, E),
               "b_q": (D,), "b_k": (D,), "b_v": (D,), "b_o": (E,)}
-    return {name: _param(params, name, shape).astype(queries.dtype)
+    context = (f" (q, k, v from queries {queries.shape}, keys {keys.shape}, values {values.shape}; "
+               f"D = {D} from params['W_q'], E = {E} from params['W_o'])")
+    return {name: _param(params, name, shape, context).astype(queries.dtype)
             for name, shape in shapes.items() if name in params}
 
 
@@ -162,7 +169,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
     """
     queries, keys, values = _check_inputs(queries, keys, values)
     params = _check_params(params, queries, keys, values)
-    _check_num_heads(params["W_q"].shape[-1], num_heads)
+    _check_num_heads(params["W_q"].shape[-1], num_heads,
+                     f"D from params['W_q'] of shape {params['W_q'].shape}")
     return tuple(
         split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
         for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
@@ -171,6 +179,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
 
 def combine_heads(params, heads):
     """Merge the heads ``(B, N, T, H)`` and apply the output projection: ``(B, T, E)``."""
+    if jnp.ndim(heads) != 4:
+        raise ValueError(f"heads must have shape (B, N, T, H), got {jnp.shape(heads)}")
     merged = merge_heads(heads)
     W_o = _param(params, "W_o", (merged.shape[-1], jnp.shape(params["W_o"])[-1])).astype(merged.dtype)
     out = jnp.einsum(PROJECT, merged, W_o)
@@ -255,11 +265,13 @@ class MultiHeadAttention(nnx.Module):
                  query_size: int | None = None, key_size: int | None = None,
                  value_size: int | None = None, sow_weights: bool = False,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
-        _check_num_heads(num_hiddens, num_heads)
+        _check_num_heads(_check_size("num_hiddens", num_hiddens), num_heads)
+        dropout = _check_dropout(dropout)
         self.num_heads = num_heads
         init = nnx.initializers.xavier_uniform()
-        sizes = {"q": query_size or num_hiddens, "k": key_size or num_hiddens,
-                 "v": value_size or num_hiddens}
+        sizes = {"q": num_hiddens if query_size is None else _check_size("query_size", query_size),
+                 "k": num_hiddens if key_size is None else _check_size("key_size", key_size),
+                 "v": num_hiddens if value_size is None else _check_size("value_size", value_size)}
         self.W_q, self.W_k, self.W_v = (
             nnx.Param(init(rngs.params(), (sizes[name], num_hiddens), param_dtype)) for name in "qkv"
         )
@@ -279,6 +291,13 @@ class MultiHeadAttention(nnx.Module):
                  bias=None, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """Returns the output ``(B, T, D)``; see :func:`multi_head_attention` for the arguments."""
         params = self.params_dict()
+        for name, X, W, size_name in (("queries", queries, "W_q", "query_size"),
+                                      ("keys", keys, "W_k", "key_size"),
+                                      ("values", values, "W_v", "value_size")):
+            size, letter = params[W].shape[0], name[0]
+            if jnp.ndim(X) != 3 or jnp.shape(X)[-1] != size:
+                raise ValueError(f"{name} must have shape (B, len, {letter}) with {letter} = {size} "
+                                 f"(the module's {size_name}), got {jnp.shape(X)}")
         mask, bias = _per_head("mask", mask), _per_head("bias", bias)
         keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
                                                    self.num_heads)

@@ -36,7 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import _as_array_like, _concrete, _is_integer_dtype
+from jax_attention.masking import (
+    _as_array_like,
+    _check_dropout,
+    _check_values_in,
+    _clip_values,
+    _is_integer_dtype,
+)
 
 __all__ = [
     "positional_encoding",
@@ -306,15 +312,15 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
     keys in the past, positive ones keys in the future.
 
     Args:
-      num_queries: ``T >= 1``.
-      num_keys: ``S >= 1``.
+      num_queries: ``T >= 0``.
+      num_keys: ``S >= 0`` (an empty sequence gives an empty matrix).
       offset: position of query 0 relative to key 0 (an int, or a traced int under jit).
 
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = _check_int("num_queries", num_queries, 1)
-    num_keys = _check_int("num_keys", num_keys, 1)
+    num_queries = _check_int("num_queries", num_queries, 0)
+    num_keys = _check_int("num_keys", num_keys, 0)
     offset = _as_array_like(offset)
     if jnp.shape(offset) != () or not _is_integer_dtype(jnp.result_type(offset)):
         raise TypeError(
@@ -436,8 +442,9 @@ def relative_position_bias(table, indices):
     """Per-head attention bias from a table of learned scalars: ``table[indices]``, heads first.
 
     Added to the attention scores ``(B, N, T, S)`` before the softmax (T5 adds it in place of any
-    absolute encoding). Indices are range-checked whenever they are concrete; traced indices
-    outside the table would be clamped by the gather, as JAX does.
+    absolute encoding). Indices are range-checked whenever they are concrete (``ValueError``);
+    traced indices outside the table are clipped to ``[0, num_buckets - 1]`` — the package's rule
+    (:mod:`jax_attention.masking`), so that ``-1`` never wraps around to the last row.
 
     Args:
       table: ``(num_buckets, N)``, one scalar per bucket and head.
@@ -456,13 +463,10 @@ def relative_position_bias(table, indices):
         raise ValueError(f"indices must have shape (T, S), got {shape}")
     if not _is_integer_dtype(dtype):
         raise TypeError(f"indices must hold integers, got dtype {dtype} with shape {shape}")
-    values = _concrete(indices)
-    if values is not None and values.size and (values.min() < 0 or values.max() >= table.shape[0]):
-        raise ValueError(
-            f"indices must lie in [0, num_buckets) = [0, {table.shape[0]}) for table of shape "
-            f"{table.shape}, got values from {values.min()} to {values.max()}"
-        )
-    return jnp.einsum(BIAS_HEADS_FIRST, table[jnp.asarray(indices)])[None]
+    rows = table.shape[0]
+    _check_values_in("indices", indices, 0, rows - 1,
+                     f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
+    return jnp.einsum(BIAS_HEADS_FIRST, table[_clip_values(indices, 0, rows - 1)])[None]
 
 
 # --------------------------------------------------------------------------- NNX modules
@@ -497,7 +501,9 @@ class PositionalEncoding(nnx.Module):
     def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000, *, base: float = 10000.0,
                  dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         self.P = Constant(positional_encoding(max_len, num_hiddens, base, dtype=dtype))
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        dropout = _check_dropout(dropout)
+        # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
 
     def __call__(self, X, *, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """``X (B, T, D)`` with ``T <= max_len`` → ``(B, T, D)``."""
@@ -525,7 +531,9 @@ class LearnedPositionalEmbedding(nnx.Module):
         num_hiddens = _check_int("num_hiddens", num_hiddens, 1)
         init = nnx.initializers.normal(stddev=0.02)
         self.table = nnx.Param(init(rngs.params(), (max_len, num_hiddens), param_dtype))
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        dropout = _check_dropout(dropout)
+        # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
 
     def __call__(self, X, *, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """``X (B, T, D)`` with ``T <= max_len`` → ``(B, T, D)``."""

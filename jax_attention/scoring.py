@@ -9,8 +9,10 @@ Masking follows :mod:`jax_attention.masking`: ``valid_lens`` (``(B,)`` or ``(B, 
 zero output, with finite gradients.
 
 Precision: queries, keys and values must share one float dtype, which is the dtype of the
-computation and of the results (float16/bfloat16 weights are normalised in float32). Additive
-attention casts its parameters to that dtype.
+computation and of the results; float16/bfloat16 scores are accumulated in float32 and normalised
+there (so that ``q . k`` beyond float16's 65504 stays finite and large logits keep their
+differences), and only the weights are rounded to the inputs' dtype. Additive attention casts its
+parameters to that dtype.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import attention_mask, masked_softmax
+from jax_attention.masking import (
+    _as_array_like,
+    _check_dropout,
+    _check_size,
+    _is_integer_dtype,
+    attention_mask,
+    masked_softmax,
+)
 
 __all__ = [
     "dot_product_attention_weights",
@@ -62,6 +71,12 @@ def _check_inputs(queries, keys, values=None, *, same_depth: bool):
         raise ValueError(
             f"queries and keys must have the same size for dot-product scores, got queries "
             f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
+        )
+    if same_depth and q.shape[-1] == 0:
+        # The scores would be 0 / sqrt(0): NaN weights rather than an error.
+        raise ValueError(
+            f"queries and keys must have a size d >= 1 for scaled dot-product scores, got queries "
+            f"{q.shape} and keys {k.shape}"
         )
     if values is not None:
         v = arrays["values"]
@@ -108,7 +123,11 @@ def _add_bias(scores, bias):
     """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)``."""
     if bias is None:
         return scores
-    bias = jnp.asarray(bias)
+    bias = jnp.asarray(_as_array_like(bias))
+    if not (jnp.issubdtype(bias.dtype, jnp.floating) or _is_integer_dtype(bias.dtype)):
+        # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
+        raise TypeError(f"bias must hold real numbers added to the scores (a boolean mask goes in "
+                        f"mask=), got dtype {bias.dtype} with shape {bias.shape}")
     try:
         if np.broadcast_shapes(bias.shape, scores.shape) != scores.shape:
             raise ValueError
@@ -121,9 +140,23 @@ def _add_bias(scores, bias):
     return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
 
 
+def _half_scores_dtype(dtype):
+    """``float32`` for float16/bfloat16 inputs, whose scores are formed in float32; else ``None``.
+
+    A float16 score overflows to Inf beyond 65504 (``q . k`` of entries of a few hundred; the
+    weights are then NaN) and is rounded to a spacing of 8 near 1e4, which moves a weight by a
+    factor up to e**4: the score products are accumulated and kept in float32, and only the
+    weights are rounded to the inputs' dtype. ``None`` (the einsum's default) leaves float32 and
+    float64 inputs on their unchanged path.
+    """
+    return jnp.float32 if jnp.finfo(dtype).bits < 32 else None
+
+
 def _dot_product_weights(queries, keys, keep, bias):
-    scores = jnp.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
-    return masked_softmax(_add_bias(scores, bias), mask=keep)
+    scores = jnp.einsum(DOT_SCORES, queries, keys,
+                        preferred_element_type=_half_scores_dtype(queries.dtype))
+    scores = scores / math.sqrt(queries.shape[-1])
+    return masked_softmax(_add_bias(scores, bias), mask=keep).astype(queries.dtype)
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
@@ -178,13 +211,15 @@ def _check_additive_params(params, queries, keys):
             f"params must be a mapping with 'W_q', 'W_k' and 'w_v', got {type(params).__name__} "
             f"with {sorted(params) if hasattr(params, 'keys') else params!r}"
         ) from None
-    h = W_q.shape[-1] if W_q.ndim == 2 else None
+    h = W_q.shape[-1] if W_q.ndim == 2 else "h"
     expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
     for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):
         if array.shape != expected[name]:
+            shape = "(" + ", ".join(str(n) for n in expected[name]) + ")"
             raise ValueError(
-                f"params[{name!r}] must have shape {expected[name]} (q = query size, k = key size, "
-                f"h = hidden size), got {array.shape}"
+                f"params[{name!r}] must have shape {shape} (q = query size, k = key size, "
+                f"h = hidden size), got {array.shape}, for queries {queries.shape} and keys "
+                f"{keys.shape}"
             )
     return (p.astype(queries.dtype) for p in (W_q, W_k, w_v))
 
@@ -193,10 +228,15 @@ def _additive_weights(params, queries, keys, keep):
     W_q, W_k, w_v = _check_additive_params(params, queries, keys)
     projected_queries = jnp.einsum(PROJECT_QUERIES, queries, W_q)
     projected_keys = jnp.einsum(PROJECT_KEYS, keys, W_k)
+    # float16/bfloat16: features and scores in float32. The features lie in [-1, 1], but their
+    # w_v-weighted sums can overflow float16, and so can the backward's dS w_v, which a saturated
+    # feature's tanh' = 0 would then turn into 0 * Inf = NaN.
+    compute = _half_scores_dtype(queries.dtype) or queries.dtype
     # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
-    features = jnp.tanh(projected_queries[..., :, None, :] + projected_keys[..., None, :, :])
-    scores = jnp.einsum(ADDITIVE_SCORES, features, w_v)[..., 0]
-    return masked_softmax(scores, mask=keep)
+    features = jnp.tanh((projected_queries[..., :, None, :]
+                         + projected_keys[..., None, :, :]).astype(compute))
+    scores = jnp.einsum(ADDITIVE_SCORES, features, w_v.astype(compute))[..., 0]
+    return masked_softmax(scores, mask=keep).astype(queries.dtype)
 
 
 def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=None, is_causal=False):
@@ -266,7 +306,9 @@ class DotProductAttention(_Attention):
     """
 
     def __init__(self, dropout: float = 0.0, *, sow_weights: bool = False, rngs: nnx.Rngs | None = None):
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        dropout = _check_dropout(dropout)
+        # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         self.sow_weights = sow_weights
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
@@ -298,11 +340,15 @@ class AdditiveAttention(_Attention):
 
     def __init__(self, query_size: int, key_size: int, num_hiddens: int, dropout: float = 0.0, *,
                  sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        query_size, key_size, num_hiddens = (_check_size(name, value) for name, value in (
+            ("query_size", query_size), ("key_size", key_size), ("num_hiddens", num_hiddens)))
+        dropout = _check_dropout(dropout)
         init = nnx.initializers.xavier_uniform()
         self.W_q = nnx.Param(init(rngs.params(), (query_size, num_hiddens), param_dtype))
         self.W_k = nnx.Param(init(rngs.params(), (key_size, num_hiddens), param_dtype))
         self.w_v = nnx.Param(init(rngs.params(), (num_hiddens, 1), param_dtype))
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
+        self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         self.sow_weights = sow_weights
 
     def params_dict(self) -> dict[str, jax.Array]:
@@ -312,6 +358,11 @@ class AdditiveAttention(_Attention):
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                  deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """Returns the output ``(B, ..., T, v)``; see :func:`additive_attention`."""
+        for name, X, W, size in (("queries", queries, self.W_q, "query_size"),
+                                 ("keys", keys, self.W_k, "key_size")):
+            if jnp.ndim(X) < 1 or jnp.shape(X)[-1] != W.shape[0]:
+                raise ValueError(f"{name} must have shape (B, ..., len, {name[0]}) with {name[0]} = "
+                                 f"{W.shape[0]} (the module's {size}), got {jnp.shape(X)}")
         keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
                                                  same_depth=False)
         weights = _additive_weights(self.params_dict(), queries, keys, keep)

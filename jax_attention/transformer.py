@@ -62,6 +62,7 @@ from jax_attention.bahdanau import (
     unflatten_params,
 )
 from jax_attention.decoding import greedy_search
+from jax_attention.masking import _check_lengths, _check_values_in, _clip_values, _is_integer_dtype
 from jax_attention.multihead import _check_num_heads, _mask_inputs, combine_heads, project_heads
 from jax_attention.positional import positional_encoding
 from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
@@ -241,17 +242,46 @@ def _dense(params, X, kernel: str, bias: str | None):
     return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
 
 
+def _check_params(params, expected: dict) -> None:
+    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
+    if not hasattr(params, "keys"):
+        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
+                         f"{type(params).__name__}")
+    missing = [name for name in expected if name not in params]
+    if missing:
+        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
+    for name, shape in expected.items():
+        got = jnp.shape(params[name])
+        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
+            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
+
+
+def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
+    """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
+    the model width ``D``."""
+    X = jnp.asarray(X)
+    rank_ok = X.ndim >= 1 if what.startswith("(...") else X.ndim == what.count(",") + 1
+    if not rank_ok or X.shape[-1] != D:
+        raise ValueError(f"{name} must have shape {what} with D = {D} (the parameters' width), "
+                         f"got {X.shape}")
+    return X
+
+
 def position_wise_ffn(params, X):
     """The position-wise feed-forward network — d2l §11.7.2: ``relu(X W_1 + b_1) W_2 + b_2``.
 
     Args:
       params: ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}``.
-      X: ``(B, T, D)``.
+      X: ``(B, T, D)`` (any leading axes ``(..., D)``).
 
     Returns:
       ``(B, T, D)``.
     """
-    X = jnp.asarray(X)
+    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
+    D, F = jnp.shape(params["W_1"])
+    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    X = _check_width("X", X, D, "(..., D)")
     return _dense(params, jax.nn.relu(_dense(params, X, "W_1", "b_1")), "W_2", "b_2")
 
 
@@ -259,9 +289,15 @@ def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
     """Layer normalisation over the last axis (``nn.LayerNorm(D)``, biased variance, eps ``1e-5``).
 
     Args:
-      params: ``{"gamma": (D,), "beta": (D,)}``. X: ``(..., D)``.
+      params: ``{"gamma": (D,), "beta": (D,)}``. X: ``(..., D)`` with ``D >= 1``.
     """
-    X = jnp.asarray(X)
+    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
+    D = jnp.shape(params["gamma"])[0]
+    _check_params(params, {"beta": (D,)})
+    X = _check_width("X", X, D, "(..., D)")
+    if D == 0:
+        # The mean and variance of no feature are 0 / 0.
+        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
     mean = jnp.mean(X, axis=-1, keepdims=True)
     variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
     shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
@@ -274,17 +310,23 @@ def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
     """Residual connection and layer normalisation — d2l §11.7.3: ``LayerNorm(dropout(Y) + X)``.
 
     Args:
-      params: ``{"gamma", "beta"}``. X: the residual ``(B, T, D)``. Y: the sublayer's output.
+      params: ``{"gamma", "beta"}``. X: the residual ``(B, T, D)``. Y: the sublayer's output,
+        of ``X``'s shape.
       dropout, dropout_rng: the rate and a key (``None``: no dropout).
     """
-    return layer_norm(params, _dropout(jnp.asarray(Y), dropout, dropout_rng) + jnp.asarray(X))
+    X, Y = jnp.asarray(X), jnp.asarray(Y)
+    if X.shape != Y.shape:
+        raise ValueError(f"X (the residual) and Y (the sublayer's output) must have the same "
+                         f"shape, got X {X.shape} and Y {Y.shape}")
+    return layer_norm(params, _dropout(Y, _check_dropout(dropout), dropout_rng) + X)
 
 
 def _project_one(params, X, name: str, num_heads: int):
     """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)``."""
     B, T, _ = X.shape
     out = jnp.einsum(DENSE, X, jnp.asarray(params[name]).astype(X.dtype))
-    return out.reshape(B, T, num_heads, -1).transpose(0, 2, 1, 3)
+    # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
+    return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
 
 
 def _attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
@@ -311,6 +353,11 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     Returns:
       ``(output (B, T, D), weights (B, N, T, S))``; the weights are those before dropout.
     """
+    D = jnp.shape(params["W_q"])[0] if "W_q" in params else None
+    if D is not None:
+        queries = _check_width("queries", queries, D)
+        keys_values = _check_width("keys_values", keys_values, D, "(B, S, D)")
+    _check_dropout(dropout)
     keep, queries, keys, values = _mask_inputs(queries, keys_values, keys_values, valid_lens,
                                                None, is_causal, num_heads)
     heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
@@ -332,7 +379,7 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 
     Returns:
       ``(output (B, S, D), weights (B, N, S, S))``.
     """
-    X = jnp.asarray(X)
+    X = _check_width("X", X, jnp.shape(params["attention"]["W_q"])[0], "(B, S, D)")
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads,
                                   dropout=dropout, dropout_rng=_rng(dropout_rng, 0))
     Y = add_norm(params["addnorm_1"], X, attended, dropout=dropout,
@@ -351,10 +398,13 @@ def _num_blocks(blocks) -> int:
     return len(names)
 
 
-def _check_positions(name: str, length: int, max_positions: int) -> None:
+def _check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
+    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
+    max_positions = _check_size("max_positions", max_positions)
     if length > max_positions:
+        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
         raise ValueError(f"{name} has {length} positions, more than the positional table's "
-                         f"max_positions = {max_positions}")
+                         f"max_positions = {max_positions}{of_shape}")
 
 
 def _embed(params, tokens, offset_positions, max_positions: int, dtype):
@@ -379,7 +429,9 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
 
     Args:
       params: ``{"embedding": (V_src, D), "blocks": {...}}``.
-      src: ``(B, S)`` token ids; under ``jit`` out-of-range ids cannot be checked (JAX clamps).
+      src: ``(B, S)`` token ids in ``[0, V_src)``: checked when concrete; under ``jit`` they
+        cannot be, and ids outside are clipped to ``[0, V_src - 1]`` (see
+        :mod:`jax_attention.masking`). The same holds for ``dec_input`` and ``tokens`` below.
       src_valid_len: ``(B,)`` in ``[0, S]``, or ``None``.
       num_heads, max_positions, dropout, dropout_rng: see the module docstring.
 
@@ -389,7 +441,7 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
     dropout = _check_dropout(dropout)
     embedding_rows = jnp.shape(params["embedding"])[0]
     src = _check_tokens("src", src, embedding_rows, ndim=2)
-    _check_positions("src", src.shape[1], max_positions)
+    _check_positions("src", src.shape[1], max_positions, src.shape)
     X = _embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
     X = _dropout(X, dropout, _rng(dropout_rng, 0))
     all_weights = []
@@ -416,7 +468,12 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int, drop
     Returns:
       ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
-    X = jnp.asarray(X)
+    D = jnp.shape(params["self_attention"]["W_q"])[0]
+    X = _check_width("X", X, D)
+    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    if enc_outputs.shape[0] != X.shape[0]:
+        raise ValueError(f"X (B, T, D) and enc_outputs (B, S, D) must have the same batch B, got "
+                         f"X {X.shape} and enc_outputs {enc_outputs.shape}")
     attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
                                        is_causal=True, dropout=dropout,
                                        dropout_rng=_rng(dropout_rng, 0))
@@ -447,8 +504,12 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
     dropout = _check_dropout(dropout)
     embedding_rows = jnp.shape(params["embedding"])[0]
     dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
-    _check_positions("dec_input", dec_input.shape[1], max_positions)
-    enc_outputs = jnp.asarray(enc_outputs)
+    _check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
+    D = jnp.shape(params["embedding"])[1]
+    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    if enc_outputs.shape[0] != dec_input.shape[0]:
+        raise ValueError(f"dec_input (B, T) and enc_outputs (B, S, D) must have the same batch B, "
+                         f"got dec_input {dec_input.shape} and enc_outputs {enc_outputs.shape}")
     X = _embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
                enc_outputs.dtype)
     X = _dropout(X, dropout, _rng(dropout_rng, 0))
@@ -478,6 +539,12 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       ``(logits (B, T, V), weights)`` with ``weights = {"encoder_self": (L, B, N, S, S),
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
+    # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    dec_input = _check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
+                              ndim=2)
+    if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
+        raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
+                         f"{jnp.shape(src)} and dec_input {dec_input.shape}")
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
         encoder_rng, decoder_rng = jax.random.split(dropout_rng)
@@ -493,7 +560,13 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS, dropout: float = 0.0,
                          dropout_rng=None):
-    """Per-sequence training loss ``(B,)`` with teacher forcing (the book's ``MaskedSoftmaxCELoss``)."""
+    """Per-sequence training loss ``(B,)`` with teacher forcing (the book's ``MaskedSoftmaxCELoss``).
+
+    ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
+    package's rule for values (checked when concrete, clipped when traced).
+    """
+    tgt = _check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                             num_heads=num_heads, max_positions=max_positions, dropout=dropout,
                             dropout_rng=dropout_rng)
@@ -517,12 +590,15 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
     * ``src_valid_len (B,) int32``.
 
     Args:
-      params: the decoder's dict. enc_outputs: ``(B, S, D)``. src_valid_len: ``(B,)``.
+      params: the decoder's dict. enc_outputs: ``(B, S, D)``.
+      src_valid_len: ``(B,)`` integers in ``[0, S]`` (checked when concrete; act as clipped when
+        traced), or ``None`` for ``S``.
       num_heads: ``N``. max_len: ``M``, the number of steps the cache holds.
     """
-    enc_outputs = jnp.asarray(enc_outputs)
+    enc_outputs = _check_width("enc_outputs", enc_outputs, jnp.shape(params["embedding"])[1],
+                               "(B, S, D)")
     B, S, D = enc_outputs.shape
-    _check_num_heads(D, num_heads)
+    _check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
     max_len = _check_size("max_len", max_len)
     L = _num_blocks(params["blocks"])
     H = D // num_heads
@@ -533,13 +609,47 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
                              axis=1)
     if src_valid_len is None:
         src_valid_len = jnp.full((B,), S, jnp.int32)
-    src_valid_len = jnp.asarray(src_valid_len)
-    if src_valid_len.shape != (B,):
-        raise ValueError(f"src_valid_len must have shape (B,) = {(B,)}, got {src_valid_len.shape}")
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, B, S, "S")
     zeros = jnp.zeros((B, L, num_heads, max_len, H), enc_outputs.dtype)
     return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": zeros,
             "cross_keys": cross_keys, "cross_values": cross_values,
             "src_valid_len": src_valid_len.astype(jnp.int32)}
+
+
+_STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N, M, H)",
+                 "self_values": "(B, L, N, M, H)", "cross_keys": "(B, L, N, S, H)",
+                 "cross_values": "(B, L, N, S, H)", "src_valid_len": "(B,)"}
+
+
+def _check_decoder_state(state, L: int, N: int, H: int):
+    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads of size ``H``;
+    returns ``(B, M, S)``."""
+    if not hasattr(state, "keys") or set(state) != set(_STATE_SHAPES):
+        raise ValueError(f"state must be the dict of init_decoder_state with keys "
+                         f"{sorted(_STATE_SHAPES)}, got "
+                         f"{sorted(state) if hasattr(state, 'keys') else type(state).__name__}")
+    shapes = {name: jnp.shape(value) for name, value in state.items()}
+    B = shapes["position"][0] if len(shapes["position"]) == 1 else None
+    self_shape = shapes["self_keys"]
+    M = self_shape[3] if len(self_shape) == 5 else None
+    cross_shape = shapes["cross_keys"]
+    S = cross_shape[3] if len(cross_shape) == 5 else None
+    expected = {"position": (B,), "self_keys": (B, L, N, M, H), "self_values": (B, L, N, M, H),
+                "cross_keys": (B, L, N, S, H), "cross_values": (B, L, N, S, H),
+                "src_valid_len": (B,)}
+    for name, shape in expected.items():
+        if None in shape or shapes[name] != shape:
+            letters = _STATE_SHAPES[name]
+            raise ValueError(
+                f"state[{name!r}] must have shape {letters} with L = {L} blocks, N = {N} heads "
+                f"(num_heads) and H = {H}, got {shapes[name]} (state['position'] "
+                f"{shapes['position']}, state['self_keys'] {self_shape}, state['cross_keys'] "
+                f"{cross_shape})")
+    for name in ("position", "src_valid_len"):
+        if not _is_integer_dtype(jnp.result_type(state[name])):
+            raise ValueError(f"state[{name!r}] must hold integers, got dtype "
+                             f"{jnp.result_type(state[name])} with shape {shapes[name]}")
+    return B, M, S
 
 
 def _write_cache(cache, new, position):
@@ -562,6 +672,11 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
     one token at a time through ``PositionalEncoding``, which adds ``P[0]`` to every new token —
     a known bug that we do not reproduce.)
 
+    Values follow the package's rule (:mod:`jax_attention.masking`): ``tokens`` outside
+    ``[0, V)`` and positions outside ``[0, M)`` (a step past the cache) raise ``ValueError`` when
+    concrete; traced ones are clipped — tokens to ``[0, V - 1]``, positions to ``[0, M - 1]``
+    (a step past the cache overwrites its last slot instead of writing nowhere).
+
     Args:
       params: the decoder's dict. state: see :func:`init_decoder_state`. tokens: ``(B,)`` ids.
 
@@ -569,12 +684,16 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
       ``(logits (B, V), state, weights)`` with ``weights = {"decoder_self": (L, B, N, M),
       "encoder_decoder": (L, B, N, S)}`` of this step (slots past ``position`` have weight 0).
     """
-    embedding_rows = jnp.shape(params["embedding"])[0]
-    tokens = _check_tokens("tokens", tokens, embedding_rows, ndim=1)
-    position = state["position"]
-    M = state["self_keys"].shape[3]
-    S = state["cross_keys"].shape[3]
-    _check_positions("the key/value cache", M, max_positions)
+    embedding_rows, D = jnp.shape(params["embedding"])
+    _check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
+    L = _num_blocks(params["blocks"])
+    B, M, S = _check_decoder_state(state, L, num_heads, D // num_heads)
+    tokens = _check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
+    _check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
+                     jnp.shape(state["self_keys"]))
+    _check_values_in("state['position']", state["position"], 0, M - 1,
+                     f"[0, M) = [0, {M}) (the cache's steps)")
+    position = _clip_values(state["position"], 0, M - 1)
     dtype = state["self_keys"].dtype
     X = _embed(params, tokens, position, max_positions, dtype)[:, None, :]  # (B, 1, D)
     self_keep = (jnp.arange(M, dtype=jnp.int32).reshape(1, M) <= position.reshape(-1, 1))
@@ -653,9 +772,10 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       are the last block's encoder–decoder weights averaged over the heads.
     """
     src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions)
+    _check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
     max_len = _check_max_len(max_len, max_positions)
-    return _greedy_decode(params, src, jnp.asarray(src_valid_len), num_heads=num_heads,
+    return _greedy_decode(params, src, src_valid_len, num_heads=num_heads,
                           bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                           max_positions=max_positions)
 
@@ -686,9 +806,10 @@ def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, b
     if not hasattr(decoding, "beam_search"):
         raise NotImplementedError("jax_attention.decoding.beam_search is not available yet")
     src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions)
+    _check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
     max_len = _check_max_len(max_len, max_positions)
-    return _beam_decode(params, src, jnp.asarray(src_valid_len), num_heads=num_heads,
+    return _beam_decode(params, src, src_valid_len, num_heads=num_heads,
                         beam_size=_check_size("beam_size", beam_size), bos_id=bos_id,
                         eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                         max_positions=max_positions, length_penalty=float(length_penalty))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_numpy.masking import masked_softmax
+from reference_numpy.masking import _is_integer_dtype, masked_softmax
 
 __all__ = ["leave_one_out", "average_pooling", "nadaraya_watson_weights", "nadaraya_watson"]
 
@@ -42,6 +42,9 @@ def leave_one_out(x):
 def _per_query(queries, keys, values):
     """Checks shapes; returns keys ``(..., Q, K)`` and values ``(..., Q, K[, v])`` per query."""
     queries, keys, values = (np.asarray(a) for a in (queries, keys, values))
+    for name, a in (("queries", queries), ("keys", keys), ("values", values)):
+        if not (np.issubdtype(a.dtype, np.floating) or _is_integer_dtype(a.dtype)):
+            raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype} with shape {a.shape}")
     if queries.ndim < 1:
         raise ValueError(f"queries must have shape (..., Q), got {queries.shape}")
     if keys.ndim == queries.ndim and keys.shape[:-1] == queries.shape[:-1]:
@@ -66,6 +69,20 @@ def _per_query(queries, keys, values):
     return queries, keys, values
 
 
+def _check_width(w, shape):
+    """The kernel's inverse width ``w``, broadcastable to the distances ``(..., Q, K)``."""
+    w = np.asarray(w)
+    if not (np.issubdtype(w.dtype, np.floating) or _is_integer_dtype(w.dtype)):
+        raise TypeError(f"w must hold real numbers, got dtype {w.dtype} with shape {w.shape}")
+    try:
+        if np.broadcast_shapes(w.shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"w must be a scalar or broadcast to the distances (..., Q, K) = "
+                         f"{tuple(shape)}, got shape {w.shape}") from None
+    return w
+
+
 def _pool(weights, values):
     return np.einsum(POOL_SCALARS if values.ndim == weights.ndim else POOL_VECTORS, weights, values)
 
@@ -79,11 +96,13 @@ def average_pooling(queries, keys, values):
       values: the keys' shape, optionally with a trailing ``v``.
 
     Returns:
-      ``(prediction (..., Q[, v]), weights (..., Q, K))`` with every weight ``1 / K``.
+      ``(prediction (..., Q[, v]), weights (..., Q, K))`` with every weight ``1 / K``; with no key
+      (``K = 0``) the prediction is zero, as for a fully masked row.
     """
     queries, keys, values = _per_query(queries, keys, values)
     dtype = np.result_type(queries.dtype, keys.dtype, values.dtype, np.float64)
-    weights = np.full(keys.shape, 1.0 / keys.shape[-1], dtype=dtype)
+    # No key (K = 0): nothing to average, the zero output of a fully masked row.
+    weights = np.full(keys.shape, 1.0 / max(keys.shape[-1], 1), dtype=dtype)
     return _pool(weights, values), weights
 
 
@@ -102,9 +121,16 @@ def nadaraya_watson_weights(queries, keys, w=1.0):
       Weights ``(..., Q, K)``; each row sums to 1.
     """
     queries, keys, _ = _per_query(queries, keys, keys)
-    w = np.asarray(w)
+    w = _check_width(w, keys.shape)
+    dtype = np.result_type(queries, keys, w)
+    # float16 (as the JAX twin): the logits are formed in float32, since a float16 squared
+    # distance overflows beyond 256; only the weights are rounded back.
+    half = np.issubdtype(dtype, np.floating) and np.finfo(dtype).bits < 32
+    if half:
+        queries, keys, w = (a.astype(np.float32) for a in (queries, keys, w))
     distances = (queries[..., None] - keys) * w.reshape((1,) * (keys.ndim - w.ndim) + w.shape)
-    return masked_softmax(-(distances**2) / 2)
+    weights = masked_softmax(-(distances**2) / 2)
+    return weights.astype(dtype) if half else weights
 
 
 def nadaraya_watson(queries, keys, values, w=1.0):
@@ -117,7 +143,13 @@ def nadaraya_watson(queries, keys, values, w=1.0):
       w: inverse kernel width (see :func:`nadaraya_watson_weights`).
 
     Returns:
-      ``(prediction (..., Q[, v]), weights (..., Q, K))``.
+      ``(prediction (..., Q[, v]), weights (..., Q, K))``; with no key (``K = 0``) the prediction
+      is zero, as for a fully masked row.
+
+    Raises:
+      ValueError: keys or values of a shape that does not match the queries', or ``w`` that does
+        not broadcast to ``(..., Q, K)``.
+      TypeError: inputs that are not real numbers.
     """
     queries, keys, values = _per_query(queries, keys, values)
     weights = nadaraya_watson_weights(queries, keys, w)

@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import numbers
+
+from reference_numpy.masking import _check_lengths, _check_values_in, _is_integer_dtype
 from reference_numpy.scoring import WEIGHTED_SUM, additive_attention_weights
 
 __all__ = [
@@ -153,20 +156,44 @@ def gru(params, inputs, state=None):
             h = gru_cell(params[f"layer_{layer}"], layer_inputs[:, t], h)
             outputs.append(h)
         final.append(h)
-        layer_inputs = np.stack(outputs, axis=1) if outputs else np.zeros((B, 0, num_hiddens))
+        layer_inputs = (np.stack(outputs, axis=1) if outputs else
+                        np.zeros((B, 0, num_hiddens), np.result_type(inputs, state)))
     return layer_inputs, np.stack(final)
 
 
-def _check_tokens(name: str, tokens, vocab_size: int, ndim: int):
+def _check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
+    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)`` (``batch``, when given, fixes ``B``)."""
     tokens = np.asarray(tokens)
-    if tokens.ndim != ndim or not np.issubdtype(tokens.dtype, np.integer):
-        expected = "(B,)" if ndim == 1 else "(B, T)"
+    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
+        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
+    if (tokens.ndim != ndim or not _is_integer_dtype(tokens.dtype)
+            or (batch is not None and tokens.shape[0] != batch)):
         raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
                          f"{tokens.dtype} with shape {tokens.shape}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(f"{name} must lie in [0, V) = [0, {vocab_size}), got values from "
-                         f"{tokens.min()} to {tokens.max()}")
+    _check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
     return tokens
+
+
+def _check_id(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
+    return int(value)
+
+
+def _check_max_len(max_len) -> int:
+    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
+        raise ValueError(f"max_len must be an integer >= 1 (static), got {max_len!r}")
+    return int(max_len)
+
+
+def _check_special_ids(batch: int, vocab_size: int, **ids) -> list[int]:
+    """``bos_id``, ``eos_id``, ``pad_id``: non-negative integers below ``V`` (as the JAX search)."""
+    ids = {name: _check_id(name, value) for name, value in ids.items()}
+    for name, value in ids.items():
+        if value >= vocab_size:
+            raise ValueError(f"{name} must be a token id in [0, V) = [0, {vocab_size}) (V from the "
+                             f"decoder's logits of shape ({batch}, {vocab_size})), got {value}")
+    return list(ids.values())
 
 
 def encoder(params, src):
@@ -187,6 +214,21 @@ def encoder(params, src):
     return gru(params["gru"], embedding[src])
 
 
+def _check_decoder_state(params, state, enc_outputs):
+    """Checks ``state (L, B, h)`` against the decoder's GRU and ``enc_outputs (B, S, h)``."""
+    state, enc_outputs = np.asarray(state), np.asarray(enc_outputs)
+    L = _num_layers(params["gru"])
+    h = np.shape(params["gru"]["layer_0"]["W_h"])[0]
+    if state.ndim != 3 or state.shape[0] != L or state.shape[2] != h:
+        raise ValueError(f"state must have shape (L, B, h) = ({L}, B, {h}) for the decoder's GRU, "
+                         f"got {state.shape}")
+    B = state.shape[1]
+    if enc_outputs.ndim != 3 or enc_outputs.shape[0] != B or enc_outputs.shape[2] != h:
+        raise ValueError(f"enc_outputs must have shape (B, S, h) = ({B}, S, {h}) for state of "
+                         f"shape {state.shape}, got {enc_outputs.shape}")
+    return state, enc_outputs
+
+
 def decoder_step(params, tokens, state, enc_outputs, src_valid_len):
     """One step of the attention decoder — d2l §11.4.2 ``Seq2SeqAttentionDecoder.forward``.
 
@@ -205,8 +247,8 @@ def decoder_step(params, tokens, state, enc_outputs, src_valid_len):
       ``(logits (B, V), state (L, B, h), weights (B, S))``.
     """
     embedding = np.asarray(params["embedding"])
-    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1)
-    state, enc_outputs = np.asarray(state), np.asarray(enc_outputs)
+    state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
+    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
     query = state[-1][:, None, :]  # (B, 1, h)
     weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
     context = np.einsum(WEIGHTED_SUM, weights, enc_outputs)  # (B, 1, h)
@@ -231,11 +273,19 @@ def decoder(params, dec_input, state, enc_outputs, src_valid_len):
       src_valid_len: ``(B,)``.
 
     Returns:
-      ``(logits (B, T, V), state (L, B, h), weights (B, T, S))``.
+      ``(logits (B, T, V), state (L, B, h), weights (B, T, S))``; ``T = 0`` gives empty logits
+      and weights and the state unchanged.
     """
-    dec_input = np.asarray(dec_input)
-    if dec_input.ndim != 2:
-        raise ValueError(f"dec_input must have shape (B, T), got {dec_input.shape}")
+    state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
+    embedding = np.asarray(params["embedding"])
+    dec_input = _check_tokens("dec_input", dec_input, embedding.shape[0], ndim=2,
+                              batch=state.shape[1])
+    if dec_input.shape[1] == 0:
+        V = np.shape(params["dense"]["W"])[1]
+        B, S = enc_outputs.shape[:2]
+        # What the steps would have returned, stacked over no step.
+        return (np.zeros((B, 0, V), np.result_type(state, enc_outputs)), state,
+                np.zeros((B, 0, S), np.result_type(state, enc_outputs)))
     logits, weights = [], []
     for t in range(dec_input.shape[1]):
         step_logits, state, step_weights = decoder_step(params, dec_input[:, t], state,
@@ -255,6 +305,12 @@ def seq2seq(params, src, src_valid_len, dec_input):
     Returns:
       ``(logits (B, T, V), weights (B, T, S))``.
     """
+    # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
+                              ndim=2)
+    if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
+        raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
+                         f"{np.shape(src)} and dec_input {dec_input.shape}")
     enc_outputs, state = encoder(params["encoder"], src)
     logits, _, weights = decoder(params["decoder"], dec_input, state, enc_outputs, src_valid_len)
     return logits, weights
@@ -264,12 +320,21 @@ def teacher_forcing_inputs(tgt, bos_id: int):
     """The decoder inputs of teacher forcing: ``<bos>`` then ``tgt[:, :-1]`` (d2l ``train_seq2seq``).
 
     Args:
-      tgt: ``(B, T)`` target token ids. bos_id: the id of ``<bos>``.
+      tgt: ``(B, T)`` integer target token ids (``T = 0`` gives ``(B, 0)``).
+      bos_id: the id of ``<bos>``, an integer scalar ``>= 0``.
 
     Returns:
       ``(B, T)`` of ``tgt``'s dtype.
     """
     tgt = np.asarray(tgt)
+    if tgt.ndim != 2 or not _is_integer_dtype(tgt.dtype):
+        raise ValueError(f"tgt must be integer token ids of shape (B, T), got dtype {tgt.dtype} "
+                         f"with shape {tgt.shape}")
+    if np.shape(bos_id) != () or not _is_integer_dtype(np.asarray(bos_id).dtype):
+        raise ValueError(f"bos_id must be an integer scalar (a token id), got {bos_id!r}")
+    _check_values_in("bos_id", bos_id, 0, np.iinfo(np.int32).max, "[0, V)")
+    if tgt.shape[1] == 0:
+        return tgt
     bos = np.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype)
     return np.concatenate([bos, tgt[:, :-1]], axis=1)
 
@@ -281,12 +346,26 @@ def masked_cross_entropy(logits, labels, valid_len):
     all ``T`` steps of the cross-entropy with padded steps counted as zero.
 
     Args:
-      logits: ``(B, T, V)``. labels: ``(B, T)`` ids. valid_len: ``(B,)`` in ``[0, T]``.
+      logits: float ``(B, T, V)``.
+      labels: integer ``(B, T)`` ids in ``[0, V)``.
+      valid_len: integer ``(B,)`` in ``[0, T]``.
 
     Returns:
-      ``(B,)``.
+      ``(B,)``; zeros when ``T = 0`` (no step to count).
     """
-    logits, labels, valid_len = np.asarray(logits), np.asarray(labels), np.asarray(valid_len)
+    logits = np.asarray(logits)
+    if logits.ndim != 3 or not np.issubdtype(logits.dtype, np.floating):
+        raise ValueError(f"logits must be a float array of shape (B, T, V), got dtype "
+                         f"{logits.dtype} with shape {logits.shape}")
+    B, T, V = logits.shape
+    labels = np.asarray(labels)
+    if labels.shape != (B, T) or not _is_integer_dtype(labels.dtype):
+        raise ValueError(f"labels must be integer token ids of shape (B, T) = {(B, T)} for "
+                         f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
+    _check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
+    valid_len = _check_lengths("valid_len", valid_len, B, T, "T")
+    if T == 0:
+        return np.zeros((B,), logits.dtype)
     shift = logits.max(axis=-1, keepdims=True)
     log_probs = logits - shift - np.log(np.exp(logits - shift).sum(axis=-1, keepdims=True))
     picked = np.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
@@ -296,6 +375,8 @@ def masked_cross_entropy(logits, labels, valid_len):
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int):
     """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``."""
+    tgt = _check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
@@ -313,8 +394,12 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``lengths`` counts the
       tokens before ``<eos>``.
     """
-    src = np.asarray(src)
-    src_valid_len = np.asarray(src_valid_len)
+    src = _check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    bos_id, eos_id, pad_id = _check_special_ids(
+        src.shape[0], np.shape(params["decoder"]["dense"]["W"])[1], bos_id=bos_id, eos_id=eos_id,
+        pad_id=pad_id)
+    max_len = _check_max_len(max_len)
     enc_outputs, state = encoder(params["encoder"], src)
     B, S = src.shape
     tokens = np.full((B, max_len), pad_id, dtype=np.int32)

@@ -13,6 +13,8 @@ and so do we.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 __all__ = [
@@ -24,22 +26,52 @@ __all__ = [
 ]
 
 
-def _check_valid_lens(valid_lens, batch: int, num_queries: int, num_keys: int) -> np.ndarray:
+def _check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
+    """``ValueError`` unless every value of ``x`` lies in ``[lower, upper]`` (the ``interval``,
+    e.g. ``"[0, V) = [0, 7)"``), naming ``name``, the values found and the shape. The JAX twin
+    raises the same error for concrete values and clips traced ones."""
+    x = np.asarray(x)
+    if x.size and (x.min() < lower or x.max() > upper):
+        raise ValueError(
+            f"{name} must lie in {interval}, got values from {x.min()} to {x.max()} "
+            f"(shape {x.shape})"
+        )
+
+
+def _check_count(name: str, value) -> int:
+    """A static size that may be 0 (a sequence length), as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _is_integer_dtype(dtype) -> bool:
+    return dtype != np.bool_ and np.issubdtype(dtype, np.integer)
+
+
+def _check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> np.ndarray:
+    """One length per sequence: integers ``(B,)`` in ``[0, maximum]``."""
+    lengths = np.asarray(lengths)
+    if not _is_integer_dtype(lengths.dtype) or lengths.shape != (batch,):
+        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype "
+                         f"{lengths.dtype} with shape {lengths.shape}")
+    _check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
+    return lengths
+
+
+def _check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> np.ndarray:
+    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``)."""
     valid_lens = np.asarray(valid_lens)
-    if valid_lens.dtype == np.bool_ or not np.issubdtype(valid_lens.dtype, np.integer):
-        raise ValueError(
-            f"valid_lens must hold integers, got dtype {valid_lens.dtype} with shape {valid_lens.shape}"
-        )
-    if valid_lens.shape not in ((batch,), (batch, num_queries)):
-        raise ValueError(
-            f"valid_lens must have shape (B,) = ({batch},) or (B, T) = ({batch}, {num_queries}), "
-            f"got {valid_lens.shape}"
-        )
-    if valid_lens.size and (valid_lens.min() < 0 or valid_lens.max() > num_keys):
-        raise ValueError(
-            f"valid_lens must lie in [0, S] = [0, {num_keys}], got values from "
-            f"{valid_lens.min()} to {valid_lens.max()} (shape {valid_lens.shape})"
-        )
+    shape = valid_lens.shape
+    if not _is_integer_dtype(valid_lens.dtype):
+        raise ValueError(f"valid_lens must hold integers, got dtype {valid_lens.dtype} with shape {shape}")
+    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
+                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
+    if batch is None and len(shape) in (1, 2):
+        batch = shape[0]
+    if shape not in ((batch,), (batch, num_queries)):
+        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
+    _check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
     return valid_lens
 
 
@@ -51,7 +83,8 @@ def sequence_mask(X, valid_len, value=0):
 
     Args:
       X: array of shape ``(..., S)``, for example ``(B, S)`` as in the book.
-      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``.
+      valid_len: integer array broadcastable to ``X.shape[:-1]``, for example ``(B,)``, with
+        values in ``[0, S]``.
       value: the fill value.
 
     Returns:
@@ -61,7 +94,7 @@ def sequence_mask(X, valid_len, value=0):
     valid_len = np.asarray(valid_len)
     if X.ndim < 1:
         raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
-    if not np.issubdtype(valid_len.dtype, np.integer):
+    if not _is_integer_dtype(valid_len.dtype):
         raise ValueError(
             f"valid_len must hold integers, got dtype {valid_len.dtype} with shape {valid_len.shape}"
         )
@@ -71,6 +104,7 @@ def sequence_mask(X, valid_len, value=0):
         raise ValueError(
             f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {valid_len.shape}"
         ) from None
+    _check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     keep = np.arange(X.shape[-1]) < valid_len[..., None]
     return np.where(keep, X, np.asarray(value, dtype=X.dtype))
 
@@ -86,10 +120,15 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
 
     Returns:
       ``None`` when ``valid_lens`` is ``None``, else a boolean array of shape ``(B, T, S)``.
+
+    Raises ``ValueError`` for lengths of the wrong dtype, shape or range, and for sizes that are
+    not integers ``>= 0``.
     """
+    num_queries = _check_count("num_queries", num_queries)
+    num_keys = _check_count("num_keys", num_keys)
     if valid_lens is None:
         return None
-    valid_lens = np.asarray(valid_lens)
+    valid_lens = _check_valid_lens(valid_lens, None, num_queries, num_keys)
     if valid_lens.ndim == 1:
         valid_lens = np.broadcast_to(valid_lens[:, None], (valid_lens.shape[0], num_queries))
     return np.arange(num_keys) < valid_lens[..., None]
@@ -103,24 +142,41 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     when ``T`` new queries attend a cache holding ``S`` keys.
 
     Args:
-      num_queries: ``T``.
-      num_keys: ``S``; defaults to ``T``.
-      offset: position of query 0 relative to key 0.
+      num_queries: ``T >= 0``.
+      num_keys: ``S >= 0``; defaults to ``T``.
+      offset: position of query 0 relative to key 0, an integer scalar.
 
     Returns:
       A boolean array of shape ``(T, S)``.
     """
-    num_keys = num_queries if num_keys is None else num_keys
+    num_queries = _check_count("num_queries", num_queries)
+    num_keys = num_queries if num_keys is None else _check_count("num_keys", num_keys)
+    if np.shape(offset) != () or not _is_integer_dtype(np.asarray(offset).dtype):
+        raise TypeError(f"offset must be an integer scalar, got dtype {np.asarray(offset).dtype} "
+                        f"with shape {np.shape(offset)}")
     return np.arange(num_keys)[None, :] <= np.arange(num_queries)[:, None] + offset
 
 
 def combine_masks(*masks):
-    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are."""
-    masks = [np.asarray(m) for m in masks if m is not None]
-    if not masks:
+    """Logical AND of the masks that are not ``None`` (broadcasting); ``None`` if all are.
+
+    Raises ``TypeError`` for a non-boolean mask and ``ValueError`` for shapes that do not
+    broadcast together, naming ``masks[i]`` (the position among the arguments).
+    """
+    given = [(i, np.asarray(m)) for i, m in enumerate(masks) if m is not None]
+    if not given:
         return None
-    combined = masks[0]
-    for m in masks[1:]:
+    for i, m in given:
+        if m.dtype != np.bool_:
+            raise TypeError(f"masks[{i}] must be boolean (True = attend), got dtype {m.dtype} "
+                            f"with shape {m.shape}")
+    try:
+        np.broadcast_shapes(*(m.shape for _, m in given))
+    except ValueError:
+        got = ", ".join(f"masks[{i}] {m.shape}" for i, m in given)
+        raise ValueError(f"masks must broadcast together, got shapes {got}") from None
+    combined = given[0][1]
+    for _, m in given[1:]:
         combined = np.logical_and(combined, m)
     return combined
 
@@ -150,7 +206,7 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
     lengths of the wrong shape, type or range.
     """
     if len(shape) < 2:
-        raise ValueError(f"attention scores must have shape (..., T, S), got {tuple(shape)}")
+        raise ValueError(f"shape (of the attention scores) must be (..., T, S), got {tuple(shape)}")
     T, S = shape[-2], shape[-1]
     parts = []
     if valid_lens is not None:
@@ -184,12 +240,25 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
       mask: boolean, broadcastable to ``X.shape``; True = attend.
 
     Returns:
-      Weights of ``X``'s shape: each row sums to 1, or to 0 when fully masked.
+      Weights of ``X``'s shape: each row sums to 1, or to 0 when fully masked (with ``S = 0``
+      every row is, and the weights are empty).
+
+    Raises:
+      ValueError: ``X`` with fewer than two axes; lengths or a mask of the wrong shape; lengths
+        of a non-integer dtype or outside ``[0, S]``.
+      TypeError: ``X`` that is not real numbers (bool, complex); a non-boolean mask.
     """
     X = np.asarray(X)
+    if X.ndim < 2:
+        raise ValueError(f"X must have shape (..., T, S), e.g. (B, T, S), got {X.shape}")
+    if not (np.issubdtype(X.dtype, np.floating) or _is_integer_dtype(X.dtype)):
+        raise TypeError(f"X must hold real numbers (scores), got dtype {X.dtype} with shape {X.shape}")
     if not np.issubdtype(X.dtype, np.floating):
         X = X.astype(np.float64)
     keep = attention_mask(X.shape, valid_lens, mask=mask)
+    if X.shape[-1] == 0:
+        # No key at all: every row is fully masked, and its (empty) weights need no softmax.
+        return np.zeros(X.shape, X.dtype)
     keep = np.ones(X.shape, dtype=bool) if keep is None else np.broadcast_to(keep, X.shape)
     # The fill value only has to lose every max against a real score; `where` below zeroes it.
     logits = np.where(keep, X, np.finfo(X.dtype).min)

@@ -33,13 +33,15 @@ __all__ = [
 PROJECT = "bti,io->bto"
 
 
-def _check_num_heads(num_hiddens: int | None, num_heads) -> None:
+def _check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
+    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
+    width comes from) is added to the message."""
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
     if num_hiddens is not None and num_hiddens % num_heads:
         raise ValueError(
             f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
-            f"num_heads={num_heads}"
+            f"num_heads={num_heads}" + (f" ({context})" if context else "")
         )
 
 
@@ -48,7 +50,7 @@ def split_heads(X, num_heads: int):
     X = np.asarray(X)
     if X.ndim != 3:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
-    _check_num_heads(X.shape[-1], num_heads)
+    _check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
     B, T, D = X.shape
     return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
@@ -77,14 +79,17 @@ def transpose_output(X, num_heads: int):
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
 
 
-def _param(params, name, shape):
+def _param(params, name, shape, context=""):
     array = np.asarray(params[name])
     if array.shape != shape:
-        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}")
+        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}{context}")
     return array
 
 
 def _check_params(params, queries, keys, values):
+    if not hasattr(params, "keys"):
+        raise ValueError(f"params must be a mapping with 'W_q', 'W_k', 'W_v' and 'W_o', got "
+                         f"{type(params).__name__}")
     missing = [name for name in ("W_q", "W_k", "W_v", "W_o") if name not in params]
     if missing:
         raise ValueError(f"params must hold 'W_q', 'W_k', 'W_v' and 'W_o', missing {missing}")
@@ -93,7 +98,10 @@ def _check_params(params, queries, keys, values):
     shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D),
               "W_v": (values.shape[-1], D), "W_o": (D, E),
               "b_q": (D,), "b_k": (D,), "b_v": (D,), "b_o": (E,)}
-    return {name: _param(params, name, shape) for name, shape in shapes.items() if name in params}
+    context = (f" (q, k, v from queries {queries.shape}, keys {keys.shape}, values {values.shape}; "
+               f"D = {D} from params['W_q'], E = {E} from params['W_o'])")
+    return {name: _param(params, name, shape, context) for name, shape in shapes.items()
+            if name in params}
 
 
 def _check_inputs(queries, keys, values):
@@ -154,7 +162,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
     """
     queries, keys, values = _check_inputs(queries, keys, values)
     params = _check_params(params, queries, keys, values)
-    _check_num_heads(params["W_q"].shape[-1], num_heads)
+    _check_num_heads(params["W_q"].shape[-1], num_heads,
+                     f"D from params['W_q'] of shape {params['W_q'].shape}")
     return tuple(
         split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
         for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
@@ -163,6 +172,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
 
 def combine_heads(params, heads):
     """Merge the heads ``(B, N, T, H)`` and apply the output projection: ``(B, T, E)``."""
+    if np.ndim(heads) != 4:
+        raise ValueError(f"heads must have shape (B, N, T, H), got {np.shape(heads)}")
     merged = merge_heads(heads)
     W_o = _param(params, "W_o", (merged.shape[-1], np.shape(params["W_o"])[-1]))
     out = np.einsum(PROJECT, merged, W_o)

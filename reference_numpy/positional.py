@@ -25,6 +25,8 @@ import operator
 
 import numpy as np
 
+from reference_numpy.masking import _check_values_in
+
 __all__ = [
     "positional_encoding",
     "add_positional_encoding",
@@ -267,15 +269,15 @@ def relative_positions(num_queries: int, num_keys: int, offset: int = 0):
     keys in the past, positive ones keys in the future.
 
     Args:
-      num_queries: ``T >= 1``.
-      num_keys: ``S >= 1``.
+      num_queries: ``T >= 0``.
+      num_keys: ``S >= 0`` (an empty sequence gives an empty matrix).
       offset: position of query 0 relative to key 0.
 
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = _check_int("num_queries", num_queries, 1)
-    num_keys = _check_int("num_keys", num_keys, 1)
+    num_queries = _check_int("num_queries", num_queries, 0)
+    num_keys = _check_int("num_keys", num_keys, 0)
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
         raise TypeError(f"offset must be an integer scalar, got {type(offset).__name__} {offset!r}")
     queries = np.arange(num_queries, dtype=np.int64)[:, None] + offset
@@ -409,9 +411,7 @@ def relative_position_bias(table, indices):
         raise ValueError(f"indices must have shape (T, S), got {indices.shape}")
     if indices.dtype == np.bool_ or not np.issubdtype(indices.dtype, np.integer):
         raise TypeError(f"indices must hold integers, got dtype {indices.dtype} with shape {indices.shape}")
-    if indices.size and (indices.min() < 0 or indices.max() >= table.shape[0]):
-        raise ValueError(
-            f"indices must lie in [0, num_buckets) = [0, {table.shape[0]}) for table of shape "
-            f"{table.shape}, got values from {indices.min()} to {indices.max()}"
-        )
+    rows = table.shape[0]
+    _check_values_in("indices", indices, 0, rows - 1,
+                     f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
     return np.einsum(BIAS_HEADS_FIRST, table[indices])[None]

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from reference_numpy.masking import attention_mask, masked_softmax
+from reference_numpy.masking import _is_integer_dtype, attention_mask, masked_softmax
 
 __all__ = [
     "dot_product_attention_weights",
@@ -49,6 +49,12 @@ def _check_inputs(queries, keys, values=None, *, same_depth: bool):
         raise ValueError(
             f"queries and keys must have the same size for dot-product scores, got queries "
             f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
+        )
+    if same_depth and q.shape[-1] == 0:
+        # The scores would be 0 / sqrt(0): NaN weights rather than an error.
+        raise ValueError(
+            f"queries and keys must have a size d >= 1 for scaled dot-product scores, got queries "
+            f"{q.shape} and keys {k.shape}"
         )
     if values is not None:
         v = arrays["values"]
@@ -95,6 +101,10 @@ def _add_bias(scores, bias):
     if bias is None:
         return scores
     bias = np.asarray(bias)
+    if not (np.issubdtype(bias.dtype, np.floating) or _is_integer_dtype(bias.dtype)):
+        # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
+        raise TypeError(f"bias must hold real numbers added to the scores (a boolean mask goes in "
+                        f"mask=), got dtype {bias.dtype} with shape {bias.shape}")
     try:
         if np.broadcast_shapes(bias.shape, scores.shape) != scores.shape:
             raise ValueError
@@ -107,9 +117,17 @@ def _add_bias(scores, bias):
     return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
 
 
+def _scores_dtype(dtype):
+    """float32 for float16 inputs (as the JAX twin: their scores overflow beyond 65504 and round
+    coarsely near 1e4), else ``dtype``; only the weights are rounded back to ``dtype``."""
+    return np.float32 if np.finfo(dtype).bits < 32 else dtype
+
+
 def _dot_product_weights(queries, keys, keep, bias):
-    scores = np.einsum(DOT_SCORES, queries, keys) / math.sqrt(queries.shape[-1])
-    return masked_softmax(_add_bias(scores, bias), mask=keep)
+    compute = _scores_dtype(queries.dtype)
+    scores = np.einsum(DOT_SCORES, queries.astype(compute), keys.astype(compute))
+    scores = scores / math.sqrt(queries.shape[-1])
+    return masked_softmax(_add_bias(scores, bias), mask=keep).astype(queries.dtype)
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
@@ -164,13 +182,15 @@ def _check_additive_params(params, queries, keys):
             f"params must be a mapping with 'W_q', 'W_k' and 'w_v', got {type(params).__name__} "
             f"with {sorted(params) if hasattr(params, 'keys') else params!r}"
         ) from None
-    h = W_q.shape[-1] if W_q.ndim == 2 else None
+    h = W_q.shape[-1] if W_q.ndim == 2 else "h"
     expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
     for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):
         if array.shape != expected[name]:
+            shape = "(" + ", ".join(str(n) for n in expected[name]) + ")"
             raise ValueError(
-                f"params[{name!r}] must have shape {expected[name]} (q = query size, k = key size, "
-                f"h = hidden size), got {array.shape}"
+                f"params[{name!r}] must have shape {shape} (q = query size, k = key size, "
+                f"h = hidden size), got {array.shape}, for queries {queries.shape} and keys "
+                f"{keys.shape}"
             )
     return W_q, W_k, w_v
 
@@ -180,9 +200,13 @@ def _additive_weights(params, queries, keys, keep):
     projected_queries = np.einsum(PROJECT_QUERIES, queries, W_q)
     projected_keys = np.einsum(PROJECT_KEYS, keys, W_k)
     # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
-    features = np.tanh(projected_queries[..., :, None, :] + projected_keys[..., None, :, :])
-    scores = np.einsum(ADDITIVE_SCORES, features, w_v)[..., 0]
-    return masked_softmax(scores, mask=keep)
+    pre_activations = projected_queries[..., :, None, :] + projected_keys[..., None, :, :]
+    # float16: features and scores in float32, as in the JAX twin (w_v-weighted sums of features
+    # in [-1, 1] can overflow float16).
+    compute = _scores_dtype(pre_activations.dtype)
+    features = np.tanh(pre_activations.astype(compute))
+    scores = np.einsum(ADDITIVE_SCORES, features, w_v.astype(compute))[..., 0]
+    return masked_softmax(scores, mask=keep).astype(pre_activations.dtype)
 
 
 def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=None, is_causal=False):

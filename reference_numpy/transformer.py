@@ -16,8 +16,15 @@ import math
 
 import numpy as np
 
-from reference_numpy.bahdanau import _check_tokens, masked_cross_entropy, teacher_forcing_inputs
-from reference_numpy.multihead import multi_head_attention
+from reference_numpy.bahdanau import (
+    _check_max_len,
+    _check_special_ids,
+    _check_tokens,
+    masked_cross_entropy,
+    teacher_forcing_inputs,
+)
+from reference_numpy.masking import _check_lengths
+from reference_numpy.multihead import _check_num_heads, multi_head_attention
 from reference_numpy.positional import positional_encoding
 
 __all__ = [
@@ -42,6 +49,43 @@ LAYER_NORM_EPS = 1e-5
 DENSE = "...i,io->...o"
 
 
+def _check_params(params, expected: dict) -> None:
+    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
+    if not hasattr(params, "keys"):
+        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
+                         f"{type(params).__name__}")
+    missing = [name for name in expected if name not in params]
+    if missing:
+        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
+    for name, shape in expected.items():
+        got = np.shape(params[name])
+        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
+            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
+
+
+def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
+    """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
+    the model width ``D``."""
+    X = np.asarray(X)
+    rank_ok = X.ndim >= 1 if what.startswith("(...") else X.ndim == what.count(",") + 1
+    if not rank_ok or X.shape[-1] != D:
+        raise ValueError(f"{name} must have shape {what} with D = {D} (the parameters' width), "
+                         f"got {X.shape}")
+    return X
+
+
+def _check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
+    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
+    if (isinstance(max_positions, bool) or not isinstance(max_positions, (int, np.integer))
+            or max_positions < 1):
+        raise ValueError(f"max_positions must be an integer >= 1, got {max_positions!r}")
+    if length > max_positions:
+        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
+        raise ValueError(f"{name} has {length} positions, more than the positional table's "
+                         f"max_positions = {max_positions}{of_shape}")
+
+
 def _dense(params, X, kernel: str, bias: str | None):
     out = np.einsum(DENSE, X, np.asarray(params[kernel]))
     return out if bias is None else out + np.asarray(params[bias])
@@ -49,25 +93,42 @@ def _dense(params, X, kernel: str, bias: str | None):
 
 def position_wise_ffn(params, X):
     """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``."""
-    return _dense(params, np.maximum(_dense(params, np.asarray(X), "W_1", "b_1"), 0.0), "W_2", "b_2")
+    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
+    D, F = np.shape(params["W_1"])
+    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    X = _check_width("X", X, D, "(..., D)")
+    return _dense(params, np.maximum(_dense(params, X, "W_1", "b_1"), 0.0), "W_2", "b_2")
 
 
 def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
-    """LayerNorm over the last axis (biased variance, eps ``1e-5``)."""
-    X = np.asarray(X)
+    """LayerNorm over the last axis (biased variance, eps ``1e-5``); ``X (..., D)``, ``D >= 1``."""
+    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
+    D = np.shape(params["gamma"])[0]
+    _check_params(params, {"beta": (D,)})
+    X = _check_width("X", X, D, "(..., D)")
+    if D == 0:
+        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
     mean = X.mean(axis=-1, keepdims=True)
     variance = np.square(X - mean).mean(axis=-1, keepdims=True)
     return (X - mean) / np.sqrt(variance + eps) * np.asarray(params["gamma"]) + np.asarray(params["beta"])
 
 
 def add_norm(params, X, Y):
-    """``LayerNorm(Y + X)`` — d2l §11.7.3 (no dropout in the reference)."""
-    return layer_norm(params, np.asarray(Y) + np.asarray(X))
+    """``LayerNorm(Y + X)`` — d2l §11.7.3 (no dropout in the reference); ``X``, ``Y`` one shape."""
+    X, Y = np.asarray(X), np.asarray(Y)
+    if X.shape != Y.shape:
+        raise ValueError(f"X (the residual) and Y (the sublayer's output) must have the same "
+                         f"shape, got X {X.shape} and Y {Y.shape}")
+    return layer_norm(params, Y + X)
 
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False):
     """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``."""
+    if "W_q" in params:
+        D = np.shape(params["W_q"])[0]
+        queries = _check_width("queries", queries, D)
+        keys_values = _check_width("keys_values", keys_values, D, "(B, S, D)")
     return multi_head_attention(params, queries, keys_values, keys_values, valid_lens,
                                 num_heads=num_heads, is_causal=is_causal)
 
@@ -77,24 +138,25 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int):
 
     Returns ``(output (B, S, D), weights (B, N, S, S))``.
     """
+    X = _check_width("X", X, np.shape(params["attention"]["W_q"])[0], "(B, S, D)")
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads)
     Y = add_norm(params["addnorm_1"], X, attended)
     return add_norm(params["addnorm_2"], Y, position_wise_ffn(params["ffn"], Y)), weights
 
 
-def _embed(params, tokens, max_positions: int):
+def _embed(params, name: str, tokens, max_positions: int):
     embedding = np.asarray(params["embedding"])
     D = embedding.shape[1]
     T = tokens.shape[1]
-    if T > max_positions:
-        raise ValueError(f"{T} positions exceed max_positions = {max_positions}")
-    return embedding[tokens] * math.sqrt(D) + positional_encoding(T, D)[None]
+    _check_positions(name, T, max_positions, tokens.shape)
+    # Row t of the table depends on t only, so the first T rows of any longer table are these.
+    return embedding[tokens] * math.sqrt(D) + positional_encoding(max(T, 1), D)[None, :T]
 
 
 def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = MAX_POSITIONS):
     """The Transformer encoder — d2l §11.7.4. Returns ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``."""
     src = _check_tokens("src", src, np.shape(params["embedding"])[0], ndim=2)
-    X = _embed(params, src, max_positions)
+    X = _embed(params, "src", src, max_positions)
     weights = []
     for i in range(len(params["blocks"])):
         X, w = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len, num_heads=num_heads)
@@ -107,6 +169,12 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int):
 
     Returns ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
+    D = np.shape(params["self_attention"]["W_q"])[0]
+    X = _check_width("X", X, D)
+    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    if enc_outputs.shape[0] != X.shape[0]:
+        raise ValueError(f"X (B, T, D) and enc_outputs (B, S, D) must have the same batch B, got "
+                         f"X {X.shape} and enc_outputs {enc_outputs.shape}")
     attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
                                        is_causal=True)
     Y = add_norm(params["addnorm_1"], X, attended)
@@ -124,7 +192,13 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
     Returns ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
     dec_input = _check_tokens("dec_input", dec_input, np.shape(params["embedding"])[0], ndim=2)
-    X = _embed(params, dec_input, max_positions)
+    _check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
+    D = np.shape(params["embedding"])[1]
+    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    if enc_outputs.shape[0] != dec_input.shape[0]:
+        raise ValueError(f"dec_input (B, T) and enc_outputs (B, S, D) must have the same batch B, "
+                         f"got dec_input {dec_input.shape} and enc_outputs {enc_outputs.shape}")
+    X = _embed(params, "dec_input", dec_input, max_positions)
     self_weights, cross_weights = [], []
     for i in range(len(params["blocks"])):
         X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
@@ -138,6 +212,11 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
                 max_positions: int = MAX_POSITIONS):
     """Encoder then decoder. Returns ``(logits (B, T, V), weights dict)`` as the JAX function."""
+    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
+                              ndim=2)
+    if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
+        raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
+                         f"{np.shape(src)} and dec_input {dec_input.shape}")
     enc_outputs, enc_weights = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
                                        max_positions=max_positions)
     logits, weights = decoder(params["decoder"], dec_input, enc_outputs, src_valid_len,
@@ -148,6 +227,8 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS):
     """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing."""
+    tgt = _check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                             num_heads=num_heads, max_positions=max_positions)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
@@ -165,7 +246,19 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``weights`` are the last
       block's encoder–decoder weights averaged over the heads.
     """
-    src, src_valid_len = np.asarray(src), np.asarray(src_valid_len)
+    src = _check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
+    _check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    _check_num_heads(np.shape(params["encoder"]["embedding"])[1], num_heads,
+                     f"D from params['encoder']['embedding'] of shape "
+                     f"{np.shape(params['encoder']['embedding'])}")
+    bos_id, eos_id, pad_id = _check_special_ids(
+        src.shape[0], np.shape(params["decoder"]["dense"]["W"])[1], bos_id=bos_id, eos_id=eos_id,
+        pad_id=pad_id)
+    max_len = _check_max_len(max_len)
+    if max_len > max_positions:
+        raise ValueError(f"max_len = {max_len} decoding steps exceed the positional table's "
+                         f"max_positions = {max_positions}")
     B, S = src.shape
     tokens = np.full((B, max_len), pad_id, dtype=np.int32)
     lengths = np.zeros(B, dtype=np.int32)

@@ -1,4 +1,4 @@
-"""Shared test set-up: strict promotion, backends, float64 and matmul precision.
+"""Shared test set-up: strict promotion, key-reuse checks, backends, float64, matmul precision.
 
 Strict dtype and rank promotion (as in Equinox's test suite) make any implicit broadcast or
 dtype promotion inside the library an error, so the code under test states every cast.
@@ -15,6 +15,11 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # float32 matrices in TF32 (about 1e-3 relative). The `highest_precision` fixture below states it
 # again where a test is about precision.
 jax.config.update("jax_default_matmul_precision", "highest")
+# Every PRNG key in the suite and the library is a typed key (`jax.random.key`, never the legacy
+# uint32 `PRNGKey`), which lets JAX track its use: drawing twice from one key (two dropout masks
+# from the same key, say) raises `jax.errors.KeyReuseError` instead of silently repeating or
+# correlating the draws. tests/test_randomness.py checks that no legacy key is left.
+jax.config.update("jax_debug_key_reuse", True)
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 

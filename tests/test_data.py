@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from jax_attention import data
 from jax_attention.data import (
@@ -279,8 +282,12 @@ def test_tokenize_keeps_exactly_num_examples(raw_text):
 
 
 def test_tokenize_whole_file(preprocessed):
-    source, target = tokenize(preprocessed)
+    source, target, skipped = tokenize(preprocessed, return_skipped=True)
     assert len(source) == len(target) == FRA_TXT_LINES
+    assert skipped == dict.fromkeys(data.SKIP_REASONS, 0)
+    # Token for token what the loader gave before it skipped and counted malformed lines.
+    tokens = json.dumps([source, target], ensure_ascii=False).encode()
+    assert hashlib.sha256(tokens).hexdigest() == ALL_TOKENS_DIGEST
     assert source[-1][:4] == ["it", "may", "be", "impossible"]
     assert target[-1][-3:] == ["les", "erreurs", "."]
     # No empty tokens anywhere, and no token holds a space.
@@ -288,10 +295,13 @@ def test_tokenize_whole_file(preprocessed):
 
 
 def test_tokenize_columns_and_spaces():
-    text = "go  .\tva !\tCC-BY 2.0 (France)\tAttribution\nno tab here\n tom ! \t\n"
-    source, target = tokenize(text)
-    assert source == [["go", "."], ["tom", "!"]]  # no empty tokens, the tab-less line skipped
-    assert target == [["va", "!"], []]  # attribution columns ignored
+    text = "go  .\tva !\tCC-BY 2.0 (France)\tAttribution\nno tab here\n tom ! \t\n hi .\t  salut\n"
+    source, target, skipped = tokenize(text, return_skipped=True)
+    # No empty tokens; the tab-less line and the one with an empty French side skipped.
+    assert source == [["go", "."], ["hi", "."]]
+    assert target == [["va", "!"], ["salut"]]  # attribution columns ignored
+    assert skipped == {"invalid_utf8": 0, "stray_cr": 0, "no_tab": 1, "empty_side": 1}
+    assert tokenize(text) == (source, target)  # without return_skipped: the pair of lists
 
 
 def test_only_the_lines_needed_are_preprocessed(monkeypatch, book_pairs):
@@ -508,3 +518,158 @@ def test_bad_arguments_of_the_helpers():
         preprocess(b"go.")
     with pytest.raises(ValueError, match="leaves no training pair"):
         load_data_nmt(2, 4, num_examples=1, val_fraction=0.5)
+
+
+# --------------------------------------------------------------------------- malformed lines
+
+# Digests of what the loader gave for the real file before malformed lines were skipped and
+# counted (the code of commit 688322f): the skipping must change nothing on the book's file.
+FIRST_600_DIGEST = "6bcd929bb3e8e795bcae05e6f773fdd61d05c87a75b97311de3ed61b59237e35"
+ALL_TOKENS_DIGEST = "a707c2dccfa4de72647ab2cb6722351b00b2872037e3b7aa66cdd39c113bf4ed"
+
+
+def _digest(nmt):
+    """SHA-256 of every array (dtype, shape, bytes) of both splits and of both vocabularies."""
+    digest = hashlib.sha256()
+    for split in (nmt.train, nmt.val):
+        for array in (split.src, split.src_valid_len, split.tgt, split.tgt_valid_len):
+            digest.update(str(array.dtype).encode())
+            digest.update(str(array.shape).encode())
+            digest.update(array.tobytes())
+    digest.update(nmt.src_vocab.to_json().encode())
+    digest.update(nmt.tgt_vocab.to_json().encode())
+    return digest.hexdigest()
+
+
+def test_the_real_file_gives_the_same_pairs_and_arrays(nmt):
+    # filterwarnings=error: a MalformedLinesWarning here would fail the test.
+    assert _digest(nmt) == FIRST_600_DIGEST
+    assert nmt.skipped == dict.fromkeys(data.SKIP_REASONS, 0)
+    # The whole file's tokens: test_tokenize_whole_file (ALL_TOKENS_DIGEST).
+
+
+GOOD_LINES = [b"Go.\tVa !", b"Hi.\tSalut !", b"Run!\tCours !", b"Run!\tCourez !",
+              b"Who?\tQui ?", b"Wow!\t\xc3\x87a alors !"]
+# One malformed line of each kind, as bytes in the file, with the reason it is skipped for.
+MALFORMED_LINES = [
+    (b"no tab here", "no_tab"),
+    (b"", "no_tab"),  # a blank line
+    (b"\tSalut !", "empty_side"),
+    (b"Hello.\t", "empty_side"),
+    (b" \xc2\xa0\t \xe2\x80\xaf", "empty_side"),  # spaces and no-break spaces only
+    (b"Bad \xff byte.\tMauvais octet !", "invalid_utf8"),
+    (b"Caf\xc3.\tCaf\xc3\xa9 !", "invalid_utf8"),  # a truncated two-byte character
+    (b"\xed\xa0\x80\tsurrogate", "invalid_utf8"),  # an encoded surrogate is not valid UTF-8
+    (b"Stray\rCR.\tRetour\r chariot !", "stray_cr"),
+    (b"Go.\tVa\r !", "stray_cr"),  # universal newlines would have made it the pair (go ., va)
+]
+
+
+def _expected_pairs(lines):
+    return tokenize(preprocess("".join(line.decode() + "\n" for line in lines)))
+
+
+def _malformed_file(tmp_path, layout, line_end=b"\n"):
+    """GOOD_LINES with every MALFORMED_LINES entry between them, in the given layout."""
+    body = b""
+    for i, good in enumerate(GOOD_LINES):
+        body += good + line_end
+        body += b"".join(bad + line_end for bad, _ in MALFORMED_LINES[2 * i:2 * i + 2])
+    if layout == "zip":
+        location = tmp_path / "fra-eng.zip"
+        with zipfile.ZipFile(location, "w") as archive:
+            archive.writestr("fra-eng/fra.txt", body)
+    else:
+        location = tmp_path / "fra.txt"
+        location.write_bytes(body)
+    return location, body
+
+
+@pytest.mark.parametrize("layout", ["zip", "fra.txt"])
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
+def test_malformed_lines_are_skipped_and_counted(tmp_path, layout, line_end):
+    location, _ = _malformed_file(tmp_path, layout, line_end)
+    expected = {reason: sum(kind == reason for _, kind in MALFORMED_LINES)
+                for reason in data.SKIP_REASONS}
+    with pytest.warns(data.MalformedLinesWarning) as caught:
+        nmt = load_data_nmt(2, 5, num_examples=None, data=location)
+    assert nmt.skipped == expected == {"invalid_utf8": 3, "stray_cr": 2, "no_tab": 2,
+                                       "empty_side": 3}
+    [warning] = caught
+    message = str(warning.message)
+    assert str(location) in message and "10 malformed lines skipped" in message
+    for words in ("3 not valid UTF-8", "2 with a stray carriage return", "2 without a tab",
+                  "3 with an empty English or French side"):
+        assert words in message
+    # Exactly the good pairs, as from a file that holds nothing else.
+    source, target = _expected_pairs(GOOD_LINES)
+    assert len(nmt.train) == len(GOOD_LINES) == len(source)
+    assert nmt.src_vocab == Vocab(source, min_freq=2, reserved_tokens=RESERVED_TOKENS)
+    assert nmt.tgt_vocab == Vocab(target, min_freq=2, reserved_tokens=RESERVED_TOKENS)
+    np.testing.assert_array_equal(nmt.train.src, build_array(source, nmt.src_vocab, 5)[0])
+    np.testing.assert_array_equal(nmt.train.tgt, build_array(target, nmt.tgt_vocab, 5)[0])
+
+
+def test_skipped_lines_do_not_count_towards_num_examples(tmp_path):
+    location, _ = _malformed_file(tmp_path, "fra.txt")
+    with pytest.warns(data.MalformedLinesWarning, match="4 malformed lines skipped"):
+        nmt = load_data_nmt(2, 5, num_examples=3, data=location)
+    assert len(nmt.train) == 3
+    # Only the lines read before the third good pair: the four between the first three.
+    assert nmt.skipped == {"invalid_utf8": 0, "stray_cr": 0, "no_tab": 2, "empty_side": 2}
+    np.testing.assert_array_equal(
+        nmt.train.src, build_array(_expected_pairs(GOOD_LINES[:3])[0], nmt.src_vocab, 5)[0])
+
+
+def test_read_fra_eng_never_fails_and_keeps_the_bytes(tmp_path):
+    location, body = _malformed_file(tmp_path, "fra.txt")
+    text = data.read_fra_eng(location)  # the old reader raised UnicodeDecodeError here
+    assert text.encode("utf-8", "surrogateescape") == body
+    # A lone CR stays inside its line; only line feeds end lines.
+    assert text.split("\n")[1:3] == ["no tab here", ""]
+    assert "Stray\rCR.\tRetour\r chariot !" in text.split("\n")
+
+
+def test_byte_order_mark_and_final_cr(tmp_path):
+    text_file = tmp_path / "fra.txt"
+    # A file saved by a Windows editor: a BOM, CRLF endings, the last line without its LF.
+    text_file.write_bytes(b"\xef\xbb\xbfGo.\tVa !\r\nHi.\tSalut !\r")
+    assert data.read_fra_eng(text_file) == "Go.\tVa !\nHi.\tSalut !"
+    nmt = load_data_nmt(2, 4, num_examples=2, data=text_file)  # no warning: nothing skipped
+    assert dict(nmt.src_vocab.token_freqs) == {"go": 1, ".": 2, "hi": 1}  # no "\ufeffgo"
+    assert tokenize("go .\tva !\nhi .\tsalut !") == ([["go", "."], ["hi", "."]],
+                                                      [["va", "!"], ["salut", "!"]])
+
+
+def test_a_file_without_a_pair_is_one_clear_error(tmp_path):
+    text_file = tmp_path / "fra.txt"
+    text_file.write_bytes(b"just a title\n\n\xff\xfe\tbroken\nEnglish only\t\n")
+    with pytest.raises(ValueError, match=r"holds no English–French pair .*4 malformed lines "
+                                         r"skipped \(1 not valid UTF-8, 2 without a tab, 1 with"):
+        load_data_nmt(2, 4, num_examples=None, data=text_file)
+    text_file.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"holds no English–French pair.*0 malformed lines"):
+        load_data_nmt(2, 4, num_examples=None, data=text_file)
+
+
+_LINE_KINDS = [(good, None) for good in GOOD_LINES] + MALFORMED_LINES
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(range(len(_LINE_KINDS))), max_size=12),
+       st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+def test_any_mix_of_lines_never_crashes(tmp_path_factory, kinds, line_end, final_newline):
+    """Any sequence of good and malformed lines: the good ones in order, the others counted."""
+    lines = [_LINE_KINDS[kind] for kind in kinds]
+    body = line_end.join(line for line, _ in lines) + (line_end if final_newline and lines
+                                                        else b"")
+    location = tmp_path_factory.mktemp("mix") / "fra.txt"
+    location.write_bytes(body)
+    source, target, skipped = tokenize(preprocess(data.read_fra_eng(location)),
+                                       return_skipped=True)
+    good = [line for line, reason in lines if reason is None]
+    assert (source, target) == _expected_pairs(good)
+    # A blank last line without its line end is no line at all.
+    counted = lines[:-1] if lines and lines[-1][0] == b"" and not final_newline else lines
+    assert skipped == {reason: sum(kind == reason for _, kind in counted)
+                       for reason in data.SKIP_REASONS}

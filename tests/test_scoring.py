@@ -566,7 +566,7 @@ def test_bad_masks(kind):
         ),
         (
             {"W_q": np.zeros((DIMS.H,), np.float32)},
-            r"params\['W_q'\] must have shape \(4, None\) .*got \(4,\)",
+            r"params\['W_q'\] must have shape \(4, h\) .*got \(4,\)",
         ),
         (
             {"w_v": None},
