@@ -318,7 +318,10 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
             raise ValueError(
                 f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {shape}"
             )
-        lens_mask = valid_lens_mask(_check_valid_lens(valid_lens, shape[0], T, S), T, S)
+        lens = _check_valid_lens(valid_lens, shape[0], T, S)
+        # One length per sequence gives a (B, 1, S) mask, not (B, T, S): neither it nor the
+        # reductions over it cost a pass over the T x S scores.
+        lens_mask = valid_lens_mask(lens, 1 if lens.ndim == 1 else T, S)
         # Lengths index the leading batch axis and apply to every extra axis (e.g. heads).
         parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
     if mask is not None:

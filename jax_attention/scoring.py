@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import lax
 
 from jax_attention.masking import (
     _as_array_like,
@@ -30,6 +31,7 @@ from jax_attention.masking import (
     _check_size,
     _is_integer_dtype,
     attention_mask,
+    masked_fill_value,
     masked_softmax,
 )
 
@@ -152,11 +154,70 @@ def _half_scores_dtype(dtype):
     return jnp.float32 if jnp.finfo(dtype).bits < 32 else None
 
 
-def _dot_product_weights(queries, keys, keep, bias):
+def _softmax(scores, keep):
+    """:func:`~jax_attention.masking.masked_softmax` of ``scores`` under the ready-made boolean
+    ``keep`` (or ``None``): the same values bit for bit, without its checks and without a
+    ``where`` pass over the ``T x S`` scores when nothing is masked. Weights in ``scores``' dtype
+    (float32 for half-precision inputs, see :func:`_half_scores_dtype`)."""
+    if scores.shape[-1] == 0:
+        return jnp.zeros(scores.shape, scores.dtype)  # no key: every row is fully masked
+    compute_dtype = jnp.float32 if jnp.finfo(scores.dtype).bits < 32 else scores.dtype
+    logits = scores.astype(compute_dtype)
+    if keep is not None:
+        logits = jnp.where(keep, logits, masked_fill_value(compute_dtype))
+    # As in masked_softmax: the shift carries no gradient, and a fully masked row's is finite.
+    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), compute_dtype))
+    exps = jnp.exp(logits - shift)
+    if keep is not None:
+        exps = jnp.where(keep, exps, jnp.zeros((), compute_dtype))
+    total = jnp.sum(exps, axis=-1, keepdims=True)
+    weights = exps / jnp.where(total == 0, jnp.ones((), compute_dtype), total)
+    return weights.astype(scores.dtype)
+
+
+def _dot_product_scores(queries, keys, bias):
     scores = jnp.einsum(DOT_SCORES, queries, keys,
                         preferred_element_type=_half_scores_dtype(queries.dtype))
-    scores = scores / math.sqrt(queries.shape[-1])
-    return masked_softmax(_add_bias(scores, bias), mask=keep).astype(queries.dtype)
+    return _add_bias(scores / math.sqrt(queries.shape[-1]), bias)
+
+
+def _dot_product_weights(queries, keys, keep, bias):
+    return _softmax(_dot_product_scores(queries, keys, bias), keep).astype(queries.dtype)
+
+
+@jax.custom_jvp
+def _softmax_pool(scores, values, keep):
+    """``(weights @ values, weights)`` with ``weights = _softmax(scores, keep)`` in ``values``'
+    dtype.
+
+    A custom JVP written so that its transpose — the backward pass — uses the identity
+    ``rowsum(P * (dO V^T)) = rowsum(dO * O)`` (FlashAttention, Dao et al. 2022): with
+    ``r = rowsum(P * dS)``, the tangents are ``dW = P * dS - P * r`` and
+    ``dO = (P * dS) V - r * O + P dV``, so reverse mode gets the score gradient
+    ``P * (dO V^T - rowsum(dO * O))`` from the saved weights in one pass over ``T x S`` arrays
+    instead of several, while forward mode (``jax.jvp``, ``jax.hessian``) keeps working.
+    Masked entries and fully masked rows have ``P = 0``, hence zero tangents.
+    """
+    weights = _softmax(scores, keep).astype(values.dtype)
+    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
+
+
+@_softmax_pool.defjvp
+def _softmax_pool_jvp(primals, tangents):
+    scores, values, keep = primals
+    d_scores, d_values, _ = tangents  # keep is boolean: its tangent is float0
+    weights = _softmax(scores, keep).astype(values.dtype)
+    output = jnp.einsum(WEIGHTED_SUM, weights, values)
+    compute_dtype = jnp.float32 if jnp.finfo(weights.dtype).bits < 32 else weights.dtype
+    P = weights.astype(compute_dtype)
+    P_dS = P * d_scores.astype(compute_dtype)
+    r = jnp.sum(P_dS, axis=-1, keepdims=True)
+    d_weights = (P_dS - P * r).astype(weights.dtype)
+    d_output = (jnp.einsum(WEIGHTED_SUM, P_dS, values.astype(compute_dtype))
+                - r * output.astype(compute_dtype)).astype(output.dtype)
+    d_output = d_output + jnp.einsum(WEIGHTED_SUM, weights, d_values)
+    return (output, weights), (d_output, d_weights)
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
@@ -196,11 +257,15 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+
+    The values are those of :func:`~jax_attention.masking.masked_softmax` bit for bit; the
+    derivatives come from a custom JVP whose transpose needs fewer passes over the ``T x S``
+    scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff to
+    rounding, forward mode included).
     """
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
                                              same_depth=True)
-    weights = _dot_product_weights(queries, keys, keep, bias)
-    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
+    return _softmax_pool(_dot_product_scores(queries, keys, bias), values, keep)
 
 
 def _check_additive_params(params, queries, keys):

@@ -7,6 +7,7 @@ properties against the NumPy reference, bad input (JAX and NumPy alike), sown we
 
 from __future__ import annotations
 
+import math
 import re
 
 import chex
@@ -20,6 +21,7 @@ from absl.testing import parameterized
 from flax import nnx
 from jax.test_util import check_grads
 
+from jax_attention import masking as jax_masking
 from jax_attention import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
 
@@ -294,6 +296,108 @@ def test_dot_product_gradients(x64, name, lens, mask, is_causal):
     # jit only to compile the many finite-difference evaluations once; the eager gradients are
     # exercised by the chex variants above.
     check_grads(jax.jit(f), (queries, keys, values), order=1, modes=("rev",))
+
+
+def _autodiff_dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None,
+                                    is_causal=False, bias=None):
+    """The same computation as ``dot_product_attention`` without its custom JVP: plain autodiff
+    through masking, softmax and the weighted sum."""
+    keep, (q, k, v) = jax_scoring._prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                           same_depth=True)
+    weights = jax_scoring._dot_product_weights(q, k, keep, bias)
+    return jnp.einsum(jax_scoring.WEIGHTED_SUM, weights, v), weights
+
+
+CUSTOM_JVP_CASES = [
+    ("no mask, bias", None, None, False, True),
+    ("lens B with an empty sequence", (0, 4), None, False, False),
+    ("lens BT with an empty row, mask, causal, bias", ((1, 0, 3), (5, 2, 4)), "random", True, True),
+]
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal, with_bias", CUSTOM_JVP_CASES,
+                         ids=[c[0] for c in CUSTOM_JVP_CASES])
+@pytest.mark.parametrize("through", ["output", "weights", "both"])
+def test_dot_product_custom_jvp_gradients_match_autodiff(x64, name, lens, mask, is_causal, with_bias,
+                                                 through):
+    """The transposed custom JVP (FlashAttention's ``rowsum(dO * O)``) gives the gradients plain
+    autodiff gives, through the output, the weights or both, with NaN and Inf in padding."""
+    queries, keys, values = _inputs("dot", dtype=jnp.float64)
+    lens = None if lens is None else _lens(lens)
+    if lens is not None and lens.ndim == 1:
+        # Padding holds NaN and Inf; it must reach neither outputs nor gradients.
+        padded = (jnp.arange(DIMS.S, dtype=jnp.int32)[None, :] >= lens[:, None])[:, :, None]
+        keys = jnp.where(padded, jnp.nan, keys)
+        values = jnp.where(padded, jnp.inf, values)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    bias = _normal(DIMS["TS"], jnp.float64, 9) if with_bias else None
+    out_cotangent = _normal(DIMS["BTD"], jnp.float64, 10)
+    weights_cotangent = _normal(DIMS["BTS"], jnp.float64, 11)
+
+    def loss(attention):
+        def f(q, k, v, b):
+            output, weights = attention(q, k, v, lens, mask=mask, is_causal=is_causal, bias=b)
+            total = jnp.zeros((), jnp.float64)
+            if through in ("output", "both"):
+                total = total + jnp.sum(output * out_cotangent)
+            if through in ("weights", "both"):
+                total = total + jnp.sum(weights * weights_cotangent)
+            return total
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))
+
+    bias_arg = bias if bias is not None else jnp.zeros((), jnp.float64)
+    if bias is None:
+        # grad needs an argument; a scalar bias would change nothing but must not be passed on.
+        def wrap(attention):
+            return lambda q, k, v, lens, b=None, **kw: attention(q, k, v, lens, **{**kw, "bias": None})
+        got = loss(wrap(jax_scoring.dot_product_attention))(queries, keys, values, bias_arg)
+        expected = loss(wrap(_autodiff_dot_product_attention))(queries, keys, values, bias_arg)
+    else:
+        got = loss(jax_scoring.dot_product_attention)(queries, keys, values, bias_arg)
+        expected = loss(_autodiff_dot_product_attention)(queries, keys, values, bias_arg)
+    for g in got:
+        assert np.all(np.isfinite(np.asarray(g)))
+    chex.assert_trees_all_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal, with_bias", CUSTOM_JVP_CASES,
+                         ids=[c[0] for c in CUSTOM_JVP_CASES])
+def test_dot_product_forward_mode_matches_autodiff(x64, name, lens, mask, is_causal, with_bias):
+    """Forward mode (``jax.jvp``) works through the custom JVP and equals plain autodiff's."""
+    queries, keys, values = _inputs("dot", dtype=jnp.float64)
+    lens = None if lens is None else _lens(lens)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    bias = _normal(DIMS["TS"], jnp.float64, 9) if with_bias else None
+    tangents = tuple(_normal(x.shape, jnp.float64, 20 + i)
+                     for i, x in enumerate((queries, keys, values)))
+
+    def jvp(attention):
+        return jax.jit(lambda *primals: jax.jvp(
+            lambda q, k, v: attention(q, k, v, lens, mask=mask, is_causal=is_causal, bias=bias),
+            primals, tangents))
+
+    got = jvp(jax_scoring.dot_product_attention)(queries, keys, values)
+    expected = jvp(_autodiff_dot_product_attention)(queries, keys, values)
+    chex.assert_trees_all_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal", MASKINGS, ids=[m[0] for m in MASKINGS])
+def test_dot_product_forward_values_are_the_books_softmax_bit_for_bit(name, lens, mask, is_causal):
+    """The custom-JVP path and its ``(B, 1, S)`` length masks change no forward value: float32
+    outputs and weights equal ``masked_softmax(Q K^T / sqrt(d))`` pooled, bit for bit — so the
+    NNX module (plain autodiff, dropout) and the functional core train and decode alike."""
+    queries, keys, values = _inputs("dot", dtype=jnp.float32)
+    lens = None if lens is None else _lens(lens)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    keep = jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal)
+    scores = jnp.einsum(jax_scoring.DOT_SCORES, queries, keys) / math.sqrt(DIMS.H)
+    expected_weights = jax_masking.masked_softmax(scores, mask=keep)
+    expected = jnp.einsum(jax_scoring.WEIGHTED_SUM, expected_weights, values)
+    for run in (jax_scoring.dot_product_attention, jax.jit(jax_scoring.dot_product_attention,
+                                                           static_argnames="is_causal")):
+        output, weights = run(queries, keys, values, lens, mask=mask, is_causal=is_causal)
+        np.testing.assert_array_equal(np.asarray(weights), np.asarray(expected_weights))
+        np.testing.assert_array_equal(np.asarray(output), np.asarray(expected))
 
 
 @pytest.mark.parametrize("name, lens, mask, is_causal", MASKINGS, ids=[m[0] for m in MASKINGS])
