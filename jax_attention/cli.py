@@ -411,6 +411,138 @@ def _check_checkpoint_argument(path: Path, parser: argparse.ArgumentParser) -> N
                      "no checkpoint; choose another")
 
 
+# Exit statuses of the train commands besides 0 (done) and argparse's 2 (bad usage, a checkpoint
+# that cannot be resumed): see the epilog of _add_long_run_arguments.
+EXIT_NONFINITE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program stopped by Ctrl-C
+
+_LONG_RUNS_EPILOG = (
+    "Long runs: with --checkpoint-dir DIR, training checkpoints (parameters, optimizer state, "
+    "dropout stream, step, data position and loss history; Orbax, written atomically) are saved "
+    "every --checkpoint-every steps (default: every epoch), at the end and on Ctrl-C; the newest "
+    "--keep are kept. --resume continues the run from the newest readable one (a damaged one is "
+    "reported, moved aside and the one before it used) and returns what the uninterrupted run "
+    "would have, bit for bit on CPU; a checkpoint of another configuration is refused (only "
+    "--epochs may grow). A NaN or Inf loss, gradient or update stops training (no checkpoint of "
+    "that state is written) unless --skip-nonfinite skips the step. Exit status: 0 done, 2 bad "
+    f"arguments or a checkpoint that cannot be resumed, {EXIT_NONFINITE} stopped on a non-finite "
+    f"step, {EXIT_INTERRUPTED} interrupted by Ctrl-C (SIGINT; checkpoint saved with "
+    "--checkpoint-dir).")
+
+
+def _add_long_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint-dir``, ``--checkpoint-every``, ``--keep``, ``--resume``, ``--skip-nonfinite``:
+    training checkpoints, resumption and non-finite steps, shared by the seq2seq train commands."""
+    from jax_attention.checkpointing import DEFAULT_KEEP
+
+    group = parser.add_argument_group(
+        "long runs", "training checkpoints, resumption, Ctrl-C and non-finite steps")
+    group.add_argument("--checkpoint-dir", metavar="DIR", type=Path, default=None,
+                       help="write training checkpoints into DIR (one subdirectory per step); "
+                            "not the trained model of --checkpoint")
+    group.add_argument("--checkpoint-every", metavar="N", type=positive_int, default=None,
+                       help="save a training checkpoint every N steps (batches), counted over "
+                            "the run (default: at the end of every epoch); needs "
+                            "--checkpoint-dir")
+    group.add_argument("--keep", metavar="K", type=positive_int, default=DEFAULT_KEEP,
+                       help="keep the newest K training checkpoints (default: %(default)s)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue from the newest readable training checkpoint in "
+                            "--checkpoint-dir (start afresh when there is none); the settings "
+                            "must be the run's own, --epochs may grow")
+    group.add_argument("--skip-nonfinite", action="store_true",
+                       help="skip a step whose loss, gradient or update is NaN or Inf (and count "
+                            "it) instead of stopping with exit status "
+                            f"{EXIT_NONFINITE}")
+    parser.epilog = _LONG_RUNS_EPILOG
+
+
+def _add_device_arguments(parser: argparse.ArgumentParser, *, tensor_parallel: bool) -> None:
+    """``--devices`` (and ``--model-parallel``): the device mesh of a train command."""
+    group = parser.add_argument_group(
+        "devices", "data parallelism over devices and processes (jax.sharding); a multi-process "
+                   "run starts when JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+                   "JAX_PROCESS_ID are set (see the README, 'Many devices and hosts')")
+    group.add_argument("--devices", metavar="N", type=positive_int, default=None,
+                       help="train on N devices: the state replicated, each batch split over "
+                            "them; --batch-size must divide by N (default: every device JAX "
+                            "sees)")
+    if tensor_parallel:
+        group.add_argument("--model-parallel", metavar="M", type=positive_int, default=1,
+                           help="split each attention's heads and each FFN's width over M of "
+                                "the devices (tensor parallelism; the mesh is N/M x M); "
+                                "--num-heads and --ffn-num-hiddens must divide by M (default: "
+                                "%(default)s)")
+
+
+def _check_long_run_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before training when the training-checkpoint arguments cannot work together."""
+    if args.checkpoint_dir is None:
+        if args.checkpoint_every is not None:
+            parser.error("argument --checkpoint-every: needs --checkpoint-dir")
+        if args.resume:
+            parser.error("argument --resume: needs --checkpoint-dir")
+        return
+    if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        parser.error(f"argument --checkpoint-dir: {str(args.checkpoint_dir)!r} exists and is not "
+                     "a directory")
+    if args.checkpoint_dir.absolute() == args.checkpoint.absolute():
+        parser.error("argument --checkpoint-dir: must differ from --checkpoint (the trained "
+                     "model is written there)")
+
+
+def _long_run_kwargs(args: argparse.Namespace) -> dict:
+    """The long-run and device arguments as the train functions' keyword arguments."""
+    devices = {"devices": args.devices}
+    if hasattr(args, "model_parallel"):
+        devices["model_parallel"] = args.model_parallel
+    return {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+            "keep": args.keep, "resume": args.resume, "skip_nonfinite": args.skip_nonfinite,
+            **devices}
+
+
+def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParser):
+    """``train(**options)`` -> ``(result, None)``, or ``(None, exit status)`` when it stopped.
+
+    A non-finite step: its message on stderr, status 3. Ctrl-C: the message (where the
+    checkpoint went, or that none was saved: no ``--checkpoint-dir``, or a Ctrl-C before or after
+    the training steps) on stderr, status 130. A ``ValueError`` (e.g. a configuration that
+    cannot resume the checkpoint), a directory of another run's checkpoints (``FileExistsError``)
+    or no readable checkpoint (``FileNotFoundError``): a usage error, status 2.
+    """
+    from jax_attention.train import NonFiniteLossError, TrainingInterrupted
+
+    try:
+        return train(**options), None
+    except NonFiniteLossError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return None, EXIT_NONFINITE
+    except TrainingInterrupted as stop:
+        print(f"{parser.prog}: {stop}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # without --checkpoint-dir, or outside the training steps
+        hint = ("" if options.get("checkpoint_dir") is not None
+                else " (--checkpoint-dir DIR keeps training checkpoints)")
+        print(f"{parser.prog}: interrupted (SIGINT); no checkpoint saved{hint}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+    except (ValueError, FileExistsError, FileNotFoundError) as error:
+        parser.error(str(error))
+
+
+def _main_process() -> bool:
+    from jax_attention.distributed import is_main_process
+
+    return is_main_process()
+
+
+def _print_long_run_summary(result) -> None:
+    if result.resumed_from_step is not None:
+        print(f"resumed from training checkpoint {result.resumed_from_step} in "
+              f"{result.checkpoint_dir}")
+    if result.skipped_steps:
+        print(f"skipped {result.skipped_steps} step(s) with a non-finite loss, gradient or update")
+
+
 def _attention_heatmap(translation, path: Path) -> None:
     """The book's heatmap of one translation's attention weights, with the tokens as tick labels:
     the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down."""
@@ -467,6 +599,8 @@ def _train_bahdanau(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
                         help="print the loss every N epochs (default: %(default)s)")
     add_output_arguments(parser)
+    _add_long_run_arguments(parser)
+    _add_device_arguments(parser, tensor_parallel=False)
     parser.set_defaults(handler=run_train_bahdanau)
 
 
@@ -474,6 +608,7 @@ def run_train_bahdanau(args: argparse.Namespace, parser: argparse.ArgumentParser
     """Handler of ``train bahdanau``; see its ``--help``."""
     _check_output_arguments(args, parser)
     _check_checkpoint_argument(args.checkpoint, parser)
+    _check_long_run_arguments(args, parser)
     from jax_attention.data import find_data
     from jax_attention.train import train_bahdanau
 
@@ -481,11 +616,16 @@ def run_train_bahdanau(args: argparse.Namespace, parser: argparse.ArgumentParser
         find_data(args.data)  # before compiling anything: a missing file is a usage error
     except FileNotFoundError as error:
         parser.error(str(error))
-    result = train_bahdanau(
+    result, status = _run_training(train_bahdanau, dict(
         embed_size=args.embed_size, num_hiddens=args.num_hiddens, num_layers=args.num_layers,
         dropout=args.dropout, batch_size=args.batch_size, num_steps=args.num_steps, lr=args.lr,
         epochs=args.epochs, num_examples=args.num_examples, seed=args.seed, data=args.data,
-        checkpoint=args.checkpoint, progress=args.progress, log_every=args.log_every)
+        checkpoint=args.checkpoint, progress=args.progress, log_every=args.log_every,
+        **_long_run_kwargs(args)), parser)
+    if status is not None:
+        return status
+    if not _main_process():
+        return 0  # process 0 of a multi-process run reports and writes the files
     environment = _environment()
     # The book's summary line: its loss is the cross-entropy per token divided by num_steps.
     print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
@@ -493,6 +633,7 @@ def run_train_bahdanau(args: argparse.Namespace, parser: argparse.ArgumentParser
           f"{environment['backend']}")
     for (reference, translation), score in zip(result.translations, result.bleu):
         print(f"{translation.source} => {translation.translation}, bleu {score:.3f}")
+    _print_long_run_summary(result)
     print(f"wall time {result.wall_time_s:.2f} s")
     print(f"wrote checkpoint {result.checkpoint}")
 
@@ -584,6 +725,8 @@ def _train_transformer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
                         help="print the loss every N epochs (default: %(default)s)")
     add_output_arguments(parser)
+    _add_long_run_arguments(parser)
+    _add_device_arguments(parser, tensor_parallel=True)
     parser.set_defaults(handler=run_train_transformer)
 
 
@@ -591,6 +734,7 @@ def run_train_transformer(args: argparse.Namespace, parser: argparse.ArgumentPar
     """Handler of ``train transformer``; see its ``--help``."""
     _check_output_arguments(args, parser)
     _check_checkpoint_argument(args.checkpoint, parser)
+    _check_long_run_arguments(args, parser)
     if args.num_hiddens % args.num_heads:
         parser.error(f"argument --num-heads: {args.num_heads} does not divide --num-hiddens = "
                      f"{args.num_hiddens}")
@@ -601,16 +745,18 @@ def run_train_transformer(args: argparse.Namespace, parser: argparse.ArgumentPar
         find_data(args.data)
     except FileNotFoundError as error:
         parser.error(str(error))
-    try:
-        result = train_transformer(
-            num_hiddens=args.num_hiddens, ffn_num_hiddens=args.ffn_num_hiddens,
-            num_heads=args.num_heads, num_layers=args.num_layers, dropout=args.dropout,
-            batch_size=args.batch_size, num_steps=args.num_steps, lr=args.lr, epochs=args.epochs,
-            num_examples=args.num_examples, val_fraction=args.val_fraction, seed=args.seed,
-            data=args.data, checkpoint=args.checkpoint, progress=args.progress,
-            log_every=args.log_every)
-    except ValueError as error:  # e.g. a --val-fraction that leaves no training pair
-        parser.error(str(error))
+    # A ValueError (e.g. a --val-fraction that leaves no training pair) is a usage error.
+    result, status = _run_training(train_transformer, dict(
+        num_hiddens=args.num_hiddens, ffn_num_hiddens=args.ffn_num_hiddens,
+        num_heads=args.num_heads, num_layers=args.num_layers, dropout=args.dropout,
+        batch_size=args.batch_size, num_steps=args.num_steps, lr=args.lr, epochs=args.epochs,
+        num_examples=args.num_examples, val_fraction=args.val_fraction, seed=args.seed,
+        data=args.data, checkpoint=args.checkpoint, progress=args.progress,
+        log_every=args.log_every, **_long_run_kwargs(args)), parser)
+    if status is not None:
+        return status
+    if not _main_process():
+        return 0  # process 0 of a multi-process run reports and writes the files
     environment = _environment()
     print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
           f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
@@ -621,6 +767,7 @@ def run_train_transformer(args: argparse.Namespace, parser: argparse.ArgumentPar
         v = result.validation
         print(f"held-out: {v['num_pairs']} pairs, corpus BLEU (k = 4) {v['corpus_bleu']:.3f}, "
               f"mean sentence BLEU {v['mean_sentence_bleu']:.3f}")
+    _print_long_run_summary(result)
     print(f"wall time {result.wall_time_s:.2f} s")
     print(f"wrote checkpoint {result.checkpoint}")
 
@@ -1015,7 +1162,12 @@ def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser
                       "FLOPs per step (XLA's cost analysis), the fraction of a float32 GEMM "
                       "ceiling measured in the same run, both peers' losses after the timed "
                       "steps and the ratio ours/torch. PyTorch runs with the faster of 1 thread "
-                      "and its default unless --torch-threads is given.")
+                      "and its default unless --torch-threads is given. With --devices 1,2,4 it "
+                      "measures how our training scales over devices instead: one fresh process "
+                      "per device count, each training on a mesh of that many devices (state "
+                      "replicated, each batch split over them) with XLA_FLAGS=--xla_force_host_"
+                      "platform_device_count=N, so that a CPU gets N host devices (which share "
+                      "its cores); it prints step time, tokens/s and the speed-up per count.")
 def _bench_train(parser: argparse.ArgumentParser) -> None:
     from jax_attention.bench.train import MODELS
 
@@ -1030,16 +1182,48 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
                         help="n of the n³ float32 GEMM that sets the ceiling (default: "
                              "%(default)s)")
+    parser.add_argument("--devices", metavar="N,N,...", type=_device_counts, default=None,
+                        help="time our training on each of these device counts instead, one "
+                             "fresh process each (forced host devices on CPU; on a machine "
+                             "with accelerators JAX_PLATFORMS=cpu asks for host devices); no "
+                             "PyTorch peer or GEMM ceiling then")
     _add_bench_common(parser, repeats=7)
     parser.set_defaults(handler=run_bench_train)
+
+
+def _device_counts(text: str) -> list[int]:
+    """argparse type: ``1,2,4`` — device counts, each >= 1."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected device counts such as 1,2,4 (integers >= 1), got {text!r}")
+    return counts
 
 
 def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``bench train``; see its ``--help``."""
     _check_bench_paths(args, parser)
     from jax_attention.bench.common import write_json
-    from jax_attention.bench.train import bench_train, format_train
+    from jax_attention.bench.train import (bench_train, bench_train_devices, format_train,
+                                           format_train_devices)
 
+    if args.devices is not None:
+        if args.torch_threads is not None:
+            parser.error("argument --torch-threads: not with --devices (no PyTorch peer runs)")
+        try:
+            record = bench_train_devices(args.model, args.devices, steps=args.steps,
+                                         repeats=args.repeats, warmup=args.warmup,
+                                         seed=args.seed, data=args.data,
+                                         log=_bench_progress(args))
+        except ValueError as error:  # a device count that does not divide the batch
+            parser.error(f"argument --devices: {error}")
+        print(format_train_devices(record))
+        if args.json is not None:
+            print(f"wrote {write_json(args.json, {'command': 'bench train', **record})}")
+        return 0
     record = bench_train(args.model, steps=args.steps, repeats=args.repeats, warmup=args.warmup,
                          seed=args.seed, torch_threads=args.torch_threads,
                          gemm_size=args.gemm_size, data=args.data, log=_bench_progress(args))

@@ -9,21 +9,29 @@ book's ``train_seq2seq``: teacher forcing, masked cross-entropy, Adam, gradients
 norm 1; :func:`save_checkpoint` and :func:`load_checkpoint` store the result.
 
 Randomness comes only from ``seed``; on CPU the same seed gives bit-identical losses and ``w``.
+
+Long runs of the seq2seq models (``checkpoint_dir=``): training checkpoints every ``N`` steps
+(:mod:`jax_attention.checkpointing`, Orbax), resumption bit for bit (``resume=True``), a checkpoint
+and :class:`TrainingInterrupted` on SIGINT, and :class:`NonFiniteLossError` — or a skipped step —
+when a loss, gradient or update is NaN or Inf, decided inside the compiled steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import numbers
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jax
@@ -34,6 +42,7 @@ from flax import nnx
 from jax import lax
 from tqdm import tqdm
 
+from jax_attention import distributed
 from jax_attention.attention_pooling import (
     NWKernelRegression,
     average_pooling,
@@ -42,10 +51,12 @@ from jax_attention.attention_pooling import (
     nadaraya_watson,
 )
 from jax_attention.bahdanau import masked_cross_entropy
+from jax_attention.checkpointing import DEFAULT_KEEP
 
 __all__ = ["KernelRegressionResult", "train_kernel_regression", "BOOK_PAIRS", "BahdanauResult",
            "train_bahdanau", "evaluate_translations", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "TransformerResult", "train_transformer", "evaluate_held_out"]
+           "load_checkpoint", "TransformerResult", "train_transformer", "evaluate_held_out",
+           "NonFiniteLossError", "TrainingInterrupted"]
 
 
 @dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
@@ -282,6 +293,10 @@ class BahdanauResult:
       bleu: the BLEU (``k = 2``) of each translation against its reference.
       wall_time_s: seconds for the whole run (data, compilation, training, translation).
       checkpoint: where the checkpoint was written, or ``None``.
+      skipped_steps: steps skipped for a non-finite loss, gradient or update
+        (``skip_nonfinite``); 0 otherwise.
+      resumed_from_step: the training checkpoint's step this run resumed from, or ``None``.
+      checkpoint_dir: the directory of the training checkpoints, or ``None``.
     """
 
     losses: list[float]
@@ -296,6 +311,9 @@ class BahdanauResult:
     bleu: list[float]
     wall_time_s: float
     checkpoint: Path | None
+    skipped_steps: int = 0
+    resumed_from_step: int | None = None
+    checkpoint_dir: Path | None = None
 
     def figures(self) -> dict:
         """The results as JSON-ready Python values (no arrays)."""
@@ -315,11 +333,14 @@ class BahdanauResult:
             "config": self.config,
             "wall_time_s": self.wall_time_s,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+            "skipped_steps": self.skipped_steps,
+            "resumed_from_step": self.resumed_from_step,
+            "checkpoint_dir": None if self.checkpoint_dir is None else str(self.checkpoint_dir),
         }
 
 
-def _update(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len):
-    """One teacher-forced Adam step on ``sum`` of the per-sequence losses; returns that sum.
+def _loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len):
+    """``sum`` of the per-sequence teacher-forced losses over the batch, and its gradient.
 
     The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
     gradient is clipped to norm 1 before Adam.
@@ -329,12 +350,22 @@ def _update(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
         logits = model(src, src_valid_len, dec_input)
         return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len))
 
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    return nnx.value_and_grad(loss_fn)(model)
+
+
+def _apply_gradients(model, optimizer: nnx.Optimizer, grads) -> None:
+    """``optimizer.update(model, grads)`` (clipping, then Adam), in place."""
     # optax's Adam computes its bias correction as `decay ** count`, a Python float to the power
     # of an int32 count, which strict dtype promotion (the tests' setting) rejects; our own code
     # above stays strict.
     with jax.numpy_dtype_promotion("standard"):
         optimizer.update(model, grads)
+
+
+def _update(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len):
+    """One teacher-forced Adam step on ``sum`` of the per-sequence losses; returns that sum."""
+    loss, grads = _loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len)
+    _apply_gradients(model, optimizer, grads)
     return loss
 
 
@@ -350,6 +381,65 @@ def _pure_step(graphdef, state, batch):
     return nnx.state((model, optimizer)), loss
 
 
+def _all_finite(tree) -> jax.Array:
+    """A boolean scalar: no floating-point leaf of ``tree`` holds NaN or Inf."""
+    finite = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
+              if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return functools.reduce(jnp.logical_and, finite, jnp.asarray(True))
+
+
+def _guarded_step(graphdef, state, batch, halted, skip_nonfinite):
+    """:func:`_pure_step` that refuses a non-finite update, decided on the device (no host sync).
+
+    A step is *rejected* when its loss, a gradient or an updated parameter is NaN or Inf (a huge
+    learning rate can turn finite gradients into infinite parameters). A rejected step leaves the
+    parameters and the optimizer's state as they were, so the state never holds NaN:
+
+    - ``skip_nonfinite`` False (stop): the first rejected step sets ``halted``, and every later
+      step of the same compiled call is rejected too (dropout stream included), so the state that
+      comes back is the one before the bad step — the last good state, for the host to report.
+    - ``skip_nonfinite`` True (skip): only the bad step is rejected; the dropout stream still
+      advances, so that every later step draws the key it draws in a run without the bad step.
+
+    A step that is not rejected computes exactly what :func:`_pure_step` computes.
+
+    Args:
+      batch: ``(src, src_valid_len, dec_input, tgt, tgt_valid_len)``.
+      halted: a boolean scalar, True once a step of this call was rejected.
+      skip_nonfinite: a boolean scalar (traced: both modes share one compilation).
+
+    Returns:
+      ``(state, loss, halted)``: ``loss`` is the step's summed loss, or NaN for a rejected step.
+    """
+
+    def is_variable(x):
+        return isinstance(x, nnx.Variable)
+
+    # The values before the step: the merged model and optimizer share `state`'s Variables, which
+    # the update rebinds in place.
+    before = [variable.get_value() for variable in jax.tree.leaves(state, is_leaf=is_variable)]
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = _loss_and_grads(model, *batch)
+    _apply_gradients(model, optimizer, grads)
+    ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(nnx.state(model, nnx.Param))
+    accept = ok & (skip_nonfinite | ~halted)
+
+    def choose(variable, old):
+        new = variable.get_value()
+        # Skip mode moves the dropout stream on even past a rejected step.
+        take = (accept | skip_nonfinite) if isinstance(variable, nnx.RngState) else accept
+        if jnp.issubdtype(new.dtype, jax.dtypes.prng_key):  # `where` takes the raw key data
+            chosen = jnp.where(take, jax.random.key_data(new), jax.random.key_data(old))
+            return variable.replace(jax.random.wrap_key_data(chosen,
+                                                             impl=jax.random.key_impl(new)))
+        return variable.replace(jnp.where(take, new, old))
+
+    after, treedef = jax.tree.flatten(nnx.state((model, optimizer)), is_leaf=is_variable)
+    state = jax.tree.unflatten(treedef, [choose(v, old) for v, old in zip(after, before,
+                                                                          strict=True)])
+    return state, jnp.where(accept, loss, jnp.nan), halted | ~ok
+
+
 # Module level, with the graph definition static: every run with the same model structure and
 # optimizer (same shapes) reuses one compilation. The state is donated: it is replaced by the
 # returned one, and XLA may update the parameters and moments in place.
@@ -357,8 +447,8 @@ _jit_step = jax.jit(_pure_step, static_argnums=0, donate_argnums=1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=1)
-def _train_steps(graphdef, state, batches, bos_id: int):
-    """Several training steps in one compiled call: ``lax.scan`` of :func:`_pure_step`.
+def _train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False):
+    """Several training steps in one compiled call: ``lax.scan`` of :func:`_guarded_step`.
 
     ``batches = (src, src_valid_len, tgt, tgt_valid_len)``, each stacked along a leading steps
     axis (``(K, B, T)`` and ``(K, B)``). Step ``k`` trains on batch ``k``, in order, with the
@@ -366,17 +456,30 @@ def _train_steps(graphdef, state, batches, bos_id: int):
     of :func:`_bahdanau_step`, without ``K`` dispatches from Python and ``K`` round trips of the
     whole state. The decoder inputs (``<bos>`` + target) are built here, on the device.
 
+    A step whose loss, gradient or update is not finite is rejected (:func:`_guarded_step`): with
+    ``skip_nonfinite`` False it and every later step of the call leave the state unchanged;
+    with ``skip_nonfinite`` True only that step does (a traced boolean: one compilation serves
+    both). Its loss comes back as NaN, so the host finds it in the losses it reads anyway.
+    Scanning the ``K`` steps in several calls (``K1`` then ``K - K1`` batches) gives the same
+    state and losses, bit for bit on CPU.
+
     Returns:
-      ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss.
+      ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss (NaN
+      for a rejected step).
     """
     from jax_attention.bahdanau import teacher_forcing_inputs
 
-    def body(state, batch):
+    def body(carry, batch):
+        state, halted = carry
         src, src_valid_len, tgt, tgt_valid_len = batch
         dec_input = teacher_forcing_inputs(tgt, bos_id)
-        return _pure_step(graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len))
+        state, loss, halted = _guarded_step(
+            graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len), halted,
+            skip_nonfinite)
+        return (state, halted), loss
 
-    return lax.scan(body, state, batches)
+    (state, _), losses = lax.scan(body, (state, jnp.asarray(False)), batches)
+    return state, losses
 
 
 def _bahdanau_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
@@ -458,48 +561,358 @@ def _epoch_batches(nmt, epoch: int):
     return stacked, int(stacked[3].sum())
 
 
-def _train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
-                  log, log_every: int):
-    """The teacher-forced epochs shared by the seq2seq models (any ``model(src, src_valid_len,
-    dec_input) -> logits``); returns the per-epoch loss per target token and tokens/sec.
+class NonFiniteLossError(FloatingPointError):
+    """Training stopped at a step whose loss, gradient or parameter update was NaN or Inf.
 
-    The model and optimizer are split once; each epoch is one compiled call (:func:`_train_steps`)
-    over its stacked batches, with one device sync (its losses) per epoch. The steps are those of
-    :func:`_bahdanau_step` batch after batch — same batches, order, dropout keys and updates —
-    without a Python dispatch, an NNX split/merge of the whole state and a host round trip per
-    step, which took a large part of the step time of these small models (the most for the
-    Transformer, whose state has the most leaves). The model and optimizer get the trained state
-    back at the end, in a ``finally`` block.
+    The model holds the state before that step; no checkpoint is written of it, so the newest
+    training checkpoint (if any) is the last good one. Resuming with ``skip_nonfinite=True``
+    (``--skip-nonfinite``) skips such steps instead.
+
+    Attributes:
+      step: the bad step's number, counted from 1 over the whole run.
+      epoch, batch: its epoch and its batch within the epoch, counted from 1.
+      checkpoint: the newest training checkpoint's directory, or ``None``.
     """
-    bos_id = nmt.tgt_vocab["<bos>"]
-    graphdef, state = nnx.split((model, optimizer))
-    losses, tokens_per_sec = [], []
+
+    def __init__(self, message: str, *, step: int, epoch: int, batch: int,
+                 checkpoint: Path | None):
+        super().__init__(message)
+        self.step, self.epoch, self.batch, self.checkpoint = step, epoch, batch, checkpoint
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) stopped training after a completed step, and the state was saved.
+
+    A subclass of :class:`KeyboardInterrupt`, so that code that handles Ctrl-C handles it too; the
+    CLI prints its message and exits with status 130 (128 + SIGINT, the shell's convention).
+
+    Attributes:
+      step: the steps done, which is the step of the checkpoint.
+      checkpoint: the training checkpoint's directory.
+    """
+
+    def __init__(self, message: str, *, step: int, checkpoint: Path):
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
+@dataclass
+class _Progress:
+    """Where a seq2seq training run stands, besides its NNX state: what a resumed run needs to
+    return what the uninterrupted run returns (stored as a training checkpoint's JSON record).
+
+    ``step`` counts the steps done; the epoch in progress is ``step // steps_per_epoch`` and its
+    next batch ``step % steps_per_epoch``. ``epoch_loss_sum`` sums that epoch's batch losses so
+    far in float64, in batch order (JSON keeps a float exactly), so that its loss comes out the
+    same bit for bit whether or not the run stopped within it.
+    """
+
+    step: int = 0
+    losses: list = field(default_factory=list)
+    tokens_per_sec: list = field(default_factory=list)
+    epoch_loss_sum: float = 0.0
+    epoch_tokens: int = 0
+    epoch_seconds: float = 0.0
+    skipped_steps: int = 0
+
+    def add(self, losses: np.ndarray, tokens: np.ndarray) -> None:
+        """Count steps with these summed ``losses`` (NaN: rejected) and target ``tokens``."""
+        for loss, count in zip(losses, tokens):
+            if np.isfinite(loss):
+                self.epoch_loss_sum += float(loss)
+                self.epoch_tokens += int(count)
+            else:
+                self.skipped_steps += 1
+        self.step += len(losses)
+
+    def end_epoch(self) -> None:
+        """Record the finished epoch's loss per target token and tokens/s."""
+        tokens = self.epoch_tokens
+        self.losses.append(self.epoch_loss_sum / tokens if tokens else math.nan)
+        self.tokens_per_sec.append(tokens / self.epoch_seconds if self.epoch_seconds else 0.0)
+        self.epoch_loss_sum, self.epoch_tokens, self.epoch_seconds = 0.0, 0, 0.0
+
+    def record(self, steps_per_epoch: int) -> dict:
+        """The JSON-ready record of a training checkpoint."""
+        return {**asdict(self), "epoch": self.step // steps_per_epoch,
+                "batch": self.step % steps_per_epoch, "steps_per_epoch": steps_per_epoch}
+
+    @classmethod
+    def from_record(cls, record: dict, steps_per_epoch: int, where: str) -> _Progress:
+        """The inverse of :meth:`record`, checked against this run's ``steps_per_epoch``."""
+        from jax_attention.checkpointing import CheckpointMismatchError
+
+        missing = [name for name in cls.__dataclass_fields__ if name not in record]
+        if missing:
+            raise CheckpointMismatchError(f"cannot resume from {where}: its progress record "
+                                          f"lacks {missing} (another format?)")
+        if record.get("steps_per_epoch") != steps_per_epoch:
+            raise CheckpointMismatchError(
+                f"cannot resume from {where}: it has {record.get('steps_per_epoch')!r} steps per "
+                f"epoch, this run {steps_per_epoch} (different data?)")
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+
+
+@contextlib.contextmanager
+def _sigint_requests(enabled: bool):
+    """Turn the first SIGINT (Ctrl-C) into a request, checked between compiled calls.
+
+    Yields an event that the first SIGINT sets. That handler then puts the previous one back, so
+    that a second Ctrl-C interrupts at once (a half-written checkpoint is never a checkpoint:
+    Orbax renames a step's directory only when it is complete). Nothing is installed when not
+    ``enabled``, off the main thread (Python runs signal handlers there only), or when SIGINT is
+    ignored (``nohup``, a background job): the previous behaviour stays.
+    """
+    requested = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if (not enabled or threading.current_thread() is not threading.main_thread()
+            or previous in (signal.SIG_IGN, None)):
+        yield requested
+        return
+
+    def handler(signum, frame):
+        requested.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, handler)
     try:
-        with tqdm(total=epochs, desc=desc, unit="epoch",
-                  disable=None if progress else True, leave=False) as bar:
-            for epoch in range(1, epochs + 1):
-                epoch_start = time.perf_counter()
-                batches, num_tokens = _epoch_batches(nmt, epoch - 1)
-                state, batch_losses = _train_steps(graphdef, state, batches, bos_id)
-                # The epoch's one device sync; summed on the host in float64, in batch order.
-                total = float(sum(float(loss) for loss in np.asarray(batch_losses)))
-                elapsed = time.perf_counter() - epoch_start
-                losses.append(total / num_tokens)
-                tokens_per_sec.append(num_tokens / elapsed)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_sec[-1]:.0f}",
-                                refresh=False)
-                bar.update(1)
-                if log is not None and (epoch % log_every == 0 or epoch == epochs):
-                    line = (f"epoch {epoch}, loss {losses[-1]:.4f}, "
-                            f"{tokens_per_sec[-1]:.1f} tokens/sec")
-                    if bar.disable:
-                        log(line)
-                    else:
-                        with tqdm.external_write_mode():
-                            log(line)
+        yield requested
     finally:
-        nnx.update((model, optimizer), state)
-    return losses, tokens_per_sec
+        signal.signal(signal.SIGINT, previous)
+
+
+def _long_run_options(checkpoint_dir, checkpoint_every, keep, resume, skip_nonfinite) -> dict:
+    """The training-checkpoint and non-finite arguments, checked, as :func:`_train_epochs`'s
+    keyword arguments."""
+    if checkpoint_every is not None:
+        _check_positive_int("checkpoint_every", checkpoint_every)
+    _check_positive_int("keep", keep)
+    for name, value in (("resume", resume), ("skip_nonfinite", skip_nonfinite)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if checkpoint_dir is None and checkpoint_every is not None:
+        raise ValueError(f"checkpoint_every = {checkpoint_every!r} needs a checkpoint_dir, "
+                         "got None")
+    if checkpoint_dir is None and resume:
+        raise ValueError("resume = True needs a checkpoint_dir, got None")
+    return {"checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "keep": keep,
+            "resume": resume, "skip_nonfinite": skip_nonfinite}
+
+
+@dataclass(frozen=True)
+class _EpochsResult:
+    losses: list
+    tokens_per_sec: list
+    skipped_steps: int
+    resumed_from_step: int | None
+
+
+def _training_mesh(devices, batch_size: int, checkpoint_dir, *, model: int = 1):
+    """The device mesh of a training run (:func:`jax_attention.distributed.make_mesh`), after
+    starting the multi-process runtime when the environment asks for it; checks that the batch
+    splits over the ``data`` axis.
+
+    Raises:
+      ValueError: see :func:`~jax_attention.distributed.make_mesh` and
+        :func:`~jax_attention.distributed.check_batch_size`; ``checkpoint_dir`` in a
+        multi-process run, whose training checkpoints would need every process to write its
+        part of one Orbax checkpoint together (not implemented).
+    """
+    distributed.initialize_from_env()  # before anything starts JAX's backends
+    if checkpoint_dir is not None and jax.process_count() > 1:
+        raise ValueError(f"checkpoint_dir (--checkpoint-dir) is not supported in a multi-process "
+                         f"run ({jax.process_count()} processes); train without it, or in one "
+                         f"process")
+    mesh = distributed.make_mesh(devices, model=model)
+    distributed.check_batch_size(batch_size, mesh)
+    return mesh
+
+
+def _train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
+                  log, log_every: int, config: dict, checkpoint_dir=None,
+                  checkpoint_every: int | None = None, keep: int = DEFAULT_KEEP,
+                  resume: bool = False, skip_nonfinite: bool = False, mesh=None) -> _EpochsResult:
+    """The teacher-forced epochs shared by the seq2seq models (any ``model(src, src_valid_len,
+    dec_input) -> logits``), with training checkpoints; returns the per-epoch loss per target
+    token, tokens/sec, the skipped steps and the step resumed from.
+
+    The model and optimizer are split once; the steps run in compiled calls of
+    :func:`_train_steps` over stacked batches, one device sync (their losses) per call. The steps
+    are those of :func:`_bahdanau_step` batch after batch — same batches, order, dropout keys and
+    updates — without a Python dispatch, an NNX split/merge of the whole state and a host round
+    trip per step, which took a large part of the step time of these small models. Without
+    training checkpoints each epoch is one call; with ``checkpoint_every = N`` a call also ends
+    at every multiple of ``N`` steps (counted over the run), where a checkpoint is saved — which
+    changes no result: scanning an epoch in pieces is bit-identical on CPU. The model and
+    optimizer get the trained state back at the end, in a ``finally`` block.
+
+    With ``checkpoint_dir``, a training checkpoint (:class:`jax_attention.checkpointing.
+    TrainingCheckpoints`) is written every ``checkpoint_every`` steps (``None``: at the end of
+    every epoch), at the end, and on SIGINT (then :class:`TrainingInterrupted` is raised); with
+    ``resume`` the run continues from the newest one (or starts afresh when there is none).
+
+    A step whose loss, gradient or update is not finite stops training with
+    :class:`NonFiniteLossError` (``skip_nonfinite=False``), or is skipped and counted: its loss
+    and target tokens are left out of its epoch's loss (an epoch whose every step was skipped
+    has loss NaN).
+
+    ``mesh`` (:func:`jax_attention.distributed.make_mesh`; ``None``: this process's first device)
+    places the state (replicated, or split over a ``model`` axis) and splits every batch over
+    its ``data`` axis; the compiled step is the same, XLA's partitioner splits the work.
+    """
+    mesh = distributed.make_mesh(1) if mesh is None else mesh
+    bos_id = nmt.tgt_vocab["<bos>"]
+    steps_per_epoch = nmt.num_batches
+    total = epochs * steps_per_epoch
+    graphdef, state = nnx.split((model, optimizer))
+    done = _Progress()
+    resumed_from = None
+    checkpoints = None
+    pending = []  # lines to log once the bar is up
+
+    def position(step: int) -> str:
+        """Where step ``step + 1`` is, in words."""
+        if step == total:
+            return f"all {total} steps done"
+        epoch, batch = divmod(step, steps_per_epoch)
+        return f"epoch {epoch + 1}, batch {batch + 1} of {steps_per_epoch}"
+
+    try:
+        if checkpoint_dir is not None:
+            from jax_attention.checkpointing import TrainingCheckpoints
+
+            checkpoints = TrainingCheckpoints(checkpoint_dir, config=config, keep=keep)
+            if resume:
+                restored = checkpoints.restore(state)
+                if restored is None:
+                    pending.append(f"no training checkpoint in {checkpoints.directory} yet; "
+                                   "starting from step 0")
+                else:
+                    state, record = restored
+                    done = _Progress.from_record(
+                        record, steps_per_epoch,
+                        f"training checkpoint {record['step']} in {checkpoints.directory}")
+                    resumed_from = done.step
+                    pending.append(f"resumed from training checkpoint {done.step} in "
+                                   f"{checkpoints.directory} (next: {position(done.step)})")
+            elif checkpoints.steps:
+                raise FileExistsError(
+                    f"{checkpoints.directory} holds training checkpoints already (steps "
+                    f"{checkpoints.steps}); resume that run (resume=True, --resume) or choose "
+                    "another directory")
+        if done.step > total:
+            raise ValueError(f"epochs = {epochs} ({total} steps) is fewer than the "
+                             f"{done.step} steps of the checkpoint resumed from; pass at least "
+                             f"{-(-done.step // steps_per_epoch)}")
+        saved = done.step if resumed_from is not None else None
+        # After the restore, which fills a state of one device's arrays.
+        state = distributed.place_state(state, mesh)
+        with _sigint_requests(checkpoints is not None) as stop_requested, \
+                tqdm(total=epochs, initial=len(done.losses), desc=desc, unit="epoch",
+                     disable=None if progress else True, leave=False) as bar:
+
+            def emit(line: str) -> None:
+                if log is None:
+                    return
+                if bar.disable:
+                    log(line)
+                else:
+                    with tqdm.external_write_mode():
+                        log(line)
+
+            for line in pending:
+                emit(line)
+            loaded_epoch = None
+            while done.step < total:
+                start = time.perf_counter()
+                epoch, batch = divmod(done.step, steps_per_epoch)
+                if loaded_epoch != epoch:
+                    batches, _ = _epoch_batches(nmt, epoch)
+                    batch_tokens = batches[3].sum(axis=1)
+                    loaded_epoch = epoch
+                # The call runs to the end of the epoch or to the next checkpoint boundary.
+                end = steps_per_epoch
+                if checkpoint_every is not None:
+                    boundary = (done.step // checkpoint_every + 1) * checkpoint_every
+                    end = min(end, boundary - epoch * steps_per_epoch)
+                chunk = batches if (batch, end) == (0, steps_per_epoch) else tuple(
+                    array[batch:end] for array in batches)
+                chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
+                state, losses = _train_steps(graphdef, state, chunk, bos_id, skip_nonfinite)
+                losses = distributed.to_host(losses)  # the call's one device sync
+                done.epoch_seconds += time.perf_counter() - start
+                rejected = ~np.isfinite(losses)
+                if rejected.any() and not skip_nonfinite:
+                    # The state is the one before the bad step (_guarded_step); nothing saved.
+                    first = int(np.argmax(rejected))
+                    done.add(losses[:first], batch_tokens[batch:batch + first])
+                    latest = checkpoints.steps[-1] if checkpoints and checkpoints.steps else None
+                    kept = (f"the last training checkpoint is step {latest} in "
+                            f"{checkpoints.directory}" if latest is not None
+                            else "no training checkpoint was written")
+                    raise NonFiniteLossError(
+                        f"non-finite loss, gradient or parameter update (NaN or Inf) at step "
+                        f"{done.step + 1} ({position(done.step)}); training stopped, {kept}. "
+                        "A lower learning rate may avoid it; --skip-nonfinite (skip_nonfinite="
+                        "True) skips such steps", step=done.step + 1,
+                        epoch=epoch + 1, batch=batch + first + 1,
+                        checkpoint=None if latest is None else checkpoints.step_path(latest))
+                if rejected.any():
+                    numbers = [done.step + 1 + int(k) for k in np.flatnonzero(rejected)]
+                    emit(f"skipped {len(numbers)} step(s) with a non-finite loss, gradient or "
+                         f"update: step {', '.join(map(str, numbers[:5]))}"
+                         + (", ..." if len(numbers) > 5 else ""))
+                done.add(losses, batch_tokens[batch:end])
+                if done.step % steps_per_epoch == 0:
+                    done.end_epoch()
+                    bar.set_postfix(loss=f"{done.losses[-1]:.4f}",
+                                    tok_s=f"{done.tokens_per_sec[-1]:.0f}", refresh=False)
+                    bar.update(1)
+                    finished = len(done.losses)
+                    if finished % log_every == 0 or finished == epochs:
+                        emit(f"epoch {finished}, loss {done.losses[-1]:.4f}, "
+                             f"{done.tokens_per_sec[-1]:.1f} tokens/sec")
+                if checkpoints is not None:
+                    due = (done.step == total or stop_requested.is_set()
+                           or (done.step % checkpoint_every == 0 if checkpoint_every is not None
+                               else done.step % steps_per_epoch == 0))
+                    if due and saved != done.step:
+                        checkpoints.save(done.step, distributed.to_local(state),
+                                         done.record(steps_per_epoch))
+                        saved = done.step
+                if stop_requested.is_set() and done.step < total:
+                    raise TrainingInterrupted(
+                        f"interrupted (SIGINT) after step {done.step} (next: "
+                        f"{position(done.step)});"
+                        f" saved training checkpoint {done.step} in {checkpoints.directory}; "
+                        "resume with --resume (resume=True)", step=done.step,
+                        checkpoint=checkpoints.step_path(done.step))
+    finally:
+        nnx.update((model, optimizer), distributed.to_local(state))
+        if checkpoints is not None:
+            checkpoints.close()
+    return _EpochsResult(losses=done.losses, tokens_per_sec=done.tokens_per_sec,
+                         skipped_steps=done.skipped_steps, resumed_from_step=resumed_from)
+
+
+def _bahdanau_setup(*, embed_size: int, num_hiddens: int, num_layers: int, dropout: float,
+                    batch_size: int, num_steps: int, lr: float, num_examples: int, seed: int,
+                    data=None):
+    """The data, the model (in training mode) and the optimizer of :func:`train_bahdanau`, before
+    its first step: ``(nmt, model, optimizer)``."""
+    from jax_attention.bahdanau import BahdanauSeq2Seq
+    from jax_attention.data import load_data_nmt
+
+    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
+    # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
+    # are deterministic on a given backend.
+    params_rng, dropout_rng = jax.random.key(seed), jax.random.key(seed, impl="rbg")
+    model = BahdanauSeq2Seq(len(nmt.src_vocab), len(nmt.tgt_vocab), embed_size, num_hiddens,
+                            num_layers, dropout,
+                            rngs=nnx.Rngs(params=params_rng, dropout=dropout_rng))
+    model.train()
+    return nmt, model, nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
 
 
 def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: int = 2,
@@ -507,7 +920,10 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
                    lr: float = 0.005, epochs: int = 250, num_examples: int = 600, seed: int = 0,
                    data: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
                    progress: bool = True, log: Callable[[str], object] | None = print,
-                   log_every: int = 10) -> BahdanauResult:
+                   log_every: int = 10, checkpoint_dir: str | os.PathLike | None = None,
+                   checkpoint_every: int | None = None, keep: int = DEFAULT_KEEP,
+                   resume: bool = False, skip_nonfinite: bool = False,
+                   devices: int | None = None) -> BahdanauResult:
     """Train seq2seq with Bahdanau attention on English–French — d2l §11.4.3 (``train_seq2seq``).
 
     The book's recipe and defaults: the first ``num_examples`` pairs (:func:`jax_attention.data.
@@ -532,13 +948,37 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
       log: called with ``"epoch {e}, loss {loss:.4f}, {tokens/sec:.1f} tokens/sec"`` every
         ``log_every`` epochs (and after the last), or ``None``.
       log_every: the logging period in epochs.
+      checkpoint_dir: a directory for training checkpoints (:mod:`jax_attention.checkpointing`:
+        parameters, Adam's state, the dropout stream, the step, the data-order position and the
+        loss history, written atomically with Orbax), or ``None`` for none. Not the exported
+        model of ``checkpoint``.
+      checkpoint_every: write a training checkpoint every this many steps (batches), counted
+        over the run; ``None``: at the end of every epoch. One is also written at the end and
+        on SIGINT (Ctrl-C), after which :class:`TrainingInterrupted` is raised.
+      keep: how many of the newest training checkpoints to keep (>= 1).
+      resume: continue from the newest readable training checkpoint in ``checkpoint_dir`` (start
+        afresh when there is none). The run then returns what the uninterrupted run returns,
+        bit for bit on CPU (the tokens/sec aside). Refused (:class:`~jax_attention.
+        checkpointing.CheckpointMismatchError`) when the checkpoint's configuration differs
+        from this one; only ``epochs`` may grow.
+      skip_nonfinite: a step whose loss, gradient or parameter update is NaN or Inf is skipped
+        (no update; counted in ``skipped_steps``) instead of stopping training with
+        :class:`NonFiniteLossError`.
+      devices: train on this many devices (``--devices``; ``None``: all), data parallel: the
+        state replicated, each batch split over them (``batch_size`` must divide by
+        ``devices``); the same losses and parameters as on one device up to float32 rounding.
+        In a multi-process run (:func:`jax_attention.distributed.initialize_from_env`) the
+        count is over every process's devices; process 0 alone logs and writes ``checkpoint``.
 
     Returns:
       A :class:`BahdanauResult`, with the book's four sentences translated and scored.
-    """
-    from jax_attention.bahdanau import BahdanauSeq2Seq
-    from jax_attention.data import load_data_nmt
 
+    Raises:
+      NonFiniteLossError: a step was not finite (and ``skip_nonfinite`` is False).
+      TrainingInterrupted: SIGINT, with ``checkpoint_dir`` (without it Ctrl-C raises a plain
+        :class:`KeyboardInterrupt`, as before).
+      FileExistsError: ``checkpoint_dir`` holds training checkpoints and ``resume`` is False.
+    """
     for name, value in (("embed_size", embed_size), ("num_hiddens", num_hiddens),
                         ("num_layers", num_layers), ("batch_size", batch_size),
                         ("num_steps", num_steps), ("num_examples", num_examples),
@@ -549,24 +989,18 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
         raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    long_run = _long_run_options(checkpoint_dir, checkpoint_every, keep, resume,
+                                 skip_nonfinite)
+    mesh = _training_mesh(devices, batch_size, checkpoint_dir)
+    if not distributed.is_main_process():
+        progress, log = False, None
 
     start = time.perf_counter()
-    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    nmt, model, optimizer = _bahdanau_setup(
+        embed_size=embed_size, num_hiddens=num_hiddens, num_layers=num_layers, dropout=dropout,
+        batch_size=batch_size, num_steps=num_steps, lr=lr, num_examples=num_examples, seed=seed,
+        data=data)
     src_vocab, tgt_vocab = nmt.src_vocab, nmt.tgt_vocab
-    # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
-    # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
-    # are deterministic on a given backend.
-    params_rng, dropout_rng = jax.random.key(seed), jax.random.key(seed, impl="rbg")
-    model = BahdanauSeq2Seq(len(src_vocab), len(tgt_vocab), embed_size, num_hiddens, num_layers,
-                            dropout, rngs=nnx.Rngs(params=params_rng, dropout=dropout_rng))
-    model.train()
-    optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
-
-    losses, tokens_per_sec = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="bahdanau",
-                                           progress=progress, log=log, log_every=log_every)
-
-    model.eval()
-    params = jax.tree.map(np.asarray, model.params_dict())
     config = {
         "model": "bahdanau",
         "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
@@ -576,14 +1010,22 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
                      "num_examples": num_examples, "seed": seed, "clip_global_norm": 1.0,
                      "optimizer": "adam", "loss": "d2l MaskedSoftmaxCELoss, summed over the batch"},
     }
+
+    trained = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="bahdanau",
+                            progress=progress, log=log, log_every=log_every, config=config,
+                            mesh=mesh, **long_run)
+    losses = trained.losses
+
+    model.eval()
+    params = jax.tree.map(np.asarray, model.params_dict())
     translations, scores = evaluate_translations(params, src_vocab, tgt_vocab, num_steps)
     written = None
-    if checkpoint is not None:
+    if checkpoint is not None and distributed.is_main_process():
         written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
     return BahdanauResult(
         losses=losses,
         cross_entropy=[loss * num_steps for loss in losses],
-        tokens_per_sec=tokens_per_sec,
+        tokens_per_sec=trained.tokens_per_sec,
         model=model,
         params=params,
         src_vocab=src_vocab,
@@ -593,6 +1035,9 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
         bleu=scores,
         wall_time_s=time.perf_counter() - start,
         checkpoint=written,
+        skipped_steps=trained.skipped_steps,
+        resumed_from_step=trained.resumed_from_step,
+        checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
     )
 
 
@@ -869,7 +1314,10 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
                       max_positions: int = 1000, data: str | os.PathLike | None = None,
                       checkpoint: str | os.PathLike | None = None, progress: bool = True,
                       log: Callable[[str], object] | None = print,
-                      log_every: int = 10) -> TransformerResult:
+                      log_every: int = 10, checkpoint_dir: str | os.PathLike | None = None,
+                      checkpoint_every: int | None = None, keep: int = DEFAULT_KEEP,
+                      resume: bool = False, skip_nonfinite: bool = False,
+                      devices: int | None = None, model_parallel: int = 1) -> TransformerResult:
     """Train the Transformer on English–French — d2l §11.7.6, the book's ``train_seq2seq``.
 
     The recipe of :func:`train_bahdanau` (teacher forcing, the book's masked cross-entropy summed
@@ -880,6 +1328,13 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
 
     With ``val_fraction > 0`` the last pairs are held out (:func:`~jax_attention.data.
     load_data_nmt`) and translated greedily after training (:func:`evaluate_held_out`).
+
+    ``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume`` and ``skip_nonfinite``: training
+    checkpoints, resumption and non-finite steps, as for :func:`train_bahdanau`; ``devices``
+    too. ``model_parallel = M`` makes the mesh ``devices / M`` (data) by ``M`` (model): each
+    attention's heads and each FFN's width are split over ``M`` devices (tensor parallelism,
+    :data:`jax_attention.distributed.TENSOR_PARALLEL_SPECS`; ``num_heads`` and
+    ``ffn_num_hiddens`` must divide by ``M``).
 
     Returns:
       A :class:`TransformerResult`, with the book's four sentences translated and scored.
@@ -902,6 +1357,12 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if num_steps > max_positions:
         raise ValueError(f"num_steps = {num_steps} exceeds max_positions = {max_positions}")
+    long_run = _long_run_options(checkpoint_dir, checkpoint_every, keep, resume,
+                                 skip_nonfinite)
+    mesh = _training_mesh(devices, batch_size, checkpoint_dir, model=model_parallel)
+    distributed.check_tensor_parallel(num_heads, ffn_num_hiddens, mesh)
+    if not distributed.is_main_process():
+        progress, log = False, None
 
     start = time.perf_counter()
     nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed,
@@ -914,12 +1375,6 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
         rngs=nnx.Rngs(params=params_rng, dropout=dropout_rng))
     model.train()
     optimizer = nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
-
-    losses, tokens_per_sec = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="transformer",
-                                           progress=progress, log=log, log_every=log_every)
-
-    model.eval()
-    params = jax.tree.map(np.asarray, model.params_dict())
     config = {
         "model": "transformer",
         "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
@@ -931,6 +1386,14 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
                      "seed": seed, "clip_global_norm": 1.0, "optimizer": "adam",
                      "loss": "d2l MaskedSoftmaxCELoss, summed over the batch"},
     }
+
+    trained = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="transformer",
+                            progress=progress, log=log, log_every=log_every, config=config,
+                            mesh=mesh, **long_run)
+    losses = trained.losses
+
+    model.eval()
+    params = jax.tree.map(np.asarray, model.params_dict())
 
     def translate(params, sentences, src_vocab, tgt_vocab, num_steps):
         return transformer.translate(params, sentences, src_vocab, tgt_vocab, num_steps,
@@ -944,12 +1407,12 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
                                        num_heads=num_heads, num_steps=num_steps,
                                        max_positions=max_positions)
     written = None
-    if checkpoint is not None:
+    if checkpoint is not None and distributed.is_main_process():
         written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
     return TransformerResult(
         losses=losses,
         cross_entropy=[loss * num_steps for loss in losses],
-        tokens_per_sec=tokens_per_sec,
+        tokens_per_sec=trained.tokens_per_sec,
         model=model,
         params=params,
         src_vocab=src_vocab,
@@ -959,5 +1422,8 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
         bleu=scores,
         wall_time_s=time.perf_counter() - start,
         checkpoint=written,
+        skipped_steps=trained.skipped_steps,
+        resumed_from_step=trained.resumed_from_step,
+        checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
         validation=validation,
     )
