@@ -12,6 +12,7 @@ state (parameters, Adam's moments and count, dropout stream) bit for bit on CPU
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -215,6 +216,13 @@ def _damage_progress(step_dir: Path) -> str:
     return "JSONDecodeError"
 
 
+# Orbax's synchronous restore runs TensorStore reads on an asyncio loop that it closes when a read
+# fails; the reads still in flight then call back into the closed loop, and Python reports each
+# as an "Exception ignored" (RuntimeError: Event loop is closed) whenever the garbage collector
+# gets to it — sometimes in this test, sometimes in a later one. Noise from Orbax's clean-up
+# after the failure this test causes on purpose; what it checks (the warning, the fallback, the
+# resumed result) is asserted below.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", [_damage_data_file, _damage_progress])
 def test_a_damaged_newest_checkpoint_is_reported_and_the_one_before_used(reference, tmp_path,
                                                                          damage):
@@ -230,6 +238,9 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_one_before_used(referen
     assert_same_losses(run.losses, reference["json"]["losses"])
     _assert_same_arrays(read_training_checkpoint(directory)[0], reference["arrays"])
     assert (directory / f"{TOTAL}.corrupt").is_dir()  # kept aside for inspection
+    # Orbax's stray read callbacks (above): collected here, not in another test.
+    time.sleep(0.5)
+    gc.collect()
 
 
 def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(reference, tmp_path):
@@ -389,13 +400,13 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     fresh = jax.jit(train._train_steps.__wrapped__, static_argnums=(0, 3))
     stopped, losses = steps(copy(state), marked, train_steps=fresh)
     assert np.isnan(losses[bad:]).all() and np.isfinite(losses[:bad]).all()
-    np.testing.assert_array_equal(losses[:bad], prefix_losses)
+    # Another compilation of the same steps: bit for bit on CPU, to rounding on a GPU.
+    assert_same_losses(losses[:bad], prefix_losses)
     _assert_same_arrays(checkpointing.state_arrays(stopped), prefix_arrays)
 
     skipped, losses = steps(state, marked, skip=True, train_steps=fresh)
     assert np.isnan(losses[bad]) and np.isfinite(np.delete(losses, bad)).all()
-    np.testing.assert_array_equal(np.delete(losses, bad),
-                                  np.concatenate([prefix_losses, suffix_losses]))
+    assert_same_losses(np.delete(losses, bad), np.concatenate([prefix_losses, suffix_losses]))
     _assert_same_arrays(checkpointing.state_arrays(skipped), checkpointing.state_arrays(suffix))
 
 

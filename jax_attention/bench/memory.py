@@ -13,6 +13,8 @@ inputs, so ``peak - baseline`` is what the attention itself took (compilation in
 compiler runs in the same process; the child also reports its peak before running, after
 compiling, and XLA's own estimate of the temporary buffers).
 
+The children run on JAX's CPU backend (``JAX_PLATFORMS=cpu``): RSS is host memory.
+
 Plain attention is skipped, and recorded as skipped with the reason, where its estimated
 ``3 · itemsize · N²`` bytes (scores, weights and their gradient) exceed ``cap_bytes``.
 """
@@ -151,8 +153,10 @@ def run_child(variant: str, n: int, *, head_size: int = 64, dtype: str = "float3
                "--n", str(n), "--head-size", str(head_size), "--dtype", dtype, "--seed", str(seed)]
     start = time.perf_counter()
     try:
+        # Peak RSS is host memory: the children run on the CPU backend even where JAX sees an
+        # accelerator (whose memory RSS would not show, and whose runtime alone takes ~600 MiB).
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              env=os.environ.copy())
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
     except subprocess.TimeoutExpired:
         return {"status": "failed", "reason": f"timed out after {timeout_s:g} s"}
     wall = time.perf_counter() - start

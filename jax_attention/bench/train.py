@@ -141,6 +141,11 @@ def _flops_per_step(graphdef, state, batch) -> float:
     analysis = jax.jit(_pure_step, static_argnums=0).lower(graphdef, state, batch).cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per device
         analysis = analysis[0]
+    if not analysis:  # some backends (XLA:GPU in JAX 0.11) give no analysis before compiling
+        analysis = jax.jit(_pure_step, static_argnums=0).lower(
+            graphdef, state, batch).compile().cost_analysis() or {}
+        if isinstance(analysis, (list, tuple)):
+            analysis = analysis[0] if analysis else {}
     return float(analysis.get("flops", 0.0))
 
 
