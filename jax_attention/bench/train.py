@@ -127,6 +127,15 @@ def _step_batches(nmt, steps: int):
     return plain, padded
 
 
+def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
+              seed: int, steps: int, repeats: int, warmup: int, *, devices) -> dict:
+    """The ``settings`` of a training benchmark's record."""
+    return {"model": model, "batch_size": batch_size, "num_steps": num_steps,
+            "num_examples": num_examples, "lr": lr, "seed": seed, "steps": steps,
+            "repeats": repeats, "warmup": warmup, "clip_global_norm": 1.0, "optimizer": "adam",
+            "devices": devices}
+
+
 def _flops_per_step(graphdef, state, batch) -> float:
     """XLA's cost analysis of one training step (forward, backward, clipping, Adam) as lowered.
 
@@ -303,10 +312,8 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
     return {
         "benchmark": "train",
         "model": model,
-        "settings": {"model": settings, "batch_size": batch_size, "num_steps": num_steps,
-                     "num_examples": num_examples, "lr": lr, "seed": seed, "steps": steps,
-                     "repeats": repeats, "warmup": warmup, "clip_global_norm": 1.0,
-                     "optimizer": "adam", "devices": 1},
+        "settings": _settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
+                              repeats, warmup, devices=1),
         "tokens_per_round": tokens,
         "tokens_per_step": tokens / steps,
         "flops_per_step": flops,
@@ -531,10 +538,8 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
     return {
         "benchmark": "train",
         "model": model,
-        "settings": {"model": settings, "batch_size": batch_size, "num_steps": num_steps,
-                     "num_examples": num_examples, "lr": lr, "seed": seed, "steps": steps,
-                     "repeats": repeats, "warmup": warmup, "clip_global_norm": 1.0,
-                     "optimizer": "adam", "devices": counts,
+        "settings": {**_settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
+                                 repeats, warmup, devices=counts),
                      "parallelism": "data: state replicated, each batch split over the devices"},
         "results": results,
         "note": (f"each device count ran in a fresh process with XLA_FLAGS="
