@@ -915,6 +915,32 @@ def _bahdanau_setup(*, embed_size: int, num_hiddens: int, num_layers: int, dropo
     return nmt, model, nnx.Optimizer(model, _clipped_adam(float(lr)), wrt=nnx.Param)
 
 
+def _result_fields(trained, model, params: dict, src_vocab, tgt_vocab, config: dict,
+                   translations, scores, *, start: float, checkpoint, checkpoint_dir) -> dict:
+    """The fields of :class:`BahdanauResult` shared by the seq2seq trainers, after writing the
+    trained model to ``checkpoint`` (process 0 alone in a multi-process run).
+
+    Args:
+      trained: what :func:`_train_epochs` returned. model: the trained model, in eval mode;
+      params: its parameters (NumPy). start: the run's ``time.perf_counter()`` at its start.
+    """
+    written = None
+    if checkpoint is not None and distributed.is_main_process():
+        written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
+    return {
+        "losses": trained.losses,
+        "cross_entropy": [loss * config["num_steps"] for loss in trained.losses],
+        "tokens_per_sec": trained.tokens_per_sec,
+        "model": model, "params": params, "src_vocab": src_vocab, "tgt_vocab": tgt_vocab,
+        "config": config, "translations": translations, "bleu": scores,
+        "wall_time_s": time.perf_counter() - start,
+        "checkpoint": written,
+        "skipped_steps": trained.skipped_steps,
+        "resumed_from_step": trained.resumed_from_step,
+        "checkpoint_dir": None if checkpoint_dir is None else Path(checkpoint_dir),
+    }
+
+
 def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: int = 2,
                    dropout: float = 0.1, batch_size: int = 64, num_steps: int = 10,
                    lr: float = 0.005, epochs: int = 250, num_examples: int = 600, seed: int = 0,
@@ -1014,31 +1040,13 @@ def train_bahdanau(*, embed_size: int = 32, num_hiddens: int = 32, num_layers: i
     trained = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="bahdanau",
                             progress=progress, log=log, log_every=log_every, config=config,
                             mesh=mesh, **long_run)
-    losses = trained.losses
 
     model.eval()
     params = jax.tree.map(np.asarray, model.params_dict())
     translations, scores = evaluate_translations(params, src_vocab, tgt_vocab, num_steps)
-    written = None
-    if checkpoint is not None and distributed.is_main_process():
-        written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
-    return BahdanauResult(
-        losses=losses,
-        cross_entropy=[loss * num_steps for loss in losses],
-        tokens_per_sec=trained.tokens_per_sec,
-        model=model,
-        params=params,
-        src_vocab=src_vocab,
-        tgt_vocab=tgt_vocab,
-        config=config,
-        translations=translations,
-        bleu=scores,
-        wall_time_s=time.perf_counter() - start,
-        checkpoint=written,
-        skipped_steps=trained.skipped_steps,
-        resumed_from_step=trained.resumed_from_step,
-        checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-    )
+    return BahdanauResult(**_result_fields(
+        trained, model, params, src_vocab, tgt_vocab, config, translations, scores, start=start,
+        checkpoint=checkpoint, checkpoint_dir=checkpoint_dir))
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -1390,7 +1398,6 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
     trained = _train_epochs(model, optimizer, nmt, epochs=epochs, desc="transformer",
                             progress=progress, log=log, log_every=log_every, config=config,
                             mesh=mesh, **long_run)
-    losses = trained.losses
 
     model.eval()
     params = jax.tree.map(np.asarray, model.params_dict())
@@ -1406,24 +1413,6 @@ def train_transformer(*, num_hiddens: int = 32, ffn_num_hiddens: int = 64, num_h
         validation = evaluate_held_out(params, nmt.val, src_vocab, tgt_vocab,
                                        num_heads=num_heads, num_steps=num_steps,
                                        max_positions=max_positions)
-    written = None
-    if checkpoint is not None and distributed.is_main_process():
-        written = save_checkpoint(checkpoint, params, src_vocab, tgt_vocab, config)
-    return TransformerResult(
-        losses=losses,
-        cross_entropy=[loss * num_steps for loss in losses],
-        tokens_per_sec=trained.tokens_per_sec,
-        model=model,
-        params=params,
-        src_vocab=src_vocab,
-        tgt_vocab=tgt_vocab,
-        config=config,
-        translations=translations,
-        bleu=scores,
-        wall_time_s=time.perf_counter() - start,
-        checkpoint=written,
-        skipped_steps=trained.skipped_steps,
-        resumed_from_step=trained.resumed_from_step,
-        checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-        validation=validation,
-    )
+    return TransformerResult(**_result_fields(
+        trained, model, params, src_vocab, tgt_vocab, config, translations, scores, start=start,
+        checkpoint=checkpoint, checkpoint_dir=checkpoint_dir), validation=validation)
