@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import _is_integer_dtype, masked_softmax
+from jax_attention._checks import is_integer_dtype
+from jax_attention.masking import masked_softmax
 
 __all__ = [
     "leave_one_out",
@@ -58,7 +59,7 @@ def _per_query(queries, keys, values):
     """Checks shapes; returns keys ``(..., Q, K)`` and values ``(..., Q, K[, v])`` per query."""
     queries, keys, values = (jnp.asarray(a) for a in (queries, keys, values))
     for name, a in (("queries", queries), ("keys", keys), ("values", values)):
-        if not (jnp.issubdtype(a.dtype, jnp.floating) or _is_integer_dtype(a.dtype)):
+        if not (jnp.issubdtype(a.dtype, jnp.floating) or is_integer_dtype(a.dtype)):
             raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype} with shape {a.shape}")
     if queries.ndim < 1:
         raise ValueError(f"queries must have shape (..., Q), got {queries.shape}")
@@ -87,7 +88,7 @@ def _per_query(queries, keys, values):
 def _check_width(w, shape):
     """The kernel's inverse width ``w``, broadcastable to the distances ``(..., Q, K)``."""
     w = jnp.asarray(w)
-    if not (jnp.issubdtype(w.dtype, jnp.floating) or _is_integer_dtype(w.dtype)):
+    if not (jnp.issubdtype(w.dtype, jnp.floating) or is_integer_dtype(w.dtype)):
         raise TypeError(f"w must hold real numbers, got dtype {w.dtype} with shape {w.shape}")
     try:
         if np.broadcast_shapes(w.shape, shape) != tuple(shape):

@@ -2,7 +2,9 @@
 
 Mirror of :mod:`reference_numpy.bahdanau` (same names, argument order, einsum strings and parameter
 dicts); the JAX functions add dropout (``dropout``, ``dropout_rng``) and run their time loops with
-``lax.scan``.
+``lax.scan``. Teacher forcing, the masked cross-entropy and :func:`translate` are shared with the
+Transformer (:mod:`jax_attention.translation`, re-exported here), and so is the NNX plumbing of
+the modules (:mod:`jax_attention.seq2seq_module`).
 
 The model of the book (0.17 edition, PyTorch): an embedding and a multi-layer GRU encode the
 source; at each target step the decoder's query is the top GRU layer's state, additive attention
@@ -39,7 +41,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -47,17 +48,27 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention.decoding import _check_id, _check_max_len, greedy_search
-from jax_attention.masking import (
-    _check_dropout,
-    _check_lengths,
-    _check_size,
-    _check_values_in,
-    _clip_values,
-    _is_integer_dtype,
+from jax_attention import translation
+from jax_attention._checks import (
+    check_dropout,
+    check_id,
+    check_lengths,
+    check_max_len,
+    check_numbered,
+    check_size,
+    check_tokens,
 )
+from jax_attention.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
+from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.seq2seq_module import dropout as _dropout
+from jax_attention.translation import (
+    Decoded,
+    Translation,
+    masked_cross_entropy,
+    teacher_forcing_inputs,
+)
 
 __all__ = [
     "param_shapes",
@@ -108,7 +119,7 @@ def param_shapes(src_vocab_size: int, tgt_vocab_size: int, embed_size: int, num_
       "decoder": {"embedding", "attention": {"W_q", "W_k", "w_v"}, "gru": {...},
       "dense": {"W", "b"}}}`` with shape tuples as leaves.
     """
-    V_src, V_tgt, E, h, L = (_check_size(name, value) for name, value in (
+    V_src, V_tgt, E, h, L = (check_size(name, value) for name, value in (
         ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
         ("embed_size", embed_size), ("num_hiddens", num_hiddens), ("num_layers", num_layers)))
     return {
@@ -179,14 +190,6 @@ def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, embed_size: int =
 # --------------------------------------------------------------------------- the functional core
 
 
-def _dropout(x, rate: float, rng):
-    """Inverted dropout (``nn.Dropout``): zero with probability ``rate``, scale the rest."""
-    if rng is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
-
-
 def _check_gru_layer(params, input_size: int, num_hiddens: int, dtype):
     try:
         W_x, W_h, b_x, b_h = (jnp.asarray(params[name]) for name in ("W_x", "W_h", "b_x", "b_h"))
@@ -238,12 +241,7 @@ def gru_cell(params, inputs, state):
 
 
 def _num_layers(params) -> int:
-    if not hasattr(params, "keys") or not params:
-        raise ValueError(f"GRU params must be a mapping 'layer_0', 'layer_1', ..., got {params!r}")
-    names = [f"layer_{i}" for i in range(len(params))]
-    if sorted(params) != sorted(names):
-        raise ValueError(f"GRU params must hold exactly {names}, got {sorted(params)}")
-    return len(names)
+    return check_numbered("GRU params", params, "layer")
 
 
 def _gru_layer_scan(params, inputs, state):
@@ -279,7 +277,7 @@ def gru(params, inputs, state=None, *, dropout: float = 0.0, dropout_rng=None):
     inputs = jnp.asarray(inputs)
     if inputs.ndim != 3:
         raise ValueError(f"inputs must have shape (B, T, I), got {inputs.shape}")
-    dropout = _check_dropout(dropout)
+    dropout = check_dropout(dropout)
     num_layers = _num_layers(params)
     num_hiddens = jnp.shape(params["layer_0"]["W_h"])[0]
     B = inputs.shape[0]
@@ -296,25 +294,6 @@ def gru(params, inputs, state=None, *, dropout: float = 0.0, dropout_rng=None):
         layer_inputs, last = _gru_layer_scan(params[f"layer_{layer}"], layer_inputs, state[layer])
         final.append(last)
     return layer_inputs, jnp.stack(final)
-
-
-def _check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
-    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)``, as int32 — the package's rule for ids.
-
-    The dtype and shape are checked always (``ValueError``; ``batch``, when given, fixes ``B``).
-    Values outside ``[0, V)`` raise ``ValueError`` when concrete; traced ones (under ``jit`` or
-    ``vmap``) are clipped to ``[0, V - 1]``, so an embedding lookup never wraps a negative id
-    around to the end of the table nor gives NaN (see :mod:`jax_attention.masking`).
-    """
-    tokens = jnp.asarray(tokens)
-    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
-        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
-    if (tokens.ndim != ndim or not _is_integer_dtype(tokens.dtype)
-            or (batch is not None and tokens.shape[0] != batch)):
-        raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
-                         f"{tokens.dtype} with shape {tokens.shape}")
-    _check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
-    return _clip_values(tokens, 0, vocab_size - 1)
 
 
 def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
@@ -334,7 +313,7 @@ def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
       ``(outputs (B, S, h), state (L, B, h))``.
     """
     embedding = jnp.asarray(params["embedding"])
-    src = _check_tokens("src", src, embedding.shape[0], ndim=2)
+    src = check_tokens("src", src, embedding.shape[0], ndim=2)
     return gru(params["gru"], embedding[src], dropout=dropout, dropout_rng=dropout_rng)
 
 
@@ -376,7 +355,7 @@ def _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout: fl
     """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout)."""
     embedding = jnp.asarray(params["embedding"])
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
-    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
+    tokens = check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
     query = state[-1][:, None, :]  # (B, 1, h)
     weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
     dropped = weights if keep is None else _apply_keep(weights, keep[0][:, None, :], dropout)
@@ -413,7 +392,7 @@ def decoder_step(params, tokens, state, enc_outputs, src_valid_len, *, dropout: 
     Returns:
       ``(logits (B, V), state (L, B, h), weights (B, S))``; the weights are those before dropout.
     """
-    dropout = _check_dropout(dropout)
+    dropout = check_dropout(dropout)
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     keep = None
     if dropout_rng is not None and dropout > 0:
@@ -437,10 +416,10 @@ def decoder(params, dec_input, state, enc_outputs, src_valid_len, *, dropout: fl
     Returns:
       ``(logits (B, T, V), state (L, B, h), weights (B, T, S))``.
     """
-    dropout = _check_dropout(dropout)
+    dropout = check_dropout(dropout)
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     embedding_rows = jnp.shape(params["embedding"])[0]
-    dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2,
+    dec_input = check_tokens("dec_input", dec_input, embedding_rows, ndim=2,
                               batch=state.shape[1])
     B, T = dec_input.shape
     keep = None
@@ -473,7 +452,7 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
     if dropout_rng is not None:
         encoder_rng, decoder_rng = jax.random.split(dropout_rng)
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
-    dec_input = _check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
+    dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
@@ -484,70 +463,6 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
     return logits, weights
 
 
-def teacher_forcing_inputs(tgt, bos_id: int):
-    """The decoder inputs of teacher forcing: ``<bos>`` then ``tgt[:, :-1]`` (d2l ``train_seq2seq``).
-
-    Args:
-      tgt: ``(B, T)`` integer target token ids (``T = 0`` gives ``(B, 0)``).
-      bos_id: the id of ``<bos>``, an integer scalar ``>= 0`` (may be traced).
-
-    Returns:
-      ``(B, T)`` of ``tgt``'s dtype.
-    """
-    tgt = jnp.asarray(tgt)
-    if tgt.ndim != 2 or not _is_integer_dtype(tgt.dtype):
-        raise ValueError(f"tgt must be integer token ids of shape (B, T), got dtype {tgt.dtype} "
-                         f"with shape {tgt.shape}")
-    if jnp.shape(bos_id) != () or not _is_integer_dtype(jnp.result_type(bos_id)):
-        raise ValueError(f"bos_id must be an integer scalar (a token id), got {bos_id!r}")
-    _check_values_in("bos_id", bos_id, 0, np.iinfo(np.int32).max, "[0, V)")
-    if tgt.shape[1] == 0:
-        return tgt
-    bos = jnp.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype)
-    return jnp.concatenate([bos, tgt[:, :-1]], axis=1)
-
-
-def masked_cross_entropy(logits, labels, valid_len):
-    """The book's ``MaskedSoftmaxCELoss`` (d2l §10.7.3): per-sequence masked cross-entropy.
-
-    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / T``: the mean over
-    all ``T`` steps of the cross-entropy with padded steps counted as zero. The book trains on
-    ``loss.sum()`` over the batch and reports ``sum(loss) / sum(valid_len)``, which is the
-    cross-entropy per target token divided by ``T``.
-
-    Args:
-      logits: float ``(B, T, V)``.
-      labels: integer ``(B, T)`` ids in ``[0, V)``.
-      valid_len: integer ``(B,)`` in ``[0, T]``.
-
-    Values follow the package's rule (:mod:`jax_attention.masking`): out-of-range labels and
-    lengths raise ``ValueError`` when concrete; under ``jit`` labels are clipped to
-    ``[0, V - 1]`` (never NaN from an out-of-bounds gather) and lengths act as clipped to
-    ``[0, T]``.
-
-    Returns:
-      ``(B,)``; zeros when ``T = 0`` (no step to count).
-    """
-    logits = jnp.asarray(logits)
-    if logits.ndim != 3 or not jnp.issubdtype(logits.dtype, jnp.floating):
-        raise ValueError(f"logits must be a float array of shape (B, T, V), got dtype "
-                         f"{logits.dtype} with shape {logits.shape}")
-    B, T, V = logits.shape
-    labels = jnp.asarray(labels)
-    if labels.shape != (B, T) or not _is_integer_dtype(labels.dtype):
-        raise ValueError(f"labels must be integer token ids of shape (B, T) = {(B, T)} for "
-                         f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
-    _check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
-    valid_len = _check_lengths("valid_len", valid_len, B, T, "T")
-    if T == 0:
-        return jnp.zeros((B,), logits.dtype)
-    labels = _clip_values(labels, 0, V - 1)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
-    keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
-    return jnp.mean(jnp.where(keep, -picked, jnp.zeros((), picked.dtype)), axis=1)
-
-
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          dropout: float = 0.0, dropout_rng=None):
     """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``.
@@ -555,8 +470,8 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced).
     """
-    tgt = _check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
-    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
+    tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                         dropout=dropout, dropout_rng=dropout_rng)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
@@ -596,61 +511,43 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``lengths``
       counts the tokens before ``<eos>``.
     """
-    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    return _greedy_decode(params, src, src_valid_len, bos_id=_check_id("bos_id", bos_id),
-                          eos_id=_check_id("eos_id", eos_id), pad_id=_check_id("pad_id", pad_id),
-                          max_len=_check_max_len(max_len))
+    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    return _greedy_decode(params, src, src_valid_len, bos_id=check_id("bos_id", bos_id),
+                          eos_id=check_id("eos_id", eos_id), pad_id=check_id("pad_id", pad_id),
+                          max_len=check_max_len(max_len))
 
 
 # --------------------------------------------------------------------------- translation
 
 
-@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
-class Translation:
-    """The greedy translation of one sentence (:func:`translate`).
+def _translation_decoder(params):
+    """The decoder that :func:`jax_attention.translation.translate` runs for this model: greedy
+    decoding, a row's ``weights`` the additive attention's weights of its steps."""
 
-    Attributes:
-      source: the sentence as given.
-      source_tokens: what the model read: the preprocessed words (unknown ones as ``<unk>``),
-        ``<eos>``, cut to ``num_steps``.
-      tokens: the predicted words, without ``<eos>``.
-      translation: ``" ".join(tokens)``.
-      weights: ``(len(tokens) + 1, len(source_tokens))`` NumPy attention weights: one row per
-        decoding step (the ``<eos>`` step included; ``len(tokens)`` rows when no ``<eos>`` came
-        within ``max_len``), one column per source token read.
-      finished: whether ``<eos>`` was predicted within ``max_len`` steps.
-      truncated: whether the source was longer than ``num_steps`` (with its ``<eos>``).
-      unknown_words: source words not in the vocabulary (read as ``<unk>``).
-      notes: human-readable remarks on the above (empty when all is well).
-    """
+    def decode(src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int, max_len: int):
+        tokens, lengths, weights = jax.device_get(greedy_decode(
+            params, src, src_valid_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+            max_len=max_len))
 
-    source: str
-    source_tokens: list[str]
-    tokens: list[str]
-    translation: str
-    weights: np.ndarray
-    finished: bool
-    truncated: bool
-    unknown_words: list[str]
-    notes: list[str]
+        def row_weights(row: int, steps: int, valid: int) -> dict:
+            return {"weights": np.asarray(weights[row, :steps, :valid])}
 
+        return Decoded(tokens, lengths, row_weights)
 
-def _special_id(vocab, token: str) -> int:
-    if token not in vocab:
-        raise ValueError(f"the target vocabulary must hold {token!r}, got {vocab!r}")
-    return vocab[token]
+    return decode
 
 
 def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_steps: int, *,
               max_len: int | None = None):
     """Translate sentences greedily, all in one batch — d2l §10.7.6 / §11.4.3 ``predict_seq2seq``.
 
-    Each sentence is encoded as in training (:func:`jax_attention.data.encode_source`): the
-    book's preprocessing, unknown words as ``<unk>``, ``<eos>`` appended, cut or padded to
-    ``num_steps``. An empty sentence is just ``<eos>``. A sentence longer than ``num_steps`` (with
-    its ``<eos>``) is truncated — the model cannot read more — and its :class:`Translation` says so
-    in ``truncated`` and ``notes``; unknown words are listed likewise.
+    :func:`jax_attention.translation.translate` with this model's greedy decoder: each sentence
+    is encoded as in training (:func:`jax_attention.data.encode_source`: the book's
+    preprocessing, unknown words as ``<unk>``, ``<eos>`` appended, cut or padded to
+    ``num_steps``); a sentence longer than ``num_steps`` (with its ``<eos>``) is truncated and
+    its :class:`~jax_attention.translation.Translation` says so in ``truncated`` and ``notes``;
+    unknown words are listed likewise.
 
     Args:
       params: the parameter dict, or a :class:`BahdanauSeq2Seq` (its :meth:`~BahdanauSeq2Seq.params_dict`).
@@ -660,89 +557,38 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
       max_len: decoding steps (default ``num_steps``, as the book).
 
     Returns:
-      A :class:`Translation` for a ``str``, else a list of them (in order).
+      A :class:`~jax_attention.translation.Translation` for a ``str``, else a list of them (in
+      order); ``weights`` ``(steps, len(source_tokens))`` are the decoder's attention weights.
     """
-    from jax_attention.data import encode_source, preprocess
-
     if hasattr(params, "params_dict"):
         params = params.params_dict()
-    single = isinstance(sentences, str)
-    sentences = [sentences] if single else list(sentences)
-    for sentence in sentences:
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentences must be strings, got {sentence!r} ({type(sentence).__name__})")
-    num_steps = _check_size("num_steps", num_steps)
-    max_len = num_steps if max_len is None else _check_size("max_len", max_len)
-    if not sentences:
-        return []
-    bos_id, eos_id, pad_id = (_special_id(tgt_vocab, t) for t in ("<bos>", "<eos>", "<pad>"))
-    encoded = [encode_source(sentence, src_vocab, num_steps) for sentence in sentences]
-    src = np.stack([ids for ids, _ in encoded]).astype(np.int32)
-    src_valid_len = np.asarray([valid for _, valid in encoded], dtype=np.int32)
-    tokens, lengths, weights = jax.device_get(greedy_decode(
-        params, src, src_valid_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len))
-
-    results = []
-    for row, sentence in enumerate(sentences):
-        words = preprocess(sentence).split()
-        valid = int(src_valid_len[row])
-        length = int(lengths[row])
-        finished = length < max_len  # the count stops only at <eos>
-        steps = length + 1 if finished else length
-        predicted = tgt_vocab.to_tokens([int(i) for i in tokens[row, :length]])
-        unknown = [word for word in words[:num_steps] if word not in src_vocab]
-        truncated = len(words) + 1 > num_steps
-        notes = []
-        if truncated:
-            notes.append(f"source truncated: {len(words)} words and <eos> exceed num_steps = "
-                         f"{num_steps}; the model read only the first {num_steps} tokens"
-                         + ("" if len(words) > num_steps else " (no <eos>)"))
-        if unknown:
-            notes.append("unknown words read as <unk>: " + ", ".join(unknown))
-        if not finished:
-            notes.append(f"no <eos> within max_len = {max_len} steps; the translation may be cut")
-        results.append(Translation(
-            source=sentence,
-            source_tokens=src_vocab.to_tokens([int(i) for i in src[row, :valid]]),
-            tokens=predicted,
-            translation=" ".join(predicted),
-            weights=np.asarray(weights[row, :steps, :valid]),
-            finished=finished,
-            truncated=truncated,
-            unknown_words=unknown,
-            notes=notes,
-        ))
-    return results[0] if single else results
+    return translation.translate(_translation_decoder(params), sentences, src_vocab, tgt_vocab,
+                                 num_steps, max_len=max_len)
 
 
 # --------------------------------------------------------------------------- NNX modules
 
 
-def _params_tree(module_params: dict) -> dict:
-    return {name: (value[...] if isinstance(value, nnx.Variable) else value)
-            for name, value in module_params.items()}
-
-
-class GRULayer(nnx.Module):
+class GRULayer(ParamTree):
     """One GRU layer's parameters ``W_x (I, 3h)``, ``W_h (h, 3h)``, ``b_x``, ``b_h (3h,)``; calls :func:`gru_cell`."""
 
     def __init__(self, input_size: int, num_hiddens: int, *, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
-        shapes = _gru_shapes(_check_size("input_size", input_size),
-                             _check_size("num_hiddens", num_hiddens), 1)["layer_0"]
+        shapes = _gru_shapes(check_size("input_size", input_size),
+                             check_size("num_hiddens", num_hiddens), 1)["layer_0"]
         values = _init_named(rngs.params(), shapes, param_dtype, num_hiddens)
         self.W_x, self.W_h, self.b_x, self.b_h = (nnx.Param(values[name]) for name in shapes)
 
-    def params_dict(self) -> dict:
-        """``{"W_x", "W_h", "b_x", "b_h"}`` arrays, for the functional core."""
-        return _params_tree({"W_x": self.W_x, "W_h": self.W_h, "b_x": self.b_x, "b_h": self.b_h})
+    def param_layout(self) -> dict:
+        """``{"W_x", "W_h", "b_x", "b_h"}``."""
+        return {"W_x": self.W_x, "W_h": self.W_h, "b_x": self.b_x, "b_h": self.b_h}
 
     def __call__(self, inputs, state):
         """``(B, I), (B, h) -> (B, h)``; see :func:`gru_cell`."""
         return gru_cell(self.params_dict(), inputs, state)
 
 
-class GRU(nnx.Module):
+class GRU(ParamTree):
     """A multi-layer GRU (``nn.GRU``): ``num_layers`` :class:`GRULayer`; calls :func:`gru`.
 
     Dropout between layers acts when a ``dropout_rng`` is passed to the call.
@@ -753,40 +599,40 @@ class GRU(nnx.Module):
         self.layers = nnx.List([
             GRULayer(input_size if layer == 0 else num_hiddens, num_hiddens,
                      param_dtype=param_dtype, rngs=rngs)
-            for layer in range(_check_size("num_layers", num_layers))
+            for layer in range(check_size("num_layers", num_layers))
         ])
-        self.dropout = _check_dropout(dropout)
+        self.dropout = check_dropout(dropout)
 
-    def params_dict(self) -> dict:
-        """``{"layer_0": {...}, ...}``."""
-        return {f"layer_{i}": layer.params_dict() for i, layer in enumerate(self.layers)}
+    def param_layout(self) -> dict:
+        """``{"layer_0": ..., ...}``."""
+        return {f"layer_{i}": layer for i, layer in enumerate(self.layers)}
 
     def __call__(self, inputs, state=None, *, dropout_rng=None):
         """``(B, T, I) -> (outputs (B, T, h), state (L, B, h))``; see :func:`gru`."""
         return gru(self.params_dict(), inputs, state, dropout=self.dropout, dropout_rng=dropout_rng)
 
 
-class Seq2SeqEncoder(nnx.Module):
+class Seq2SeqEncoder(ParamTree):
     """Embedding and multi-layer GRU — d2l §10.7.2; calls :func:`encoder`."""
 
     def __init__(self, vocab_size: int, embed_size: int, num_hiddens: int, num_layers: int,
                  dropout: float = 0.0, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        shape = (_check_size("vocab_size", vocab_size), _check_size("embed_size", embed_size))
+        shape = (check_size("vocab_size", vocab_size), check_size("embed_size", embed_size))
         values = _init_named(rngs.params(), {"embedding": shape}, param_dtype, num_hiddens)
         self.embedding = nnx.Param(values["embedding"])
         self.gru = GRU(embed_size, num_hiddens, num_layers, dropout, param_dtype=param_dtype,
                        rngs=rngs)
 
-    def params_dict(self) -> dict:
+    def param_layout(self) -> dict:
         """``{"embedding", "gru"}``."""
-        return {"embedding": self.embedding[...], "gru": self.gru.params_dict()}
+        return {"embedding": self.embedding, "gru": self.gru}
 
     def __call__(self, src, *, dropout_rng=None):
         """``(B, S) -> (outputs (B, S, h), state (L, B, h))``; see :func:`encoder`."""
         return encoder(self.params_dict(), src, dropout=self.gru.dropout, dropout_rng=dropout_rng)
 
 
-class Seq2SeqAttentionDecoder(nnx.Module):
+class Seq2SeqAttentionDecoder(ParamTree):
     """The decoder with additive attention — d2l §11.4.2; calls :func:`decoder`.
 
     Parameters: ``embedding (V, E)``, ``attention`` ``W_q``, ``W_k (h, h)``, ``w_v (h, 1)``, a GRU
@@ -795,7 +641,7 @@ class Seq2SeqAttentionDecoder(nnx.Module):
 
     def __init__(self, vocab_size: int, embed_size: int, num_hiddens: int, num_layers: int,
                  dropout: float = 0.0, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        V, E, h = (_check_size(n, v) for n, v in (("vocab_size", vocab_size),
+        V, E, h = (check_size(n, v) for n, v in (("vocab_size", vocab_size),
                                                    ("embed_size", embed_size),
                                                    ("num_hiddens", num_hiddens)))
         shapes = {"embedding": (V, E), "W_q": (h, h), "W_k": (h, h), "w_v": (h, 1),
@@ -806,14 +652,12 @@ class Seq2SeqAttentionDecoder(nnx.Module):
         self.gru = GRU(h + E, h, num_layers, dropout, param_dtype=param_dtype, rngs=rngs)
         self.W, self.b = nnx.Param(values["W"]), nnx.Param(values["b"])
 
-    def params_dict(self) -> dict:
+    def param_layout(self) -> dict:
         """``{"embedding", "attention": {"W_q", "W_k", "w_v"}, "gru", "dense": {"W", "b"}}``."""
-        return {
-            "embedding": self.embedding[...],
-            "attention": _params_tree({"W_q": self.W_q, "W_k": self.W_k, "w_v": self.w_v}),
-            "gru": self.gru.params_dict(),
-            "dense": _params_tree({"W": self.W, "b": self.b}),
-        }
+        return {"embedding": self.embedding,
+                "attention": {"W_q": self.W_q, "W_k": self.W_k, "w_v": self.w_v},
+                "gru": self.gru,
+                "dense": {"W": self.W, "b": self.b}}
 
     def __call__(self, dec_input, state, enc_outputs, src_valid_len, *, dropout_rng=None):
         """``(B, T) -> (logits (B, T, V), state, weights (B, T, S))``; see :func:`decoder`."""
@@ -821,7 +665,7 @@ class Seq2SeqAttentionDecoder(nnx.Module):
                        dropout=self.gru.dropout, dropout_rng=dropout_rng)
 
 
-class BahdanauSeq2Seq(nnx.Module):
+class BahdanauSeq2Seq(Seq2SeqModule):
     """Seq2seq with Bahdanau attention — d2l §11.4, the book's ``EncoderDecoder(encoder, decoder)``.
 
     Holds a :class:`Seq2SeqEncoder` and a :class:`Seq2SeqAttentionDecoder`; :meth:`params_dict` gives
@@ -829,7 +673,9 @@ class BahdanauSeq2Seq(nnx.Module):
     training mode (the default; ``model.eval()`` turns it off, ``model.train()`` back on), drawing
     its keys from the ``dropout`` stream of the ``rngs`` given at construction. With
     ``sow_weights=True`` the decoder's attention weights ``(B, T, S)`` are sown as
-    ``nnx.Intermediate`` ``"attention_weights"`` (read them with ``nnx.capture``).
+    ``nnx.Intermediate`` ``"attention_weights"`` (read them with ``nnx.capture``). The loss, greedy
+    decoding and the rest of the plumbing are those of
+    :class:`jax_attention.seq2seq_module.Seq2SeqModule`.
 
     Args:
       src_vocab_size, tgt_vocab_size: ``V_src``, ``V_tgt``.
@@ -840,6 +686,8 @@ class BahdanauSeq2Seq(nnx.Module):
       rngs: ``nnx.Rngs`` with ``params`` (and ``dropout``) streams; a single seed serves both.
     """
 
+    greedy_decode_function = staticmethod(greedy_decode)
+
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 32,
                  num_hiddens: int = 32, num_layers: int = 2, dropout: float = 0.0, *,
                  sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -848,35 +696,9 @@ class BahdanauSeq2Seq(nnx.Module):
         self.decoder = Seq2SeqAttentionDecoder(tgt_vocab_size, embed_size, num_hiddens,
                                                num_layers, dropout, param_dtype=param_dtype,
                                                rngs=rngs)
-        self.dropout = _check_dropout(dropout)
-        self.deterministic = False
-        self.sow_weights = sow_weights
-        self.dropout_rngs = rngs.dropout.fork() if self.dropout > 0 else nnx.data(None)
+        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)
 
-    def params_dict(self) -> dict:
-        """``{"encoder": {...}, "decoder": {...}}``: the parameters as a plain nested dict."""
-        return {"encoder": self.encoder.params_dict(), "decoder": self.decoder.params_dict()}
-
-    def _dropout_rng(self):
-        if self.deterministic or self.dropout == 0.0:
-            return None
-        return self.dropout_rngs()
-
-    def __call__(self, src, src_valid_len, dec_input):
-        """Teacher-forced logits ``(B, T, V)``; see :func:`seq2seq`."""
-        logits, weights = seq2seq(self.params_dict(), src, src_valid_len, dec_input,
-                                  dropout=self.dropout, dropout_rng=self._dropout_rng())
-        if self.sow_weights:
-            self.sow(nnx.Intermediate, "attention_weights", weights)
-        return logits
-
-    def loss(self, src, src_valid_len, tgt, tgt_valid_len, *, bos_id: int):
-        """The book's per-sequence loss ``(B,)`` (:func:`teacher_forcing_loss`), dropout as the mode says."""
-        logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
-        return masked_cross_entropy(logits, tgt, tgt_valid_len)
-
-    def greedy_decode(self, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
-                      max_len: int):
-        """:func:`greedy_decode` on this model's parameters (no dropout)."""
-        return greedy_decode(self.params_dict(), src, src_valid_len, bos_id=bos_id, eos_id=eos_id,
-                             pad_id=pad_id, max_len=max_len)
+    def forward(self, src, src_valid_len, dec_input):
+        """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`."""
+        return seq2seq(self.params_dict(), src, src_valid_len, dec_input,
+                       dropout=self.dropout, dropout_rng=self._dropout_rng())

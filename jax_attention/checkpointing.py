@@ -42,18 +42,23 @@ import numpy as np
 from flax import nnx
 
 from jax_attention.params import flatten_params, unflatten_params
+from jax_attention.configs import DEFAULT_KEEP
+from jax_attention._checks import check_int
+from jax_attention.provenance import versions
 
 __all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "TrainingCheckpoints",
            "read_training_checkpoint", "CheckpointMismatchError", "CorruptCheckpointWarning",
            "state_arrays", "config_differences"]
 
 TRAINING_CHECKPOINT_FORMAT = "jax-attention.training-checkpoint/1"
-#: Checkpoints kept by default (``--keep``): the newest, and two to fall back on.
-DEFAULT_KEEP = 3
 # Settings that may change between a run and its resumption without changing its results: the
 # number of epochs (a run can be extended; each epoch's batches depend only on the seed and the
 # epoch's index).
 _RESUMABLE_CHANGES = (("training", "epochs"),)
+# Settings added to a run's configuration after checkpoints without them were written, with the
+# value that reproduces what those runs did: absent on one side and this value on the other is
+# no difference.
+_ADDED_SETTINGS = {("training", "val_fraction"): 0.0}
 
 
 class CheckpointMismatchError(ValueError):
@@ -135,23 +140,14 @@ def config_differences(stored: dict, current: dict, prefix: str = "") -> list[st
         if tuple(name.split(".")) in _RESUMABLE_CHANGES:
             continue
         old, new = stored.get(key, "<absent>"), current.get(key, "<absent>")
+        added = _ADDED_SETTINGS.get(tuple(name.split(".")), "<none>")
+        if "<absent>" in (old, new) and added in (old, new):
+            continue
         if isinstance(old, dict) and isinstance(new, dict):
             lines.extend(config_differences(old, new, f"{name}."))
         elif old != new:
             lines.append(f"{name}: {old!r} in the checkpoint, {new!r} in this run")
     return lines
-
-
-def _versions() -> dict:
-    import flax
-    import optax
-    import orbax.checkpoint as ocp
-
-    from jax_attention import __version__
-
-    return {"jax-attention": __version__, "jax": jax.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "orbax-checkpoint": ocp.__version__,
-            "numpy": np.__version__}
 
 
 class TrainingCheckpoints:
@@ -172,8 +168,7 @@ class TrainingCheckpoints:
                  keep: int = DEFAULT_KEEP, read_only: bool = False):
         import orbax.checkpoint as ocp
 
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        check_int("keep", keep, 1)
         if config is None and not read_only:
             raise ValueError("config is required unless read_only")
         self.directory = Path(directory).absolute()
@@ -239,7 +234,7 @@ class TrainingCheckpoints:
         if step in self._manager.all_steps():
             raise ValueError(f"checkpoint {step} exists already in {str(self.directory)!r}")
         record = {"format": TRAINING_CHECKPOINT_FORMAT, "step": step, **progress,
-                  "config": self.config, "checksum": _checksum(arrays), "versions": _versions()}
+                  "config": self.config, "checksum": _checksum(arrays), "versions": versions()}
         ocp = self._ocp
         self._manager.save(step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(unflatten_params(arrays)),

@@ -770,8 +770,7 @@ def load_data_nmt(batch_size: int, num_steps: int, num_examples: int | None = 60
     _check_count("seed", seed, 0)
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) \
             or not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be a number with 0 <= val_fraction < 1, "
-                         f"got {val_fraction!r}")
+        raise ValueError(f"val_fraction must be a number with 0 <= val_fraction < 1, got {val_fraction!r}")
 
     location = find_data(data, download=download)
     text = preprocess(_read_first_pairs(location, num_examples, download))

@@ -27,19 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_attention._checks import check_id, check_int, check_max_len
+
 __all__ = ["greedy_search", "beam_search"]
-
-
-def _check_id(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
-    return int(value)
-
-
-def _check_max_len(max_len) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
-        raise ValueError(f"max_len must be an integer >= 1 (static), got {max_len!r}")
-    return int(max_len)
 
 
 def _check_logits(logits_shape, rows: int, rows_text: str, ids: dict) -> int:
@@ -79,13 +69,10 @@ def greedy_search(step: Callable, state, batch_size: int, *, bos_id: int, eos_id
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; see the module
       docstring. ``B = 0`` gives empty arrays.
     """
-    bos_id, eos_id, pad_id = (_check_id(n, v) for n, v in
+    bos_id, eos_id, pad_id = (check_id(n, v) for n, v in
                               (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)))
-    max_len = _check_max_len(max_len)
-    if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
-            or batch_size < 0):
-        raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
-    batch_size = int(batch_size)
+    max_len = check_max_len(max_len)
+    batch_size = check_int("batch_size", batch_size, 0)
 
     def body(carry, _):
         state, tokens, done = carry
@@ -173,19 +160,15 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
       ``k`` hypotheses have a finite log-probability (logits of ``-inf``), the rest score ``-inf``
       and their tokens are meaningless.
     """
-    bos_id, eos_id, pad_id = (_check_id(n, v) for n, v in
+    bos_id, eos_id, pad_id = (check_id(n, v) for n, v in
                               (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)))
-    max_len = _check_max_len(max_len)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, numbers.Integral) or beam_size < 1:
-        raise ValueError(f"beam_size must be an integer >= 1 (static), got {beam_size!r}")
+    max_len = check_max_len(max_len)
+    k = check_int("beam_size", beam_size, 1, static=True)
     if (isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real)
             or not length_penalty >= 0 or length_penalty == float("inf")):
         raise ValueError(f"length_penalty must be a finite number >= 0 (static), got "
                          f"{length_penalty!r}")
-    if (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
-            or batch_size < 1):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    B, k, alpha = int(batch_size), int(beam_size), float(length_penalty)
+    B, alpha = check_int("batch_size", batch_size, 1), float(length_penalty)
 
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
         shape = jnp.shape(leaf)

@@ -33,7 +33,6 @@ Shape letters: ``K`` steps stacked in one call, ``B`` batch, ``T`` time steps.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Mapping
 
@@ -41,6 +40,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from jax_attention._checks import check_int
 
 __all__ = ["DATA_AXIS", "MODEL_AXIS", "COORDINATOR_VARIABLES", "DISTRIBUTED_VARIABLE",
            "TENSOR_PARALLEL_SPECS", "initialize_from_env", "make_mesh", "data_size",
@@ -199,8 +200,7 @@ def make_mesh(devices: int | None = None, *, model: int = 1) -> Mesh:
     for name, value in (("devices", devices), ("model", model)):
         if value is None and name == "devices":
             continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value, 1)
     count = available if devices is None else int(devices)
     if count > available:
         platform = jax.default_backend()

@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_attention.masking import _check_mask, _check_valid_lens, masked_fill_value
-from jax_attention.scoring import _check_inputs
+from jax_attention._checks import check_attention_inputs, check_mask, check_valid_lens
+from jax_attention.masking import masked_fill_value
 
 __all__ = ["dot_product_attention"]
 
@@ -369,17 +369,17 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     References: Rabe & Staats, arXiv:2112.05682 (2021); Dao et al., FlashAttention,
     arXiv:2205.14135 (2022); Dao, FlashAttention-2, arXiv:2307.08691 (2023).
     """
-    queries, keys, values = _check_inputs(queries, keys, values, same_depth=True)
+    queries, keys, values = check_attention_inputs(queries, keys, values, same_depth=True)
     dtype = queries.dtype
     num_queries, num_keys = queries.shape[-2], keys.shape[-2]
     scores_shape = queries.shape[:-1] + (num_keys,)
     rank = queries.ndim
     query_chunk = _chunk_size(query_chunk_size, num_queries, "query_chunk_size")
     key_chunk = _chunk_size(key_chunk_size, num_keys, "key_chunk_size")
-    lens = None if valid_lens is None else _check_valid_lens(valid_lens, queries.shape[0],
-                                                             num_queries, num_keys)
+    lens = None if valid_lens is None else check_valid_lens(valid_lens, queries.shape[0],
+                                                            num_queries, num_keys)
     if mask is not None:
-        mask = _check_mask(mask, scores_shape)
+        mask = check_mask(mask, scores_shape)
     if num_queries == 0 or num_keys == 0:
         # Nothing to chunk; with no key every query is fully masked (zero output), as in scoring.
         return jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype)

@@ -16,26 +16,25 @@ Checking lengths under ``jit``: the shape and dtype of ``valid_lens`` are checke
 constants closed over by a jitted function. When they are traced (arguments of a jitted or vmapped
 function) they cannot be inspected; the mask ``s < valid_len`` then acts as if they were clipped
 to ``[0, S]``: a negative length masks the whole row (zero weights), a length above ``S`` keeps all
-keys.
-
-This is the rule of the whole package for every value that only the data can show — valid
-lengths, token ids (``[0, V)``), table indices, decoding positions: shapes and dtypes are static
-and always checked (``ValueError``/``TypeError`` naming the argument and the shapes, under ``jit``
-and ``vmap`` alike); values raise ``ValueError`` when concrete (:func:`_check_values_in`); traced
-values are *clipped* into their range (:func:`_clip_values`), so the result stays defined and
-finite — never the NaN of an out-of-bounds ``jnp.take``, never the wrap-around of a negative
-NumPy index. Empty axes (``B``, ``T`` or ``S`` of size 0) give empty results, and ``S = 0`` gives
-the zero output of a fully masked row.
+keys. This is the package's rule for every value that only the data can show; it is written out,
+with the validators that apply it, in :mod:`jax_attention._checks`.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from jax_attention._checks import (
+    as_array_like,
+    check_count,
+    check_mask,
+    check_valid_lens,
+    check_values_in,
+    is_integer_dtype,
+)
 
 __all__ = [
     "sequence_mask",
@@ -48,103 +47,10 @@ __all__ = [
 ]
 
 
-def _concrete(x):
-    """``x`` as a NumPy array when its values are known now, else ``None`` (traced under jit/vmap)."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
-
-
 def _key_positions(num_keys: int, ndim: int) -> jax.Array:
     """``arange(S)`` shaped ``(1, ..., 1, S)`` with ``ndim`` axes, to compare against lengths
     without implicit rank promotion."""
     return jnp.arange(num_keys, dtype=jnp.int32).reshape((1,) * (ndim - 1) + (num_keys,))
-
-
-def _as_array_like(x):
-    """Lists and tuples as NumPy arrays, so their shape and dtype can be checked; arrays as they are."""
-    return np.asarray(x) if isinstance(x, (list, tuple)) else x
-
-
-def _is_integer_dtype(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
-
-
-def _check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
-    """The package's check of values only the data can show (lengths, token ids, indices).
-
-    Concrete ``x`` (eager calls, constants closed over by a jitted function): ``ValueError``
-    unless every value lies in ``[lower, upper]``, naming ``name``, the ``interval`` (e.g.
-    ``"[0, V) = [0, 7)"``), the values found and the shape. Traced ``x``: nothing can be checked;
-    the caller clips the values with :func:`_clip_values` (or, for lengths, compares them so
-    that they act clipped) and documents it. See the module docstring.
-    """
-    values = _concrete(x)
-    if values is not None and values.size and (values.min() < lower or values.max() > upper):
-        raise ValueError(
-            f"{name} must lie in {interval}, got values from {values.min()} to {values.max()} "
-            f"(shape {values.shape})"
-        )
-
-
-def _clip_values(x, lower: int, upper: int) -> jax.Array:
-    """``x`` as int32 clipped to ``[lower, upper]``: the defined result for traced values.
-
-    A no-op for values that passed :func:`_check_values_in`. It replaces what a gather would do
-    with an index out of range: ``jnp.take`` fills floats with NaN, ``x[i]`` wraps negative ``i``
-    around to the end and clamps the rest.
-    """
-    return jnp.clip(jnp.asarray(x).astype(jnp.int32), lower, upper)
-
-
-def _check_size(name: str, value) -> int:
-    """A static size that must be positive (a width, a vocabulary, a number of layers)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _check_dropout(dropout) -> float:
-    """A dropout rate in ``[0, 1)`` (1 would drop everything and divide by zero)."""
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a number with 0 <= dropout < 1, got {dropout!r}")
-    return float(dropout)
-
-
-def _check_count(name: str, value) -> int:
-    """A static size that may be 0 (a sequence length), as a Python int."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
-
-
-def _check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> jax.Array:
-    """One length per sequence: integers ``(B,)`` in ``[0, maximum]`` (values checked when
-    concrete, see :func:`_check_values_in`), as int32."""
-    lengths = _as_array_like(lengths)
-    shape, dtype = jnp.shape(lengths), jnp.result_type(lengths)
-    if not _is_integer_dtype(dtype) or shape != (batch,):
-        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype {dtype} "
-                         f"with shape {shape}")
-    _check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
-    return jnp.asarray(lengths).astype(jnp.int32)
-
-
-def _check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> jax.Array:
-    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``) as int32."""
-    valid_lens = _as_array_like(valid_lens)
-    shape, dtype = jnp.shape(valid_lens), jnp.result_type(valid_lens)
-    if not _is_integer_dtype(dtype):
-        raise ValueError(f"valid_lens must hold integers, got dtype {dtype} with shape {shape}")
-    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
-                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
-    if batch is None and len(shape) in (1, 2):
-        batch = shape[0]
-    if shape not in ((batch,), (batch, num_queries)):
-        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
-    _check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
-    # One index dtype whatever the caller passed, so comparisons never promote (x64 on or off).
-    return jnp.asarray(valid_lens).astype(jnp.int32)
 
 
 def masked_fill_value(dtype) -> jax.Array:
@@ -183,9 +89,9 @@ def sequence_mask(X, valid_len, value=0):
     X = jnp.asarray(X)
     if X.ndim < 1:
         raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
-    valid_len = _as_array_like(valid_len)
+    valid_len = as_array_like(valid_len)
     lens_shape, lens_dtype = jnp.shape(valid_len), jnp.result_type(valid_len)
-    if not _is_integer_dtype(lens_dtype):
+    if not is_integer_dtype(lens_dtype):
         raise ValueError(
             f"valid_len must hold integers, got dtype {lens_dtype} with shape {lens_shape}"
         )
@@ -195,7 +101,7 @@ def sequence_mask(X, valid_len, value=0):
         raise ValueError(
             f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {lens_shape}"
         ) from None
-    _check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
+    check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     lens = jnp.asarray(valid_len).astype(jnp.int32)
     lens = jnp.broadcast_to(lens, X.shape[:-1])
     keep = _key_positions(X.shape[-1], X.ndim) < lens[..., None]
@@ -217,11 +123,11 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
     Raises ``ValueError`` for lengths of the wrong dtype or shape, or (when concrete) outside
     ``[0, S]``, and for sizes that are not integers ``>= 0``.
     """
-    num_queries = _check_count("num_queries", num_queries)
-    num_keys = _check_count("num_keys", num_keys)
+    num_queries = check_count("num_queries", num_queries)
+    num_keys = check_count("num_keys", num_keys)
     if valid_lens is None:
         return None
-    lens = _check_valid_lens(valid_lens, None, num_queries, num_keys)
+    lens = check_valid_lens(valid_lens, None, num_queries, num_keys)
     if lens.ndim == 1:
         lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], num_queries))
     return _key_positions(num_keys, lens.ndim + 1) < lens[..., None]
@@ -242,10 +148,10 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     Returns:
       A boolean array of shape ``(T, S)``.
     """
-    num_queries = _check_count("num_queries", num_queries)
-    num_keys = num_queries if num_keys is None else _check_count("num_keys", num_keys)
-    offset = _as_array_like(offset)
-    if jnp.shape(offset) != () or not _is_integer_dtype(jnp.result_type(offset)):
+    num_queries = check_count("num_queries", num_queries)
+    num_keys = num_queries if num_keys is None else check_count("num_keys", num_keys)
+    offset = as_array_like(offset)
+    if jnp.shape(offset) != () or not is_integer_dtype(jnp.result_type(offset)):
         raise TypeError(f"offset must be an integer scalar, got dtype {jnp.result_type(offset)} "
                         f"with shape {jnp.shape(offset)}")
     rows = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset).astype(jnp.int32)
@@ -259,7 +165,7 @@ def combine_masks(*masks):
     rank promotion holds. Raises ``TypeError`` for a non-boolean mask and ``ValueError`` for
     shapes that do not broadcast together, naming ``masks[i]`` (the position among the arguments).
     """
-    given = [(i, _as_array_like(m)) for i, m in enumerate(masks) if m is not None]
+    given = [(i, as_array_like(m)) for i, m in enumerate(masks) if m is not None]
     if not given:
         return None
     for i, m in given:
@@ -278,24 +184,6 @@ def combine_masks(*masks):
         m = m.reshape((1,) * (len(shape) - m.ndim) + m.shape)
         combined = m if combined is None else jnp.logical_and(combined, m)
     return combined
-
-
-def _check_mask(mask, shape) -> jax.Array:
-    mask = _as_array_like(mask)
-    mask_shape, mask_dtype = jnp.shape(mask), jnp.result_type(mask)
-    if mask_dtype != jnp.bool_:
-        raise TypeError(
-            f"mask must be boolean (True = attend), got dtype {mask_dtype} with shape {mask_shape}"
-        )
-    try:
-        if np.broadcast_shapes(mask_shape, shape) != tuple(shape):
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
-            f"got shape {mask_shape}"
-        ) from None
-    return jnp.asarray(mask)
 
 
 def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
@@ -318,14 +206,14 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
             raise ValueError(
                 f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {shape}"
             )
-        lens = _check_valid_lens(valid_lens, shape[0], T, S)
+        lens = check_valid_lens(valid_lens, shape[0], T, S)
         # One length per sequence gives a (B, 1, S) mask, not (B, T, S): neither it nor the
         # reductions over it cost a pass over the T x S scores.
         lens_mask = valid_lens_mask(lens, 1 if lens.ndim == 1 else T, S)
         # Lengths index the leading batch axis and apply to every extra axis (e.g. heads).
         parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
     if mask is not None:
-        parts.append(_check_mask(mask, shape))
+        parts.append(check_mask(mask, shape))
     if is_causal:
         parts.append(causal_mask(T, S))
     # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
@@ -356,10 +244,10 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
         of a non-integer dtype or (when concrete) outside ``[0, S]``.
       TypeError: ``X`` that is not real numbers (bool, complex); a non-boolean mask.
     """
-    X = jnp.asarray(_as_array_like(X))
+    X = jnp.asarray(as_array_like(X))
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., T, S), e.g. (B, T, S), got {X.shape}")
-    if not (jnp.issubdtype(X.dtype, jnp.floating) or _is_integer_dtype(X.dtype)):
+    if not (jnp.issubdtype(X.dtype, jnp.floating) or is_integer_dtype(X.dtype)):
         raise TypeError(f"X must hold real numbers (scores), got dtype {X.dtype} with shape {X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):
         X = X.astype(jnp.result_type(float))

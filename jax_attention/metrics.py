@@ -8,16 +8,12 @@ shorter than the n-gram order, odd spacing): a score is always a float in ``[0, 
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 from collections.abc import Sequence
 
+from jax_attention._checks import check_int
+
 __all__ = ["bleu", "corpus_bleu"]
-
-
-def _check_order(k) -> None:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
 
 
 def _tokens(name: str, sequence) -> list[str]:
@@ -66,7 +62,7 @@ def bleu(pred_seq: str, label_seq: str, k: int) -> float:
     Returns:
       A float in ``[0, 1]``; 1.0 exactly when the two token sequences are equal.
     """
-    _check_order(k)
+    check_int("k", k, 1)
     pred_tokens, label_tokens = _tokens("pred_seq", pred_seq), _tokens("label_seq", label_seq)
     len_pred, len_label = len(pred_tokens), len(label_tokens)
     if len_pred == 0 or len_label == 0:
@@ -121,7 +117,7 @@ def corpus_bleu(predictions: Sequence[str], references: Sequence[str], k: int = 
     Raises:
       ValueError: ``k`` is not an integer >= 1, or the two lists differ in length.
     """
-    _check_order(k)
+    check_int("k", k, 1)
     if isinstance(predictions, str) or isinstance(references, str):
         raise TypeError("predictions and references must be sequences of sentences, not a str")
     predictions, references = list(predictions), list(references)

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jax_attention.masking import _check_dropout, _check_size, attention_mask
+from jax_attention._checks import check_attention_inputs, check_dropout, check_num_heads, check_size
+from jax_attention.masking import attention_mask
 from jax_attention.scoring import DotProductAttention, dot_product_attention
-from jax_attention.scoring import _check_inputs as _check_scoring_inputs
 
 __all__ = [
     "split_heads",
@@ -40,24 +39,12 @@ __all__ = [
 PROJECT = "bti,io->bto"
 
 
-def _check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
-    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
-    width comes from) is added to the message."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    if num_hiddens is not None and num_hiddens % num_heads:
-        raise ValueError(
-            f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
-            f"num_heads={num_heads}" + (f" ({context})" if context else "")
-        )
-
-
 def split_heads(X, num_heads: int):
     """``(B, T, D) -> (B, N, T, D / N)``: head ``n`` takes columns ``n*H .. (n+1)*H - 1``."""
     X = jnp.asarray(X)
     if X.ndim != 3:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
-    _check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
+    check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
     B, T, D = X.shape
     return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
@@ -80,7 +67,7 @@ def transpose_qkv(X, num_heads: int):
 def transpose_output(X, num_heads: int):
     """The book's head merge, ``(B * N, T, H) -> (B, T, N * H)``, inverse of :func:`transpose_qkv`."""
     X = jnp.asarray(X)
-    _check_num_heads(None, num_heads)
+    check_num_heads(None, num_heads)
     if X.ndim != 3 or X.shape[0] % num_heads:
         raise ValueError(f"X must have shape (B * N, T, H) with N = {num_heads}, got {X.shape}")
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
@@ -124,11 +111,14 @@ def _check_inputs(queries, keys, values):
         )
     # Integers become floats and one float dtype is required, as in scoring (the parameters are
     # cast to the inputs' dtype, so integer inputs would otherwise truncate them).
-    return tuple(_check_scoring_inputs(q, k, v, same_depth=False))
+    return tuple(check_attention_inputs(q, k, v, same_depth=False))
 
 
-def _mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
+def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
+
+    Shared by :func:`multi_head_attention`, :class:`MultiHeadAttention` and the Transformer's
+    attention (:mod:`jax_attention.transformer`); not part of the user-facing API (``__all__``).
 
     Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
     (or ``None``) and the inputs in which the queries that attend no key, and the keys and values
@@ -137,7 +127,7 @@ def _mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
     the projections (``0 * NaN`` is NaN).
     """
     queries, keys, values = _check_inputs(queries, keys, values)
-    _check_num_heads(None, num_heads)
+    check_num_heads(None, num_heads)
     keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]), valid_lens,
                           mask=mask, is_causal=is_causal)
     if keep is None:
@@ -169,8 +159,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
     """
     queries, keys, values = _check_inputs(queries, keys, values)
     params = _check_params(params, queries, keys, values)
-    _check_num_heads(params["W_q"].shape[-1], num_heads,
-                     f"D from params['W_q'] of shape {params['W_q'].shape}")
+    check_num_heads(params["W_q"].shape[-1], num_heads,
+                    f"D from params['W_q'] of shape {params['W_q'].shape}")
     return tuple(
         split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
         for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
@@ -228,8 +218,8 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
       ``(output (B, T, E), weights (B, N, T, S))``.
     """
     mask, bias = _per_head("mask", mask), _per_head("bias", bias)
-    keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                               num_heads)
+    keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
+                                              num_heads)
     heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
     output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias)
     return combine_heads(params, output), weights
@@ -265,13 +255,13 @@ class MultiHeadAttention(nnx.Module):
                  query_size: int | None = None, key_size: int | None = None,
                  value_size: int | None = None, sow_weights: bool = False,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
-        _check_num_heads(_check_size("num_hiddens", num_hiddens), num_heads)
-        dropout = _check_dropout(dropout)
+        check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
+        dropout = check_dropout(dropout)
         self.num_heads = num_heads
         init = nnx.initializers.xavier_uniform()
-        sizes = {"q": num_hiddens if query_size is None else _check_size("query_size", query_size),
-                 "k": num_hiddens if key_size is None else _check_size("key_size", key_size),
-                 "v": num_hiddens if value_size is None else _check_size("value_size", value_size)}
+        sizes = {"q": num_hiddens if query_size is None else check_size("query_size", query_size),
+                 "k": num_hiddens if key_size is None else check_size("key_size", key_size),
+                 "v": num_hiddens if value_size is None else check_size("value_size", value_size)}
         self.W_q, self.W_k, self.W_v = (
             nnx.Param(init(rngs.params(), (sizes[name], num_hiddens), param_dtype)) for name in "qkv"
         )
@@ -299,8 +289,8 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError(f"{name} must have shape (B, len, {letter}) with {letter} = {size} "
                                  f"(the module's {size_name}), got {jnp.shape(X)}")
         mask, bias = _per_head("mask", mask), _per_head("bias", bias)
-        keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                                   self.num_heads)
+        keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
+                                                  self.num_heads)
         heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=self.num_heads)
         heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
                                deterministic=deterministic, rngs=rngs)

@@ -3,7 +3,9 @@
 Every function builds its own :class:`matplotlib.figure.Figure` with an Agg canvas and never
 touches ``pyplot``: no global figure registry, no interactive backend, so it runs headless (CI, a
 remote GPU box) and concurrently, and the figures are freed like any other object. Each function
-returns the Figure and, given ``path``, also writes it there as a PNG (creating parent folders).
+returns the Figure and, given ``path``, also writes it there as a PNG (creating parent folders);
+``bahdanau_attention_plots`` and ``transformer_attention_plots`` write a trained model's attention
+figures of one translation into a folder and return ``{name: path}``.
 
 Arrays may be NumPy or JAX arrays of any float dtype (bfloat16 included); they are copied to
 float64 NumPy before plotting.
@@ -26,6 +28,10 @@ __all__ = [
     "plot_curve",
     "plot_positional_columns",
     "plot_positional_heatmap",
+    "translation_heatmap",
+    "layer_head_heatmaps",
+    "bahdanau_attention_plots",
+    "transformer_attention_plots",
     "save_figure",
 ]
 
@@ -268,3 +274,103 @@ def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figu
     P = _as_table("P", P)
     return show_heatmaps(P[None, None], xlabel="Column (encoding dimension)", ylabel="Row (position)",
                          figsize=(3.5, 4), cmap="Blues", path=path)
+
+
+# --------------------------------------------------------------------------- one translation's weights
+
+
+def translation_heatmap(translation, path: str | os.PathLike) -> Figure:
+    """The book's heatmap of one translation's attention weights, with the tokens as tick labels:
+    the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down.
+
+    Args:
+      translation: a translation result with ``weights`` ``(steps, S)``, ``source_tokens``
+        (``S`` of them), ``tokens`` (the predicted ones) and ``finished`` (whether ``<eos>``
+        was predicted, the last query then).
+      path: where to write the PNG.
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure`.
+    """
+    steps, keys = translation.weights.shape
+    queries = translation.tokens + (["<eos>"] if translation.finished else [])
+    fig = show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
+                        ylabel="Translation (queries)",
+                        figsize=(max(2.5, 0.45 * keys + 1.2), max(2.5, 0.35 * steps + 1.2)))
+    axes = fig.axes[0]
+    axes.set_xticks(range(keys), labels=translation.source_tokens, rotation=90)
+    axes.set_yticks(range(steps), labels=queries)
+    save_figure(fig, path)
+    return fig
+
+
+def layer_head_heatmaps(weights, path: str | os.PathLike, *, xlabel: str, ylabel: str,
+                        xticks: Sequence[str], yticks: Sequence[str]) -> Figure:
+    """``(L, N, T, S)`` weights as a grid, one row per layer (block) and one column per head,
+    with the tokens as tick labels and ``"Layer l"`` beside each row.
+
+    Args:
+      weights: ``(L, N, T, S)``.
+      path: where to write the PNG.
+      xlabel, ylabel: labels of the key axis ``S`` and the query axis ``T``.
+      xticks, yticks: ``S`` and ``T`` tick labels (tokens).
+
+    Returns:
+      The :class:`~matplotlib.figure.Figure`.
+    """
+    L, N, T, S = weights.shape
+    fig = show_heatmaps(weights, xlabel=xlabel, ylabel=ylabel,
+                        titles=[f"Head {n}" for n in range(1, N + 1)],
+                        figsize=(max(2.0, 0.4 * S + 1.0), max(2.0, 0.35 * T + 1.0)))
+    for layer, axes in enumerate(fig.axes[:L * N]):
+        axes.set_xticks(range(S), labels=xticks, rotation=90)
+        axes.set_yticks(range(T), labels=yticks)
+        if axes.get_subplotspec().is_first_col():
+            axes.set_ylabel(f"Layer {layer // N + 1}\n{ylabel}")
+    save_figure(fig, path)
+    return fig
+
+
+def bahdanau_attention_plots(translation, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """The book's figure of a Bahdanau translation (d2l §11.4): its weights as
+    :func:`translation_heatmap`, written to ``out_dir/bahdanau_attention.png``.
+
+    Returns:
+      ``{"attention": path}``.
+    """
+    plots = {"attention": Path(out_dir) / "bahdanau_attention.png"}
+    translation_heatmap(translation, plots["attention"])
+    return plots
+
+
+def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """The book's figures of a Transformer translation (d2l §11.7.6): the encoder
+    self-attention, the decoder self-attention and the encoder–decoder attention, every layer
+    (row) and head (column), as :func:`layer_head_heatmaps`, written into ``out_dir``.
+
+    Args:
+      translation: a Transformer translation result, with ``encoder_self`` ``(L, N, S, S)``,
+        ``decoder_self`` ``(L, N, T, T)`` and ``encoder_decoder`` ``(L, N, T, S)`` weights
+        besides the tokens of :func:`translation_heatmap`.
+      out_dir: the folder of the PNGs.
+
+    Returns:
+      ``{"encoder_self", "decoder_self", "encoder_decoder": path}``, the files
+      ``transformer_encoder_self_attention.png``, ``transformer_decoder_self_attention.png`` and
+      ``transformer_encoder_decoder_attention.png``.
+    """
+    out_dir = Path(out_dir)
+    t = translation
+    queries = t.tokens + (["<eos>"] if t.finished else [])
+    inputs = ["<bos>"] + queries[:-1]  # the decoder reads <bos> and its own predictions
+    plots = {"encoder_self": out_dir / "transformer_encoder_self_attention.png",
+             "decoder_self": out_dir / "transformer_decoder_self_attention.png",
+             "encoder_decoder": out_dir / "transformer_encoder_decoder_attention.png"}
+    layer_head_heatmaps(t.encoder_self, plots["encoder_self"], xlabel="Key positions",
+                        ylabel="Query positions", xticks=t.source_tokens, yticks=t.source_tokens)
+    layer_head_heatmaps(t.decoder_self, plots["decoder_self"], xlabel="Key positions",
+                        ylabel="Query positions", xticks=inputs, yticks=inputs)
+    layer_head_heatmaps(t.encoder_decoder, plots["encoder_decoder"],
+                        xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)",
+                        xticks=t.source_tokens, yticks=inputs)
+    return plots

@@ -29,19 +29,19 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.masking import (
-    _as_array_like,
-    _check_dropout,
-    _check_values_in,
-    _clip_values,
-    _is_integer_dtype,
+from jax_attention._checks import (
+    as_array_like,
+    check_dropout,
+    check_typed_int,
+    check_values_in,
+    clip_values,
+    is_integer_dtype,
 )
 
 __all__ = [
@@ -66,19 +66,6 @@ BIAS_HEADS_FIRST = "tsn->nts"
 
 
 # --------------------------------------------------------------------------- argument checks
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    """``value`` as a Python int ``>= minimum``; bools and floats are refused."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_base(base) -> float:
@@ -122,8 +109,8 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0,
     Returns:
       ``P`` of shape ``(T, D)`` and dtype ``dtype``.
     """
-    num_steps = _check_int("num_steps", num_steps, 1)
-    num_hiddens = _check_int("num_hiddens", num_hiddens, 1)
+    num_steps = check_typed_int("num_steps", num_steps, 1)
+    num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
     base = _check_base(base)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"dtype must be a float dtype, got {dtype}")
@@ -137,7 +124,7 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0,
 
 def _check_table(name: str, X, table, what: str):
     """Checks ``X (..., T, D)`` against a position table ``(max_len, D)``; returns both as arrays."""
-    X, table = jnp.asarray(_as_array_like(X)), jnp.asarray(_as_array_like(table))
+    X, table = jnp.asarray(as_array_like(X)), jnp.asarray(as_array_like(table))
     if X.ndim < 2:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):
@@ -199,7 +186,7 @@ def learned_positional_encoding(table, X):
 
 def _check_positions_dtype(positions):
     shape, dtype = jnp.shape(positions), jnp.result_type(positions)
-    if not _is_integer_dtype(dtype):
+    if not is_integer_dtype(dtype):
         raise TypeError(f"positions must hold integers, got dtype {dtype} with shape {shape}")
 
 
@@ -220,11 +207,11 @@ def rotary_angles(positions, head_dim: int, base: float = 10000.0, *, dtype=jnp.
     Returns:
       angles ``(..., H / 2)`` of dtype ``dtype``.
     """
-    head_dim = _check_int("head_dim", head_dim, 2)
+    head_dim = check_typed_int("head_dim", head_dim, 2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (features are rotated in pairs), got {head_dim}")
     base = _check_base(base)
-    positions = _as_array_like(positions)
+    positions = as_array_like(positions)
     _check_positions_dtype(positions)
     positions = jnp.asarray(positions)
     frequencies = jnp.asarray(_inverse_frequencies(head_dim, base), dtype=dtype)
@@ -235,7 +222,7 @@ def _check_positions(positions, X):
     """``positions`` (default ``arange(T)``) broadcast to ``X.shape[:-1] = (..., T)``."""
     if positions is None:
         positions = jnp.arange(X.shape[-2], dtype=jnp.int32)
-    positions = _as_array_like(positions)
+    positions = as_array_like(positions)
     _check_positions_dtype(positions)
     shape = jnp.shape(positions)
     try:
@@ -282,7 +269,7 @@ def rotary_embedding(X, positions=None, base: float = 10000.0):
     Returns:
       ``(..., T, H)`` in ``X``'s dtype.
     """
-    X = jnp.asarray(_as_array_like(X))
+    X = jnp.asarray(as_array_like(X))
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., T, H), got {X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):
@@ -319,10 +306,10 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = _check_int("num_queries", num_queries, 0)
-    num_keys = _check_int("num_keys", num_keys, 0)
-    offset = _as_array_like(offset)
-    if jnp.shape(offset) != () or not _is_integer_dtype(jnp.result_type(offset)):
+    num_queries = check_typed_int("num_queries", num_queries, 0)
+    num_keys = check_typed_int("num_keys", num_keys, 0)
+    offset = as_array_like(offset)
+    if jnp.shape(offset) != () or not is_integer_dtype(jnp.result_type(offset)):
         raise TypeError(
             f"offset must be an integer scalar, got dtype {jnp.result_type(offset)} "
             f"with shape {jnp.shape(offset)}"
@@ -332,23 +319,23 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
 
 
 def _check_relative_positions(relative_positions) -> jax.Array:
-    relative_positions = _as_array_like(relative_positions)
+    relative_positions = as_array_like(relative_positions)
     shape, dtype = jnp.shape(relative_positions), jnp.result_type(relative_positions)
-    if not _is_integer_dtype(dtype):
+    if not is_integer_dtype(dtype):
         raise TypeError(f"relative_positions must hold integers, got dtype {dtype} with shape {shape}")
     return jnp.asarray(relative_positions).astype(jnp.int32)
 
 
 def _check_bucket_arguments(num_buckets, max_distance, bidirectional: bool):
     """Validates T5's arguments; returns ``(buckets per direction, max_distance)``."""
-    num_buckets = _check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+    num_buckets = check_typed_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     if bidirectional and num_buckets % 2:
         raise ValueError(
             f"num_buckets must be even when bidirectional (half for each direction), got {num_buckets}"
         )
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
-    max_distance = _check_int("max_distance", max_distance, max_exact + 1)
+    max_distance = check_typed_int("max_distance", max_distance, max_exact + 1)
     return per_direction, max_distance
 
 
@@ -433,7 +420,7 @@ def clipped_relative_positions(relative_positions, max_distance: int):
       int32 indices in ``[0, 2k]``, of the shape of ``relative_positions``.
     """
     relative_positions = _check_relative_positions(relative_positions)
-    max_distance = _check_int("max_distance", max_distance, 1)
+    max_distance = check_typed_int("max_distance", max_distance, 1)
     k = jnp.asarray(max_distance, jnp.int32)
     return jnp.clip(relative_positions, -k, k) + k
 
@@ -454,19 +441,19 @@ def relative_position_bias(table, indices):
     Returns:
       ``(1, N, T, S)`` in the table's dtype.
     """
-    table = jnp.asarray(_as_array_like(table))
-    indices = _as_array_like(indices)
+    table = jnp.asarray(as_array_like(table))
+    indices = as_array_like(indices)
     shape, dtype = jnp.shape(indices), jnp.result_type(indices)
     if table.ndim != 2:
         raise ValueError(f"table must have shape (num_buckets, N), got {table.shape}")
     if len(shape) != 2:
         raise ValueError(f"indices must have shape (T, S), got {shape}")
-    if not _is_integer_dtype(dtype):
+    if not is_integer_dtype(dtype):
         raise TypeError(f"indices must hold integers, got dtype {dtype} with shape {shape}")
     rows = table.shape[0]
-    _check_values_in("indices", indices, 0, rows - 1,
-                     f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
-    return jnp.einsum(BIAS_HEADS_FIRST, table[_clip_values(indices, 0, rows - 1)])[None]
+    check_values_in("indices", indices, 0, rows - 1,
+                    f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
+    return jnp.einsum(BIAS_HEADS_FIRST, table[clip_values(indices, 0, rows - 1)])[None]
 
 
 # --------------------------------------------------------------------------- NNX modules
@@ -501,7 +488,7 @@ class PositionalEncoding(nnx.Module):
     def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000, *, base: float = 10000.0,
                  dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         self.P = Constant(positional_encoding(max_len, num_hiddens, base, dtype=dtype))
-        dropout = _check_dropout(dropout)
+        dropout = check_dropout(dropout)
         # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
 
@@ -527,11 +514,11 @@ class LearnedPositionalEmbedding(nnx.Module):
 
     def __init__(self, max_len: int, num_hiddens: int, dropout: float = 0.0, *, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
-        max_len = _check_int("max_len", max_len, 1)
-        num_hiddens = _check_int("num_hiddens", num_hiddens, 1)
+        max_len = check_typed_int("max_len", max_len, 1)
+        num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
         init = nnx.initializers.normal(stddev=0.02)
         self.table = nnx.Param(init(rngs.params(), (max_len, num_hiddens), param_dtype))
-        dropout = _check_dropout(dropout)
+        dropout = check_dropout(dropout)
         # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
 
@@ -564,12 +551,12 @@ class RelativePositionBias(nnx.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, *,
                  bidirectional: bool = True, mode: str = "bucket", param_dtype=jnp.float32, rngs: nnx.Rngs):
-        num_heads = _check_int("num_heads", num_heads, 1)
+        num_heads = check_typed_int("num_heads", num_heads, 1)
         if mode == "bucket":
             _check_bucket_arguments(num_buckets, max_distance, bidirectional)
             rows = num_buckets
         elif mode == "clip":
-            rows = 2 * _check_int("max_distance", max_distance, 1) + 1
+            rows = 2 * check_typed_int("max_distance", max_distance, 1) + 1
         else:
             raise ValueError(f'mode must be "bucket" or "clip", got {mode!r}')
         self.num_buckets = num_buckets

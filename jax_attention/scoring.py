@@ -25,15 +25,14 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention.masking import (
-    _as_array_like,
-    _check_dropout,
-    _check_size,
-    _is_integer_dtype,
-    attention_mask,
-    masked_fill_value,
-    masked_softmax,
+from jax_attention._checks import (
+    as_array_like,
+    check_attention_inputs,
+    check_dropout,
+    check_size,
+    is_integer_dtype,
 )
+from jax_attention.masking import attention_mask, masked_fill_value, masked_softmax
 
 __all__ = [
     "dot_product_attention_weights",
@@ -52,50 +51,6 @@ PROJECT_KEYS = "...sk,kh->...sh"
 ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 
-def _check_inputs(queries, keys, values=None, *, same_depth: bool):
-    """Shape and dtype checks shared by both scoring functions; returns float arrays."""
-    arrays = {"queries": queries, "keys": keys}
-    if values is not None:
-        arrays["values"] = values
-    arrays = {name: jnp.asarray(a) for name, a in arrays.items()}
-    for name, a in arrays.items():
-        if a.ndim < 3:
-            raise ValueError(f"{name} must have shape (B, ..., len, size), got {a.shape}")
-        if not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
-            raise TypeError(f"{name} must be numeric, got dtype {a.dtype} with shape {a.shape}")
-    q, k = arrays["queries"], arrays["keys"]
-    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2]:
-        raise ValueError(
-            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes, "
-            f"got queries {q.shape} and keys {k.shape}"
-        )
-    if same_depth and q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"queries and keys must have the same size for dot-product scores, got queries "
-            f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
-        )
-    if same_depth and q.shape[-1] == 0:
-        # The scores would be 0 / sqrt(0): NaN weights rather than an error.
-        raise ValueError(
-            f"queries and keys must have a size d >= 1 for scaled dot-product scores, got queries "
-            f"{q.shape} and keys {k.shape}"
-        )
-    if values is not None:
-        v = arrays["values"]
-        if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
-            raise ValueError(
-                f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
-                f"length S, got keys {k.shape} and values {v.shape}"
-            )
-    arrays = [a if jnp.issubdtype(a.dtype, jnp.floating) else a.astype(jnp.result_type(float))
-              for a in arrays.values()]
-    dtypes = {a.dtype for a in arrays}
-    if len(dtypes) > 1:
-        names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
-        raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
-    return arrays
-
-
 def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool):
     """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
 
@@ -106,7 +61,7 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     outputs through the weighted sum, and valid gradients through the backward pass of the score
     einsum (and, in additive attention, through ``tanh'`` of a NaN feature).
     """
-    arrays = _check_inputs(queries, keys, values, same_depth=same_depth)
+    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth)
     queries, keys = arrays[0], arrays[1]
     keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
                           is_causal=is_causal)
@@ -125,8 +80,8 @@ def _add_bias(scores, bias):
     """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)``."""
     if bias is None:
         return scores
-    bias = jnp.asarray(_as_array_like(bias))
-    if not (jnp.issubdtype(bias.dtype, jnp.floating) or _is_integer_dtype(bias.dtype)):
+    bias = jnp.asarray(as_array_like(bias))
+    if not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
         # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
         raise TypeError(f"bias must hold real numbers added to the scores (a boolean mask goes in "
                         f"mask=), got dtype {bias.dtype} with shape {bias.shape}")
@@ -371,7 +326,7 @@ class DotProductAttention(_Attention):
     """
 
     def __init__(self, dropout: float = 0.0, *, sow_weights: bool = False, rngs: nnx.Rngs | None = None):
-        dropout = _check_dropout(dropout)
+        dropout = check_dropout(dropout)
         # A 'dropout' stream only with dropout: nnx.Dropout forks one from any rngs it gets.
         self.dropout = nnx.Dropout(dropout, rngs=rngs if dropout > 0 else None)
         self.sow_weights = sow_weights
@@ -405,9 +360,9 @@ class AdditiveAttention(_Attention):
 
     def __init__(self, query_size: int, key_size: int, num_hiddens: int, dropout: float = 0.0, *,
                  sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        query_size, key_size, num_hiddens = (_check_size(name, value) for name, value in (
+        query_size, key_size, num_hiddens = (check_size(name, value) for name, value in (
             ("query_size", query_size), ("key_size", key_size), ("num_hiddens", num_hiddens)))
-        dropout = _check_dropout(dropout)
+        dropout = check_dropout(dropout)
         init = nnx.initializers.xavier_uniform()
         self.W_q = nnx.Param(init(rngs.params(), (query_size, num_hiddens), param_dtype))
         self.W_k = nnx.Param(init(rngs.params(), (key_size, num_hiddens), param_dtype))

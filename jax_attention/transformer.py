@@ -4,6 +4,14 @@ Mirror of :mod:`reference_numpy.transformer` (same names, argument order, einsum
 parameter dicts); the JAX functions add dropout (``dropout``, ``dropout_rng``) and incremental
 decoding with a fixed-size key/value cache.
 
+Files: the sublayers (:func:`attention`, :func:`position_wise_ffn`, :func:`layer_norm`,
+:func:`add_norm`) are in :mod:`jax_attention.transformer_layers` — read it, then this file, beside
+the NumPy reference — and the key/value cache (:func:`init_decoder_state`,
+:func:`decoder_step`) in :mod:`jax_attention.transformer_cache`; both are re-exported here, so
+every public name of the model is ``jax_attention.transformer.<name>``. :func:`translate` is
+:func:`jax_attention.translation.translate` with this model's decoder, and the NNX modules share
+their plumbing with the Bahdanau model (:mod:`jax_attention.seq2seq_module`).
+
 The model of the book (0.17 edition, PyTorch):
 
 * encoder: ``X = embedding(src) * sqrt(D) + P[:S]`` (dropout), then ``num_layers`` blocks of
@@ -41,7 +49,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -49,23 +56,39 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention import decoding
-from jax_attention.bahdanau import (
-    _check_dropout,
-    _check_size,
-    _check_tokens,
-    _dropout,
-    _special_id,
-    flatten_params,
-    masked_cross_entropy,
-    teacher_forcing_inputs,
-    unflatten_params,
+from jax_attention import decoding, translation
+from jax_attention._checks import (
+    check_dropout,
+    check_lengths,
+    check_max_len_fits,
+    check_num_heads,
+    check_positions,
+    check_size,
+    check_tokens,
 )
 from jax_attention.decoding import greedy_search
-from jax_attention.masking import _check_lengths, _check_values_in, _clip_values, _is_integer_dtype
-from jax_attention.multihead import _check_num_heads, _mask_inputs, combine_heads, project_heads
-from jax_attention.positional import positional_encoding
-from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
+from jax_attention.params import flatten_params, unflatten_params
+from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.seq2seq_module import dropout as _dropout
+from jax_attention.transformer_cache import decoder_step, init_decoder_state
+from jax_attention.transformer_layers import (
+    MAX_POSITIONS,
+    add_norm,
+    attention,
+    layer_norm,
+    position_wise_ffn,
+)
+from jax_attention.transformer_layers import check_width
+from jax_attention.transformer_layers import dense as _dense
+from jax_attention.transformer_layers import embed
+from jax_attention.transformer_layers import fold_rng
+from jax_attention.transformer_layers import num_blocks
+from jax_attention.translation import (
+    Decoded,
+    Translation,
+    masked_cross_entropy,
+    teacher_forcing_inputs,
+)
 
 __all__ = [
     "MAX_POSITIONS",
@@ -97,14 +120,6 @@ __all__ = [
     "TransformerDecoder",
     "TransformerSeq2Seq",
 ]
-
-#: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
-MAX_POSITIONS = 1000
-LAYER_NORM_EPS = 1e-5
-
-# The same strings as in reference_numpy/transformer.py.
-DENSE = "...i,io->...o"
-
 
 # --------------------------------------------------------------------------- parameters
 
@@ -143,7 +158,7 @@ def param_shapes(src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int,
       "addnorm_1", "cross_attention", "addnorm_2", "ffn", "addnorm_3"}}, "dense": {"W": (D, V),
       "b": (V,)}}}`` with shape tuples as leaves.
     """
-    V_src, V_tgt, D, F, L = (_check_size(name, value) for name, value in (
+    V_src, V_tgt, D, F, L = (check_size(name, value) for name, value in (
         ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
         ("num_hiddens", num_hiddens), ("ffn_num_hiddens", ffn_num_hiddens),
         ("num_layers", num_layers)))
@@ -221,148 +236,12 @@ def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int 
     Returns:
       The nested dict of :func:`param_shapes`, with arrays as leaves.
     """
-    _check_num_heads(_check_size("num_hiddens", num_hiddens), num_heads)
+    check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
     shapes = param_shapes(src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers)
     return unflatten_params(_init_flat(rng, flatten_params(shapes), param_dtype))
 
 
 # --------------------------------------------------------------------------- the functional core
-
-
-def _rng(dropout_rng, index: int):
-    return None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
-
-
-def _dense(params, X, kernel: str, bias: str | None):
-    W = jnp.asarray(params[kernel]).astype(X.dtype)
-    out = jnp.einsum(DENSE, X, W)
-    if bias is None:
-        return out
-    b = jnp.asarray(params[bias]).astype(X.dtype)
-    return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
-
-
-def _check_params(params, expected: dict) -> None:
-    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
-    if not hasattr(params, "keys"):
-        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
-                         f"{type(params).__name__}")
-    missing = [name for name in expected if name not in params]
-    if missing:
-        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
-    for name, shape in expected.items():
-        got = jnp.shape(params[name])
-        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
-            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
-            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
-
-
-def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
-    """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
-    the model width ``D``."""
-    X = jnp.asarray(X)
-    rank_ok = X.ndim >= 1 if what.startswith("(...") else X.ndim == what.count(",") + 1
-    if not rank_ok or X.shape[-1] != D:
-        raise ValueError(f"{name} must have shape {what} with D = {D} (the parameters' width), "
-                         f"got {X.shape}")
-    return X
-
-
-def position_wise_ffn(params, X):
-    """The position-wise feed-forward network — d2l §11.7.2: ``relu(X W_1 + b_1) W_2 + b_2``.
-
-    Args:
-      params: ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}``.
-      X: ``(B, T, D)`` (any leading axes ``(..., D)``).
-
-    Returns:
-      ``(B, T, D)``.
-    """
-    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
-    D, F = jnp.shape(params["W_1"])
-    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
-    X = _check_width("X", X, D, "(..., D)")
-    return _dense(params, jax.nn.relu(_dense(params, X, "W_1", "b_1")), "W_2", "b_2")
-
-
-def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
-    """Layer normalisation over the last axis (``nn.LayerNorm(D)``, biased variance, eps ``1e-5``).
-
-    Args:
-      params: ``{"gamma": (D,), "beta": (D,)}``. X: ``(..., D)`` with ``D >= 1``.
-    """
-    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
-    D = jnp.shape(params["gamma"])[0]
-    _check_params(params, {"beta": (D,)})
-    X = _check_width("X", X, D, "(..., D)")
-    if D == 0:
-        # The mean and variance of no feature are 0 / 0.
-        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
-    mean = jnp.mean(X, axis=-1, keepdims=True)
-    variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
-    shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
-    gamma = jnp.asarray(params["gamma"]).astype(X.dtype).reshape(shape)
-    beta = jnp.asarray(params["beta"]).astype(X.dtype).reshape(shape)
-    return (X - mean) / jnp.sqrt(variance + eps) * gamma + beta
-
-
-def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
-    """Residual connection and layer normalisation — d2l §11.7.3: ``LayerNorm(dropout(Y) + X)``.
-
-    Args:
-      params: ``{"gamma", "beta"}``. X: the residual ``(B, T, D)``. Y: the sublayer's output,
-        of ``X``'s shape.
-      dropout, dropout_rng: the rate and a key (``None``: no dropout).
-    """
-    X, Y = jnp.asarray(X), jnp.asarray(Y)
-    if X.shape != Y.shape:
-        raise ValueError(f"X (the residual) and Y (the sublayer's output) must have the same "
-                         f"shape, got X {X.shape} and Y {Y.shape}")
-    return layer_norm(params, _dropout(Y, _check_dropout(dropout), dropout_rng) + X)
-
-
-def _project_one(params, X, name: str, num_heads: int):
-    """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)``."""
-    B, T, _ = X.shape
-    out = jnp.einsum(DENSE, X, jnp.asarray(params[name]).astype(X.dtype))
-    # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
-    return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
-
-
-def _attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
-    """Scaled dot-product attention of projected heads; dropout acts on the weights only."""
-    weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
-    dropped = _dropout(weights, dropout, dropout_rng)
-    return jnp.einsum(WEIGHTED_SUM, dropped, heads_v), weights
-
-
-def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
-              is_causal: bool = False, dropout: float = 0.0, dropout_rng=None):
-    """Multi-head attention of the Transformer (no biases) with dropout on its weights — d2l §11.5.
-
-    The same computation as :func:`jax_attention.multihead.multi_head_attention` (its masking,
-    projections and head split), plus the book's dropout on the attention weights.
-
-    Args:
-      params: ``{"W_q", "W_k", "W_v", "W_o"}``, each ``(D, D)``.
-      queries: ``(B, T, D)``. keys_values: ``(B, S, D)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
-      num_heads: ``N``. is_causal: add the causal mask.
-      dropout, dropout_rng: on the weights (``None``: no dropout).
-
-    Returns:
-      ``(output (B, T, D), weights (B, N, T, S))``; the weights are those before dropout.
-    """
-    D = jnp.shape(params["W_q"])[0] if "W_q" in params else None
-    if D is not None:
-        queries = _check_width("queries", queries, D)
-        keys_values = _check_width("keys_values", keys_values, D, "(B, S, D)")
-    _check_dropout(dropout)
-    keep, queries, keys, values = _mask_inputs(queries, keys_values, keys_values, valid_lens,
-                                               None, is_causal, num_heads)
-    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
-    heads, weights = _attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
-    return combine_heads(params, heads), weights
 
 
 def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 0.0,
@@ -379,42 +258,14 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 
     Returns:
       ``(output (B, S, D), weights (B, N, S, S))``.
     """
-    X = _check_width("X", X, jnp.shape(params["attention"]["W_q"])[0], "(B, S, D)")
+    X = check_width("X", X, jnp.shape(params["attention"]["W_q"])[0], "(B, S, D)")
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads,
-                                  dropout=dropout, dropout_rng=_rng(dropout_rng, 0))
+                                  dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0))
     Y = add_norm(params["addnorm_1"], X, attended, dropout=dropout,
-                 dropout_rng=_rng(dropout_rng, 1))
+                 dropout_rng=fold_rng(dropout_rng, 1))
     out = add_norm(params["addnorm_2"], Y, position_wise_ffn(params["ffn"], Y), dropout=dropout,
-                   dropout_rng=_rng(dropout_rng, 2))
+                   dropout_rng=fold_rng(dropout_rng, 2))
     return out, weights
-
-
-def _num_blocks(blocks) -> int:
-    if not hasattr(blocks, "keys") or not blocks:
-        raise ValueError(f"blocks must be a mapping 'block_0', 'block_1', ..., got {blocks!r}")
-    names = [f"block_{i}" for i in range(len(blocks))]
-    if sorted(blocks) != sorted(names):
-        raise ValueError(f"blocks must hold exactly {names}, got {sorted(blocks)}")
-    return len(names)
-
-
-def _check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
-    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
-    max_positions = _check_size("max_positions", max_positions)
-    if length > max_positions:
-        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
-        raise ValueError(f"{name} has {length} positions, more than the positional table's "
-                         f"max_positions = {max_positions}{of_shape}")
-
-
-def _embed(params, tokens, offset_positions, max_positions: int, dtype):
-    """``embedding[tokens] * sqrt(D) + P[positions]`` (d2l: the embedding scaled before adding P)."""
-    embedding = jnp.asarray(params["embedding"]).astype(dtype)
-    D = embedding.shape[1]
-    P = positional_encoding(max_positions, D, dtype=dtype)
-    positional = P[offset_positions]
-    positional = positional.reshape((1,) * (tokens.ndim + 1 - positional.ndim) + positional.shape)
-    return embedding[tokens] * math.sqrt(D) + positional
 
 
 def _float_dtype(params):
@@ -438,17 +289,17 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
     Returns:
       ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``.
     """
-    dropout = _check_dropout(dropout)
+    dropout = check_dropout(dropout)
     embedding_rows = jnp.shape(params["embedding"])[0]
-    src = _check_tokens("src", src, embedding_rows, ndim=2)
-    _check_positions("src", src.shape[1], max_positions, src.shape)
-    X = _embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
-    X = _dropout(X, dropout, _rng(dropout_rng, 0))
+    src = check_tokens("src", src, embedding_rows, ndim=2)
+    check_positions("src", src.shape[1], max_positions, src.shape)
+    X = embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
+    X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     all_weights = []
-    for i in range(_num_blocks(params["blocks"])):
+    for i in range(num_blocks(params["blocks"])):
         X, weights = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len,
                                    num_heads=num_heads, dropout=dropout,
-                                   dropout_rng=_rng(dropout_rng, i + 1))
+                                   dropout_rng=fold_rng(dropout_rng, i + 1))
         all_weights.append(weights)
     return X, jnp.stack(all_weights)
 
@@ -469,23 +320,23 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int, drop
       ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
     D = jnp.shape(params["self_attention"]["W_q"])[0]
-    X = _check_width("X", X, D)
-    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    X = check_width("X", X, D)
+    enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
     if enc_outputs.shape[0] != X.shape[0]:
         raise ValueError(f"X (B, T, D) and enc_outputs (B, S, D) must have the same batch B, got "
                          f"X {X.shape} and enc_outputs {enc_outputs.shape}")
     attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
                                        is_causal=True, dropout=dropout,
-                                       dropout_rng=_rng(dropout_rng, 0))
+                                       dropout_rng=fold_rng(dropout_rng, 0))
     Y = add_norm(params["addnorm_1"], X, attended, dropout=dropout,
-                 dropout_rng=_rng(dropout_rng, 1))
+                 dropout_rng=fold_rng(dropout_rng, 1))
     crossed, cross_weights = attention(params["cross_attention"], Y, enc_outputs, src_valid_len,
                                        num_heads=num_heads, dropout=dropout,
-                                       dropout_rng=_rng(dropout_rng, 2))
+                                       dropout_rng=fold_rng(dropout_rng, 2))
     Z = add_norm(params["addnorm_2"], Y, crossed, dropout=dropout,
-                 dropout_rng=_rng(dropout_rng, 3))
+                 dropout_rng=fold_rng(dropout_rng, 3))
     out = add_norm(params["addnorm_3"], Z, position_wise_ffn(params["ffn"], Z), dropout=dropout,
-                   dropout_rng=_rng(dropout_rng, 4))
+                   dropout_rng=fold_rng(dropout_rng, 4))
     return out, self_weights, cross_weights
 
 
@@ -501,23 +352,23 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
     Returns:
       ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
-    dropout = _check_dropout(dropout)
+    dropout = check_dropout(dropout)
     embedding_rows = jnp.shape(params["embedding"])[0]
-    dec_input = _check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
-    _check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
+    dec_input = check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
+    check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
     D = jnp.shape(params["embedding"])[1]
-    enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
     if enc_outputs.shape[0] != dec_input.shape[0]:
         raise ValueError(f"dec_input (B, T) and enc_outputs (B, S, D) must have the same batch B, "
                          f"got dec_input {dec_input.shape} and enc_outputs {enc_outputs.shape}")
-    X = _embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
+    X = embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
                enc_outputs.dtype)
-    X = _dropout(X, dropout, _rng(dropout_rng, 0))
+    X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     self_weights, cross_weights = [], []
-    for i in range(_num_blocks(params["blocks"])):
+    for i in range(num_blocks(params["blocks"])):
         X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
                                 num_heads=num_heads, dropout=dropout,
-                                dropout_rng=_rng(dropout_rng, i + 1))
+                                dropout_rng=fold_rng(dropout_rng, i + 1))
         self_weights.append(s)
         cross_weights.append(c)
     logits = _dense(params["dense"], X, "W", "b")
@@ -540,7 +391,7 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
-    dec_input = _check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
+    dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
@@ -565,166 +416,15 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced).
     """
-    tgt = _check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
-    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
+    tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                             num_heads=num_heads, max_positions=max_positions, dropout=dropout,
                             dropout_rng=dropout_rng)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
 
-# --------------------------------------------------------------------------- incremental decoding
-
-
-def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, max_len: int):
-    """The decoder's state before step 0: empty key/value caches of ``max_len`` steps.
-
-    Every leaf has the batch as its leading axis (beam search repeats and reorders the state
-    along axis 0):
-
-    * ``position (B,) int32``: the step about to be decoded (its position in ``P`` and the cache
-      slot it writes);
-    * ``self_keys``, ``self_values`` ``(B, L, N, M, H)``: the self-attention cache, zeros;
-    * ``cross_keys``, ``cross_values`` ``(B, L, N, S, H)``: the encoder outputs projected once by
-      each block's ``W_k`` and ``W_v``;
-    * ``src_valid_len (B,) int32``.
-
-    Args:
-      params: the decoder's dict. enc_outputs: ``(B, S, D)``.
-      src_valid_len: ``(B,)`` integers in ``[0, S]`` (checked when concrete; act as clipped when
-        traced), or ``None`` for ``S``.
-      num_heads: ``N``. max_len: ``M``, the number of steps the cache holds.
-    """
-    enc_outputs = _check_width("enc_outputs", enc_outputs, jnp.shape(params["embedding"])[1],
-                               "(B, S, D)")
-    B, S, D = enc_outputs.shape
-    _check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
-    max_len = _check_size("max_len", max_len)
-    L = _num_blocks(params["blocks"])
-    H = D // num_heads
-    cross_keys = jnp.stack([_project_one(params["blocks"][f"block_{i}"]["cross_attention"],
-                                         enc_outputs, "W_k", num_heads) for i in range(L)], axis=1)
-    cross_values = jnp.stack([_project_one(params["blocks"][f"block_{i}"]["cross_attention"],
-                                           enc_outputs, "W_v", num_heads) for i in range(L)],
-                             axis=1)
-    if src_valid_len is None:
-        src_valid_len = jnp.full((B,), S, jnp.int32)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, B, S, "S")
-    zeros = jnp.zeros((B, L, num_heads, max_len, H), enc_outputs.dtype)
-    return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": zeros,
-            "cross_keys": cross_keys, "cross_values": cross_values,
-            "src_valid_len": src_valid_len.astype(jnp.int32)}
-
-
-_STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N, M, H)",
-                 "self_values": "(B, L, N, M, H)", "cross_keys": "(B, L, N, S, H)",
-                 "cross_values": "(B, L, N, S, H)", "src_valid_len": "(B,)"}
-
-
-def _check_decoder_state(state, L: int, N: int, H: int):
-    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads of size ``H``;
-    returns ``(B, M, S)``."""
-    if not hasattr(state, "keys") or set(state) != set(_STATE_SHAPES):
-        raise ValueError(f"state must be the dict of init_decoder_state with keys "
-                         f"{sorted(_STATE_SHAPES)}, got "
-                         f"{sorted(state) if hasattr(state, 'keys') else type(state).__name__}")
-    shapes = {name: jnp.shape(value) for name, value in state.items()}
-    B = shapes["position"][0] if len(shapes["position"]) == 1 else None
-    self_shape = shapes["self_keys"]
-    M = self_shape[3] if len(self_shape) == 5 else None
-    cross_shape = shapes["cross_keys"]
-    S = cross_shape[3] if len(cross_shape) == 5 else None
-    expected = {"position": (B,), "self_keys": (B, L, N, M, H), "self_values": (B, L, N, M, H),
-                "cross_keys": (B, L, N, S, H), "cross_values": (B, L, N, S, H),
-                "src_valid_len": (B,)}
-    for name, shape in expected.items():
-        if None in shape or shapes[name] != shape:
-            letters = _STATE_SHAPES[name]
-            raise ValueError(
-                f"state[{name!r}] must have shape {letters} with L = {L} blocks, N = {N} heads "
-                f"(num_heads) and H = {H}, got {shapes[name]} (state['position'] "
-                f"{shapes['position']}, state['self_keys'] {self_shape}, state['cross_keys'] "
-                f"{cross_shape})")
-    for name in ("position", "src_valid_len"):
-        if not _is_integer_dtype(jnp.result_type(state[name])):
-            raise ValueError(f"state[{name!r}] must hold integers, got dtype "
-                             f"{jnp.result_type(state[name])} with shape {shapes[name]}")
-    return B, M, S
-
-
-def _write_cache(cache, new, position):
-    """``cache (B, N, M, H)`` with ``new (B, N, 1, H)`` written at each row's ``position``."""
-    def write(c, n, p):
-        return lax.dynamic_update_slice(c, n, (jnp.zeros((), jnp.int32), p,
-                                               jnp.zeros((), jnp.int32)))
-    return jax.vmap(write)(cache, new, position)
-
-
-def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = MAX_POSITIONS):
-    """One incremental decoder step with the key/value cache (no dropout: decoding only).
-
-    The token of each row gets ``P[position]``; each block projects it once, writes its key and
-    value into the cache at ``position`` (``lax.dynamic_update_slice``, fixed shapes) and
-    attends cache slots ``<= position`` — the causal self-attention of the full forward pass, so
-    that the logits equal those of :func:`decoder` on the whole prefix.
-
-    Positions: the token of step ``t`` gets ``P[t]``. (The book's 0.17 ``predict_seq2seq`` feeds
-    one token at a time through ``PositionalEncoding``, which adds ``P[0]`` to every new token —
-    a known bug that we do not reproduce.)
-
-    Values follow the package's rule (:mod:`jax_attention.masking`): ``tokens`` outside
-    ``[0, V)`` and positions outside ``[0, M)`` (a step past the cache) raise ``ValueError`` when
-    concrete; traced ones are clipped — tokens to ``[0, V - 1]``, positions to ``[0, M - 1]``
-    (a step past the cache overwrites its last slot instead of writing nowhere).
-
-    Args:
-      params: the decoder's dict. state: see :func:`init_decoder_state`. tokens: ``(B,)`` ids.
-
-    Returns:
-      ``(logits (B, V), state, weights)`` with ``weights = {"decoder_self": (L, B, N, M),
-      "encoder_decoder": (L, B, N, S)}`` of this step (slots past ``position`` have weight 0).
-    """
-    embedding_rows, D = jnp.shape(params["embedding"])
-    _check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
-    L = _num_blocks(params["blocks"])
-    B, M, S = _check_decoder_state(state, L, num_heads, D // num_heads)
-    tokens = _check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
-    _check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
-                     jnp.shape(state["self_keys"]))
-    _check_values_in("state['position']", state["position"], 0, M - 1,
-                     f"[0, M) = [0, {M}) (the cache's steps)")
-    position = _clip_values(state["position"], 0, M - 1)
-    dtype = state["self_keys"].dtype
-    X = _embed(params, tokens, position, max_positions, dtype)[:, None, :]  # (B, 1, D)
-    self_keep = (jnp.arange(M, dtype=jnp.int32).reshape(1, M) <= position.reshape(-1, 1))
-    self_keep = self_keep[:, None, None, :]  # (B, 1, 1, M)
-    cross_keep = (jnp.arange(S, dtype=jnp.int32).reshape(1, S)
-                  < state["src_valid_len"].reshape(-1, 1))[:, None, None, :]
-    self_keys, self_values = [], []
-    self_weights, cross_weights = [], []
-    for i in range(_num_blocks(params["blocks"])):
-        block = params["blocks"][f"block_{i}"]
-        q = _project_one(block["self_attention"], X, "W_q", num_heads)
-        k = _write_cache(state["self_keys"][:, i], _project_one(block["self_attention"], X, "W_k",
-                                                                 num_heads), position)
-        v = _write_cache(state["self_values"][:, i], _project_one(block["self_attention"], X,
-                                                                   "W_v", num_heads), position)
-        self_keys.append(k)
-        self_values.append(v)
-        heads, w_self = _attend(q, k, v, self_keep, 0.0, None)
-        Y = add_norm(block["addnorm_1"], X, combine_heads(block["self_attention"], heads))
-        q = _project_one(block["cross_attention"], Y, "W_q", num_heads)
-        heads, w_cross = _attend(q, state["cross_keys"][:, i], state["cross_values"][:, i],
-                                 cross_keep, 0.0, None)
-        Z = add_norm(block["addnorm_2"], Y, combine_heads(block["cross_attention"], heads))
-        X = add_norm(block["addnorm_3"], Z, position_wise_ffn(block["ffn"], Z))
-        self_weights.append(w_self[:, :, 0])
-        cross_weights.append(w_cross[:, :, 0])
-    logits = _dense(params["dense"], X[:, 0], "W", "b")
-    new_state = dict(state, position=position + 1, self_keys=jnp.stack(self_keys, axis=1),
-                     self_values=jnp.stack(self_values, axis=1))
-    return logits, new_state, {"decoder_self": jnp.stack(self_weights),
-                               "encoder_decoder": jnp.stack(cross_weights)}
+# --------------------------------------------------------------------------- decoding
 
 
 def _greedy_step(params, num_heads: int, max_positions: int):
@@ -737,14 +437,6 @@ def _greedy_step(params, num_heads: int, max_positions: int):
         return logits, state, jnp.mean(weights["encoder_decoder"][-1], axis=1)
 
     return step
-
-
-def _check_max_len(max_len, max_positions):
-    max_len = _check_size("max_len", max_len)
-    if max_len > max_positions:
-        raise ValueError(f"max_len = {max_len} decoding steps exceed the positional table's "
-                         f"max_positions = {max_positions}")
-    return max_len
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "bos_id", "eos_id", "pad_id", "max_len",
@@ -771,10 +463,10 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``weights``
       are the last block's encoder–decoder weights averaged over the heads.
     """
-    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions, src.shape)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    max_len = _check_max_len(max_len, max_positions)
+    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    max_len = check_max_len_fits(max_len, max_positions)
     return _greedy_decode(params, src, src_valid_len, num_heads=num_heads,
                           bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                           max_positions=max_positions)
@@ -805,52 +497,22 @@ def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, b
     """
     if not hasattr(decoding, "beam_search"):
         raise NotImplementedError("jax_attention.decoding.beam_search is not available yet")
-    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions, src.shape)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    max_len = _check_max_len(max_len, max_positions)
+    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    max_len = check_max_len_fits(max_len, max_positions)
     return _beam_decode(params, src, src_valid_len, num_heads=num_heads,
-                        beam_size=_check_size("beam_size", beam_size), bos_id=bos_id,
+                        beam_size=check_size("beam_size", beam_size), bos_id=bos_id,
                         eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                         max_positions=max_positions, length_penalty=float(length_penalty))
 
 
 # --------------------------------------------------------------------------- translation
 
-
-@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
-class TransformerTranslation:
-    """The translation of one sentence (:func:`translate`).
-
-    Attributes:
-      source, source_tokens, tokens, translation, finished, truncated, unknown_words, notes: as
-        :class:`jax_attention.bahdanau.Translation`.
-      weights: ``(steps, len(source_tokens))``: the last block's encoder–decoder weights averaged
-        over the heads, one row per decoding step (``<eos>`` included when predicted).
-      encoder_self: ``(L, N, S', S')`` the encoder self-attention weights, ``S'`` the source
-        tokens read.
-      decoder_self: ``(L, N, steps, steps)`` the decoder self-attention weights.
-      encoder_decoder: ``(L, N, steps, S')`` the encoder–decoder weights of every block and head.
-      score: the beam's length-normalised log-probability (``None`` for greedy decoding).
-
-    The attention weights of every block and head are those of the teacher-forced forward pass
-    on ``<bos>`` and the predicted tokens, which equals the incremental decoding that produced
-    them.
-    """
-
-    source: str
-    source_tokens: list[str]
-    tokens: list[str]
-    translation: str
-    weights: np.ndarray
-    encoder_self: np.ndarray
-    decoder_self: np.ndarray
-    encoder_decoder: np.ndarray
-    finished: bool
-    truncated: bool
-    unknown_words: list[str]
-    notes: list[str]
-    score: float | None = None
+#: The result type of :func:`translate`: :class:`jax_attention.translation.Translation`, the same
+#: for every model, here with its Transformer fields (``encoder_self``, ``decoder_self``,
+#: ``encoder_decoder``; ``score`` with beam search) set.
+TransformerTranslation = Translation
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "max_positions"))
@@ -859,13 +521,54 @@ def _forward_weights(params, src, src_valid_len, dec_input, *, num_heads, max_po
                        max_positions=max_positions)[1]
 
 
+def _translation_decoder(params, *, num_heads: int, beam_size: int = 1,
+                         max_positions: int = MAX_POSITIONS, length_penalty: float = 0.75):
+    """The decoder that :func:`jax_attention.translation.translate` runs for this model.
+
+    Greedy decoding (``beam_size=1``) or beam search (its best beam, with its score); then the
+    attention weights of every block and head from one teacher-forced pass on ``<bos>`` and the
+    predicted tokens, which equals the incremental decoding that produced them. A row's
+    ``weights`` are the last block's encoder–decoder weights averaged over the heads.
+    """
+
+    def decode(src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int, max_len: int):
+        options = {"num_heads": num_heads, "bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id,
+                   "max_len": max_len, "max_positions": max_positions}
+        scores = None
+        if beam_size == 1:
+            tokens, lengths, _ = jax.device_get(greedy_decode(params, src, src_valid_len,
+                                                              **options))
+        else:
+            tokens, lengths, scores = jax.device_get(beam_decode(
+                params, src, src_valid_len, beam_size=beam_size, length_penalty=length_penalty,
+                **options))
+            tokens, lengths, scores = tokens[:, 0], lengths[:, 0], scores[:, 0]
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        dec_input = np.concatenate([np.full((len(src), 1), bos_id, np.int32),
+                                    tokens[:, :-1].astype(np.int32)], axis=1)
+        weights = jax.device_get(_forward_weights(params, src, src_valid_len, dec_input,
+                                                  num_heads=num_heads, max_positions=max_positions))
+
+        def row_weights(row: int, steps: int, valid: int) -> dict:
+            cross = np.asarray(weights["encoder_decoder"][:, row, :, :steps, :valid])
+            return {"weights": cross[-1].mean(axis=0),
+                    "encoder_self": weights["encoder_self"][:, row, :, :valid, :valid],
+                    "decoder_self": weights["decoder_self"][:, row, :, :steps, :steps],
+                    "encoder_decoder": cross}
+
+        return Decoded(tokens, lengths, row_weights, scores)
+
+    return decode
+
+
 def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_steps: int, *,
               num_heads: int, max_len: int | None = None, beam_size: int = 1,
               max_positions: int = MAX_POSITIONS, length_penalty: float = 0.75):
     """Translate sentences, all in one batch — d2l §11.7.6, greedy (``beam_size=1``) or beam search.
 
-    Sources are encoded as in training (:func:`jax_attention.data.encode_source`); a sentence
-    longer than ``num_steps`` is truncated (noted), unknown words are read as ``<unk>`` (noted).
+    :func:`jax_attention.translation.translate` with this model's decoder (greedy or beam search):
+    sources encoded as in training, a sentence longer than ``num_steps`` truncated (noted),
+    unknown words read as ``<unk>`` (noted).
 
     Args:
       params: the parameter dict, or a :class:`TransformerSeq2Seq`.
@@ -877,94 +580,26 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
       beam_size: ``1`` greedy, ``k > 1`` beam search (best beam) with ``length_penalty``.
 
     Returns:
-      A :class:`TransformerTranslation` for a ``str``, else a list of them.
+      A :class:`~jax_attention.translation.Translation` for a ``str``, else a list of them, with
+      the Transformer's fields set.
     """
-    from jax_attention.data import encode_source, preprocess
-
     if hasattr(params, "params_dict"):
         params = params.params_dict()
-    single = isinstance(sentences, str)
-    sentences = [sentences] if single else list(sentences)
-    for sentence in sentences:
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentences must be strings, got {sentence!r} ({type(sentence).__name__})")
-    num_steps = _check_size("num_steps", num_steps)
-    max_len = num_steps if max_len is None else _check_size("max_len", max_len)
-    beam_size = _check_size("beam_size", beam_size)
-    if not sentences:
-        return []
-    bos_id, eos_id, pad_id = (_special_id(tgt_vocab, t) for t in ("<bos>", "<eos>", "<pad>"))
-    encoded = [encode_source(sentence, src_vocab, num_steps) for sentence in sentences]
-    src = np.stack([ids for ids, _ in encoded]).astype(np.int32)
-    src_valid_len = np.asarray([valid for _, valid in encoded], dtype=np.int32)
-    scores = None
-    if beam_size == 1:
-        tokens, lengths, _ = jax.device_get(greedy_decode(
-            params, src, src_valid_len, num_heads=num_heads, bos_id=bos_id, eos_id=eos_id,
-            pad_id=pad_id, max_len=max_len, max_positions=max_positions))
-    else:
-        tokens, lengths, scores = jax.device_get(beam_decode(
-            params, src, src_valid_len, num_heads=num_heads, beam_size=beam_size, bos_id=bos_id,
-            eos_id=eos_id, pad_id=pad_id, max_len=max_len, max_positions=max_positions,
-            length_penalty=length_penalty))
-        tokens, lengths, scores = tokens[:, 0], lengths[:, 0], scores[:, 0]
-    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-    # All weights from one teacher-forced pass on <bos> + the predictions (equal to the cache's).
-    dec_input = np.concatenate([np.full((len(sentences), 1), bos_id, np.int32),
-                                tokens[:, :-1].astype(np.int32)], axis=1)
-    weights = jax.device_get(_forward_weights(params, src, src_valid_len, dec_input,
-                                              num_heads=num_heads, max_positions=max_positions))
-
-    results = []
-    for row, sentence in enumerate(sentences):
-        words = preprocess(sentence).split()
-        valid = int(src_valid_len[row])
-        length = int(lengths[row])
-        finished = length < max_len and bool(np.any(tokens[row] == eos_id))
-        steps = length + 1 if finished else length
-        predicted = tgt_vocab.to_tokens([int(i) for i in tokens[row, :length]])
-        unknown = [word for word in words[:num_steps] if word not in src_vocab]
-        truncated = len(words) + 1 > num_steps
-        notes = []
-        if truncated:
-            notes.append(f"source truncated: {len(words)} words and <eos> exceed num_steps = "
-                         f"{num_steps}; the model read only the first {num_steps} tokens"
-                         + ("" if len(words) > num_steps else " (no <eos>)"))
-        if unknown:
-            notes.append("unknown words read as <unk>: " + ", ".join(unknown))
-        if not finished:
-            notes.append(f"no <eos> within max_len = {max_len} steps; the translation may be cut")
-        cross = np.asarray(weights["encoder_decoder"][:, row, :, :steps, :valid])
-        results.append(TransformerTranslation(
-            source=sentence,
-            source_tokens=src_vocab.to_tokens([int(i) for i in src[row, :valid]]),
-            tokens=predicted,
-            translation=" ".join(predicted),
-            weights=cross[-1].mean(axis=0),
-            encoder_self=np.asarray(weights["encoder_self"][:, row, :, :valid, :valid]),
-            decoder_self=np.asarray(weights["decoder_self"][:, row, :, :steps, :steps]),
-            encoder_decoder=cross,
-            finished=finished,
-            truncated=truncated,
-            unknown_words=unknown,
-            notes=notes,
-            score=None if scores is None else float(scores[row]),
-        ))
-    return results[0] if single else results
+    decode = _translation_decoder(params, num_heads=num_heads,
+                                  beam_size=check_size("beam_size", beam_size),
+                                  max_positions=max_positions, length_penalty=length_penalty)
+    return translation.translate(decode, sentences, src_vocab, tgt_vocab, num_steps,
+                                 max_len=max_len)
 
 
 # --------------------------------------------------------------------------- NNX modules
 
 
-def _init_module(rngs: nnx.Rngs, shapes: dict, dtype) -> dict:
-    """Initial values for a module's own (nested) shapes, keyed by ``/``-joined paths."""
-    return _init_flat(rngs.params(), flatten_params(shapes), dtype)
-
-
 def _initial(values, shapes: dict, param_dtype, rngs: nnx.Rngs) -> dict:
-    """``values`` (a nested dict of the module's structure) flattened and checked, or fresh ones."""
+    """``values`` (a nested dict of the module's structure) flattened and checked, or fresh ones
+    (one draw from ``rngs.params()``), keyed by ``/``-joined paths."""
     if values is None:
-        return _init_module(rngs, shapes, param_dtype)
+        return _init_flat(rngs.params(), flatten_params(shapes), param_dtype)
     flat = {path: jnp.asarray(value, param_dtype) for path, value in flatten_params(values).items()}
     expected = {path: tuple(shape) for path, shape in flatten_params(shapes).items()}
     got = {path: value.shape for path, value in flat.items()}
@@ -973,54 +608,39 @@ def _initial(values, shapes: dict, param_dtype, rngs: nnx.Rngs) -> dict:
     return flat
 
 
-class _ParamTree(nnx.Module):
-    """Holds a nested dict of parameters as ``nnx.Param`` leaves; :meth:`params_dict` returns it."""
-
-    def __init__(self, shapes: dict, *, param_dtype, rngs: nnx.Rngs, values=None):
-        values = _initial(values, shapes, param_dtype, rngs)
-        self._paths = tuple(values)
-        self.params = nnx.Dict({path.replace("/", "__"): nnx.Param(value)
-                                for path, value in values.items()})
-
-    def params_dict(self) -> dict:
-        return unflatten_params({path: self.params[path.replace("/", "__")][...]
-                                 for path in self._paths})
-
-
-class PositionWiseFFN(_ParamTree):
+class PositionWiseFFN(ParamTree):
     """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2; calls :func:`position_wise_ffn`."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, *, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
-        super().__init__(_ffn_shapes(_check_size("num_hiddens", num_hiddens),
-                                     _check_size("ffn_num_hiddens", ffn_num_hiddens)),
-                         param_dtype=param_dtype, rngs=rngs)
+        self.hold(_initial(None, _ffn_shapes(check_size("num_hiddens", num_hiddens),
+                                             check_size("ffn_num_hiddens", ffn_num_hiddens)),
+                           param_dtype, rngs))
 
     def __call__(self, X):
         return position_wise_ffn(self.params_dict(), X)
 
 
-class AddNorm(_ParamTree):
+class AddNorm(ParamTree):
     """``LayerNorm(dropout(Y) + X)`` — d2l §11.7.3; calls :func:`add_norm`."""
 
     def __init__(self, num_hiddens: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        super().__init__(_norm_shapes(_check_size("num_hiddens", num_hiddens)),
-                         param_dtype=param_dtype, rngs=rngs)
+        self.hold(_initial(None, _norm_shapes(check_size("num_hiddens", num_hiddens)),
+                           param_dtype, rngs))
 
     def __call__(self, X, Y, *, dropout: float = 0.0, dropout_rng=None):
         return add_norm(self.params_dict(), X, Y, dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerEncoderBlock(_ParamTree):
+class TransformerEncoderBlock(ParamTree):
     """One encoder block — d2l §11.7.4; calls :func:`encoder_block`."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
                  param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
-        _check_num_heads(_check_size("num_hiddens", num_hiddens), num_heads)
+        check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
         self.num_heads = num_heads
-        super().__init__(_encoder_block_shapes(num_hiddens, _check_size("ffn_num_hiddens",
-                                                                        ffn_num_hiddens)),
-                         param_dtype=param_dtype, rngs=rngs, values=params)
+        shapes = _encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens))
+        self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
         """``(B, S, D) -> (output (B, S, D), weights (B, N, S, S))``."""
@@ -1028,16 +648,15 @@ class TransformerEncoderBlock(_ParamTree):
                              dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerDecoderBlock(_ParamTree):
+class TransformerDecoderBlock(ParamTree):
     """One decoder block — d2l §11.7.5; calls :func:`decoder_block` (causal self-attention)."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
                  param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
-        _check_num_heads(_check_size("num_hiddens", num_hiddens), num_heads)
+        check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
         self.num_heads = num_heads
-        super().__init__(_decoder_block_shapes(num_hiddens, _check_size("ffn_num_hiddens",
-                                                                        ffn_num_hiddens)),
-                         param_dtype=param_dtype, rngs=rngs, values=params)
+        shapes = _decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens))
+        self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, enc_outputs, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
         """``-> (output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``."""
@@ -1045,13 +664,13 @@ class TransformerDecoderBlock(_ParamTree):
                              num_heads=self.num_heads, dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerEncoder(nnx.Module):
+class TransformerEncoder(ParamTree):
     """Embedding ``(V, D)`` and ``num_layers`` :class:`TransformerEncoderBlock` — d2l §11.7.4."""
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                  num_layers: int, *, max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32,
                  rngs: nnx.Rngs, params: dict | None = None):
-        shape = (_check_size("vocab_size", vocab_size), _check_size("num_hiddens", num_hiddens))
+        shape = (check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens))
         own = None if params is None else {"embedding": params["embedding"]}
         self.embedding = nnx.Param(_initial(own, {"embedding": shape}, param_dtype,
                                             rngs)["embedding"])
@@ -1059,13 +678,13 @@ class TransformerEncoder(nnx.Module):
             TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
                                     param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
-            for i in range(_check_size("num_layers", num_layers))])
+            for i in range(check_size("num_layers", num_layers))])
         self.num_heads = num_heads
-        self.max_positions = _check_size("max_positions", max_positions)
+        self.max_positions = check_size("max_positions", max_positions)
 
-    def params_dict(self) -> dict:
-        return {"embedding": self.embedding[...],
-                "blocks": {f"block_{i}": b.params_dict() for i, b in enumerate(self.blocks)}}
+    def param_layout(self) -> dict:
+        return {"embedding": self.embedding,
+                "blocks": {f"block_{i}": block for i, block in enumerate(self.blocks)}}
 
     def __call__(self, src, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
         """``(B, S) -> (enc_outputs (B, S, D), weights (L, B, N, S, S))``; see :func:`encoder`."""
@@ -1073,13 +692,13 @@ class TransformerEncoder(nnx.Module):
                        max_positions=self.max_positions, dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerDecoder(nnx.Module):
+class TransformerDecoder(ParamTree):
     """Embedding, ``num_layers`` :class:`TransformerDecoderBlock` and the output dense — d2l §11.7.5."""
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                  num_layers: int, *, max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32,
                  rngs: nnx.Rngs, params: dict | None = None):
-        V, D = _check_size("vocab_size", vocab_size), _check_size("num_hiddens", num_hiddens)
+        V, D = check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens)
         own = None if params is None else {"embedding": params["embedding"],
                                            "dense": params["dense"]}
         values = _initial(own, {"embedding": (V, D), "dense": {"W": (D, V), "b": (V,)}},
@@ -1089,15 +708,15 @@ class TransformerDecoder(nnx.Module):
             TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
                                     param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
-            for i in range(_check_size("num_layers", num_layers))])
+            for i in range(check_size("num_layers", num_layers))])
         self.W, self.b = nnx.Param(values["dense/W"]), nnx.Param(values["dense/b"])
         self.num_heads = num_heads
-        self.max_positions = _check_size("max_positions", max_positions)
+        self.max_positions = check_size("max_positions", max_positions)
 
-    def params_dict(self) -> dict:
-        return {"embedding": self.embedding[...],
-                "blocks": {f"block_{i}": b.params_dict() for i, b in enumerate(self.blocks)},
-                "dense": {"W": self.W[...], "b": self.b[...]}}
+    def param_layout(self) -> dict:
+        return {"embedding": self.embedding,
+                "blocks": {f"block_{i}": block for i, block in enumerate(self.blocks)},
+                "dense": {"W": self.W, "b": self.b}}
 
     def __call__(self, dec_input, enc_outputs, src_valid_len, *, dropout: float = 0.0,
                  dropout_rng=None):
@@ -1107,7 +726,7 @@ class TransformerDecoder(nnx.Module):
                        dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerSeq2Seq(nnx.Module):
+class TransformerSeq2Seq(Seq2SeqModule):
     """The Transformer encoder–decoder — d2l §11.7, the book's ``EncoderDecoder``.
 
     Holds a :class:`TransformerEncoder` and a :class:`TransformerDecoder`; :meth:`params_dict`
@@ -1116,7 +735,9 @@ class TransformerSeq2Seq(nnx.Module):
     ``dropout`` stream of ``rngs``. With ``sow_weights=True`` every call sows the attention
     weights dict (``"encoder_self" (L, B, N, S, S)``, ``"decoder_self" (L, B, N, T, T)``,
     ``"encoder_decoder" (L, B, N, T, S)``) as ``nnx.Intermediate`` ``"attention_weights"``
-    (read with ``nnx.capture``); :meth:`forward` returns them directly.
+    (read with ``nnx.capture``); :meth:`forward` returns them directly. The loss, greedy
+    decoding and the rest of the plumbing are those of
+    :class:`jax_attention.seq2seq_module.Seq2SeqModule`.
 
     Args:
       src_vocab_size, tgt_vocab_size: ``V_src``, ``V_tgt``.
@@ -1128,6 +749,8 @@ class TransformerSeq2Seq(nnx.Module):
         :func:`init_params` (one draw from ``rngs.params()``; the submodules, built on their
         own, draw their own).
     """
+
+    greedy_decode_function = staticmethod(greedy_decode)
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
                  ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2,
@@ -1147,19 +770,7 @@ class TransformerSeq2Seq(nnx.Module):
                                           params=params["decoder"])
         self.num_heads = num_heads
         self.max_positions = max_positions
-        self.dropout = _check_dropout(dropout)
-        self.deterministic = False
-        self.sow_weights = sow_weights
-        self.dropout_rngs = rngs.dropout.fork() if self.dropout > 0 else nnx.data(None)
-
-    def params_dict(self) -> dict:
-        """``{"encoder": {...}, "decoder": {...}}``."""
-        return {"encoder": self.encoder.params_dict(), "decoder": self.decoder.params_dict()}
-
-    def _dropout_rng(self):
-        if self.deterministic or self.dropout == 0.0:
-            return None
-        return self.dropout_rngs()
+        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)
 
     def forward(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), weights dict)``; see :func:`transformer`."""
@@ -1167,21 +778,6 @@ class TransformerSeq2Seq(nnx.Module):
                            num_heads=self.num_heads, max_positions=self.max_positions,
                            dropout=self.dropout, dropout_rng=self._dropout_rng())
 
-    def __call__(self, src, src_valid_len, dec_input):
-        """Teacher-forced logits ``(B, T, V)`` (the weights are sown with ``sow_weights``)."""
-        logits, weights = self.forward(src, src_valid_len, dec_input)
-        if self.sow_weights:
-            self.sow(nnx.Intermediate, "attention_weights", weights)
-        return logits
-
-    def loss(self, src, src_valid_len, tgt, tgt_valid_len, *, bos_id: int):
-        """The book's per-sequence loss ``(B,)``, dropout as the mode says."""
-        logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
-        return masked_cross_entropy(logits, tgt, tgt_valid_len)
-
-    def greedy_decode(self, src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int,
-                      max_len: int):
-        """:func:`greedy_decode` on this model's parameters (no dropout)."""
-        return greedy_decode(self.params_dict(), src, src_valid_len, num_heads=self.num_heads,
-                             bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len,
-                             max_positions=self.max_positions)
+    def decoder_options(self) -> dict:
+        """``num_heads`` and ``max_positions`` for :func:`greedy_decode`."""
+        return {"num_heads": self.num_heads, "max_positions": self.max_positions}

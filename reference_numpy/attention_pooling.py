@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_numpy.masking import _is_integer_dtype, masked_softmax
+from reference_numpy._checks import is_integer_dtype
+from reference_numpy.masking import masked_softmax
 
 __all__ = ["leave_one_out", "average_pooling", "nadaraya_watson_weights", "nadaraya_watson"]
 
@@ -43,7 +44,7 @@ def _per_query(queries, keys, values):
     """Checks shapes; returns keys ``(..., Q, K)`` and values ``(..., Q, K[, v])`` per query."""
     queries, keys, values = (np.asarray(a) for a in (queries, keys, values))
     for name, a in (("queries", queries), ("keys", keys), ("values", values)):
-        if not (np.issubdtype(a.dtype, np.floating) or _is_integer_dtype(a.dtype)):
+        if not (np.issubdtype(a.dtype, np.floating) or is_integer_dtype(a.dtype)):
             raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype} with shape {a.shape}")
     if queries.ndim < 1:
         raise ValueError(f"queries must have shape (..., Q), got {queries.shape}")
@@ -72,7 +73,7 @@ def _per_query(queries, keys, values):
 def _check_width(w, shape):
     """The kernel's inverse width ``w``, broadcastable to the distances ``(..., Q, K)``."""
     w = np.asarray(w)
-    if not (np.issubdtype(w.dtype, np.floating) or _is_integer_dtype(w.dtype)):
+    if not (np.issubdtype(w.dtype, np.floating) or is_integer_dtype(w.dtype)):
         raise TypeError(f"w must hold real numbers, got dtype {w.dtype} with shape {w.shape}")
     try:
         if np.broadcast_shapes(w.shape, shape) != tuple(shape):

@@ -34,9 +34,15 @@ from __future__ import annotations
 
 import numpy as np
 
-import numbers
-
-from reference_numpy.masking import _check_lengths, _check_values_in, _is_integer_dtype
+from reference_numpy._checks import (
+    check_lengths,
+    check_max_len,
+    check_numbered,
+    check_special_ids,
+    check_tokens,
+    check_values_in,
+    is_integer_dtype,
+)
 from reference_numpy.scoring import WEIGHTED_SUM, additive_attention_weights
 
 __all__ = [
@@ -114,12 +120,7 @@ def gru_cell(params, inputs, state):
 
 
 def _num_layers(params) -> int:
-    if not hasattr(params, "keys") or not params:
-        raise ValueError(f"GRU params must be a mapping 'layer_0', 'layer_1', ..., got {params!r}")
-    names = [f"layer_{i}" for i in range(len(params))]
-    if sorted(params) != sorted(names):
-        raise ValueError(f"GRU params must hold exactly {names}, got {sorted(params)}")
-    return len(names)
+    return check_numbered("GRU params", params, "layer")
 
 
 def gru(params, inputs, state=None):
@@ -161,41 +162,6 @@ def gru(params, inputs, state=None):
     return layer_inputs, np.stack(final)
 
 
-def _check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
-    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)`` (``batch``, when given, fixes ``B``)."""
-    tokens = np.asarray(tokens)
-    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
-        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
-    if (tokens.ndim != ndim or not _is_integer_dtype(tokens.dtype)
-            or (batch is not None and tokens.shape[0] != batch)):
-        raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
-                         f"{tokens.dtype} with shape {tokens.shape}")
-    _check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
-    return tokens
-
-
-def _check_id(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
-    return int(value)
-
-
-def _check_max_len(max_len) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
-        raise ValueError(f"max_len must be an integer >= 1 (static), got {max_len!r}")
-    return int(max_len)
-
-
-def _check_special_ids(batch: int, vocab_size: int, **ids) -> list[int]:
-    """``bos_id``, ``eos_id``, ``pad_id``: non-negative integers below ``V`` (as the JAX search)."""
-    ids = {name: _check_id(name, value) for name, value in ids.items()}
-    for name, value in ids.items():
-        if value >= vocab_size:
-            raise ValueError(f"{name} must be a token id in [0, V) = [0, {vocab_size}) (V from the "
-                             f"decoder's logits of shape ({batch}, {vocab_size})), got {value}")
-    return list(ids.values())
-
-
 def encoder(params, src):
     """The seq2seq encoder: embedding, then a multi-layer GRU — d2l §10.7.2 ``Seq2SeqEncoder``.
 
@@ -210,7 +176,7 @@ def encoder(params, src):
       ``(outputs (B, S, h), state (L, B, h))``.
     """
     embedding = np.asarray(params["embedding"])
-    src = _check_tokens("src", src, embedding.shape[0], ndim=2)
+    src = check_tokens("src", src, embedding.shape[0], ndim=2)
     return gru(params["gru"], embedding[src])
 
 
@@ -248,7 +214,7 @@ def decoder_step(params, tokens, state, enc_outputs, src_valid_len):
     """
     embedding = np.asarray(params["embedding"])
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
-    tokens = _check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
+    tokens = check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
     query = state[-1][:, None, :]  # (B, 1, h)
     weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
     context = np.einsum(WEIGHTED_SUM, weights, enc_outputs)  # (B, 1, h)
@@ -278,7 +244,7 @@ def decoder(params, dec_input, state, enc_outputs, src_valid_len):
     """
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     embedding = np.asarray(params["embedding"])
-    dec_input = _check_tokens("dec_input", dec_input, embedding.shape[0], ndim=2,
+    dec_input = check_tokens("dec_input", dec_input, embedding.shape[0], ndim=2,
                               batch=state.shape[1])
     if dec_input.shape[1] == 0:
         V = np.shape(params["dense"]["W"])[1]
@@ -306,7 +272,7 @@ def seq2seq(params, src, src_valid_len, dec_input):
       ``(logits (B, T, V), weights (B, T, S))``.
     """
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
-    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
+    dec_input = check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
@@ -327,12 +293,12 @@ def teacher_forcing_inputs(tgt, bos_id: int):
       ``(B, T)`` of ``tgt``'s dtype.
     """
     tgt = np.asarray(tgt)
-    if tgt.ndim != 2 or not _is_integer_dtype(tgt.dtype):
+    if tgt.ndim != 2 or not is_integer_dtype(tgt.dtype):
         raise ValueError(f"tgt must be integer token ids of shape (B, T), got dtype {tgt.dtype} "
                          f"with shape {tgt.shape}")
-    if np.shape(bos_id) != () or not _is_integer_dtype(np.asarray(bos_id).dtype):
+    if np.shape(bos_id) != () or not is_integer_dtype(np.asarray(bos_id).dtype):
         raise ValueError(f"bos_id must be an integer scalar (a token id), got {bos_id!r}")
-    _check_values_in("bos_id", bos_id, 0, np.iinfo(np.int32).max, "[0, V)")
+    check_values_in("bos_id", bos_id, 0, np.iinfo(np.int32).max, "[0, V)")
     if tgt.shape[1] == 0:
         return tgt
     bos = np.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype)
@@ -359,11 +325,11 @@ def masked_cross_entropy(logits, labels, valid_len):
                          f"{logits.dtype} with shape {logits.shape}")
     B, T, V = logits.shape
     labels = np.asarray(labels)
-    if labels.shape != (B, T) or not _is_integer_dtype(labels.dtype):
+    if labels.shape != (B, T) or not is_integer_dtype(labels.dtype):
         raise ValueError(f"labels must be integer token ids of shape (B, T) = {(B, T)} for "
                          f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
-    _check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
-    valid_len = _check_lengths("valid_len", valid_len, B, T, "T")
+    check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
+    valid_len = check_lengths("valid_len", valid_len, B, T, "T")
     if T == 0:
         return np.zeros((B,), logits.dtype)
     shift = logits.max(axis=-1, keepdims=True)
@@ -375,8 +341,8 @@ def masked_cross_entropy(logits, labels, valid_len):
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int):
     """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``."""
-    tgt = _check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
-    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
+    tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
@@ -394,12 +360,12 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``lengths`` counts the
       tokens before ``<eos>``.
     """
-    src = _check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    bos_id, eos_id, pad_id = _check_special_ids(
+    src = check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    bos_id, eos_id, pad_id = check_special_ids(
         src.shape[0], np.shape(params["decoder"]["dense"]["W"])[1], bos_id=bos_id, eos_id=eos_id,
         pad_id=pad_id)
-    max_len = _check_max_len(max_len)
+    max_len = check_max_len(max_len)
     enc_outputs, state = encoder(params["encoder"], src)
     B, S = src.shape
     tokens = np.full((B, max_len), pad_id, dtype=np.int32)

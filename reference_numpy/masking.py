@@ -13,9 +13,15 @@ and so do we.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from reference_numpy._checks import (
+    check_count,
+    check_mask,
+    check_valid_lens,
+    check_values_in,
+    is_integer_dtype,
+)
 
 __all__ = [
     "sequence_mask",
@@ -24,55 +30,6 @@ __all__ = [
     "combine_masks",
     "masked_softmax",
 ]
-
-
-def _check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
-    """``ValueError`` unless every value of ``x`` lies in ``[lower, upper]`` (the ``interval``,
-    e.g. ``"[0, V) = [0, 7)"``), naming ``name``, the values found and the shape. The JAX twin
-    raises the same error for concrete values and clips traced ones."""
-    x = np.asarray(x)
-    if x.size and (x.min() < lower or x.max() > upper):
-        raise ValueError(
-            f"{name} must lie in {interval}, got values from {x.min()} to {x.max()} "
-            f"(shape {x.shape})"
-        )
-
-
-def _check_count(name: str, value) -> int:
-    """A static size that may be 0 (a sequence length), as a Python int."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
-
-
-def _is_integer_dtype(dtype) -> bool:
-    return dtype != np.bool_ and np.issubdtype(dtype, np.integer)
-
-
-def _check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> np.ndarray:
-    """One length per sequence: integers ``(B,)`` in ``[0, maximum]``."""
-    lengths = np.asarray(lengths)
-    if not _is_integer_dtype(lengths.dtype) or lengths.shape != (batch,):
-        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype "
-                         f"{lengths.dtype} with shape {lengths.shape}")
-    _check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
-    return lengths
-
-
-def _check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> np.ndarray:
-    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``)."""
-    valid_lens = np.asarray(valid_lens)
-    shape = valid_lens.shape
-    if not _is_integer_dtype(valid_lens.dtype):
-        raise ValueError(f"valid_lens must hold integers, got dtype {valid_lens.dtype} with shape {shape}")
-    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
-                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
-    if batch is None and len(shape) in (1, 2):
-        batch = shape[0]
-    if shape not in ((batch,), (batch, num_queries)):
-        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
-    _check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
-    return valid_lens
 
 
 def sequence_mask(X, valid_len, value=0):
@@ -94,7 +51,7 @@ def sequence_mask(X, valid_len, value=0):
     valid_len = np.asarray(valid_len)
     if X.ndim < 1:
         raise ValueError(f"X must have at least one axis (..., S), got shape {X.shape}")
-    if not _is_integer_dtype(valid_len.dtype):
+    if not is_integer_dtype(valid_len.dtype):
         raise ValueError(
             f"valid_len must hold integers, got dtype {valid_len.dtype} with shape {valid_len.shape}"
         )
@@ -104,7 +61,7 @@ def sequence_mask(X, valid_len, value=0):
         raise ValueError(
             f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {valid_len.shape}"
         ) from None
-    _check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
+    check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     keep = np.arange(X.shape[-1]) < valid_len[..., None]
     return np.where(keep, X, np.asarray(value, dtype=X.dtype))
 
@@ -124,11 +81,11 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
     Raises ``ValueError`` for lengths of the wrong dtype, shape or range, and for sizes that are
     not integers ``>= 0``.
     """
-    num_queries = _check_count("num_queries", num_queries)
-    num_keys = _check_count("num_keys", num_keys)
+    num_queries = check_count("num_queries", num_queries)
+    num_keys = check_count("num_keys", num_keys)
     if valid_lens is None:
         return None
-    valid_lens = _check_valid_lens(valid_lens, None, num_queries, num_keys)
+    valid_lens = check_valid_lens(valid_lens, None, num_queries, num_keys)
     if valid_lens.ndim == 1:
         valid_lens = np.broadcast_to(valid_lens[:, None], (valid_lens.shape[0], num_queries))
     return np.arange(num_keys) < valid_lens[..., None]
@@ -149,9 +106,9 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     Returns:
       A boolean array of shape ``(T, S)``.
     """
-    num_queries = _check_count("num_queries", num_queries)
-    num_keys = num_queries if num_keys is None else _check_count("num_keys", num_keys)
-    if np.shape(offset) != () or not _is_integer_dtype(np.asarray(offset).dtype):
+    num_queries = check_count("num_queries", num_queries)
+    num_keys = num_queries if num_keys is None else check_count("num_keys", num_keys)
+    if np.shape(offset) != () or not is_integer_dtype(np.asarray(offset).dtype):
         raise TypeError(f"offset must be an integer scalar, got dtype {np.asarray(offset).dtype} "
                         f"with shape {np.shape(offset)}")
     return np.arange(num_keys)[None, :] <= np.arange(num_queries)[:, None] + offset
@@ -181,23 +138,6 @@ def combine_masks(*masks):
     return combined
 
 
-def _check_mask(mask, shape) -> np.ndarray:
-    mask = np.asarray(mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(
-            f"mask must be boolean (True = attend), got dtype {mask.dtype} with shape {mask.shape}"
-        )
-    try:
-        if np.broadcast_shapes(mask.shape, shape) != tuple(shape):
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
-            f"got shape {mask.shape}"
-        ) from None
-    return mask
-
-
 def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
     """The boolean attention mask for scores of ``shape`` ``(B, ..., T, S)``, or ``None``.
 
@@ -214,11 +154,11 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
             raise ValueError(
                 f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {tuple(shape)}"
             )
-        lens = _check_valid_lens(valid_lens, shape[0], T, S)
+        lens = check_valid_lens(valid_lens, shape[0], T, S)
         lens_mask = valid_lens_mask(lens, T, S)
         parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
     if mask is not None:
-        parts.append(_check_mask(mask, shape))
+        parts.append(check_mask(mask, shape))
     if is_causal:
         parts.append(causal_mask(T, S))
     # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
@@ -251,7 +191,7 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
     X = np.asarray(X)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., T, S), e.g. (B, T, S), got {X.shape}")
-    if not (np.issubdtype(X.dtype, np.floating) or _is_integer_dtype(X.dtype)):
+    if not (np.issubdtype(X.dtype, np.floating) or is_integer_dtype(X.dtype)):
         raise TypeError(f"X must hold real numbers (scores), got dtype {X.dtype} with shape {X.shape}")
     if not np.issubdtype(X.dtype, np.floating):
         X = X.astype(np.float64)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference_numpy._checks import check_attention_inputs, check_num_heads
 from reference_numpy.masking import attention_mask
 from reference_numpy.scoring import dot_product_attention
-from reference_numpy.scoring import _check_inputs as _check_scoring_inputs
 
 __all__ = [
     "split_heads",
@@ -33,24 +33,12 @@ __all__ = [
 PROJECT = "bti,io->bto"
 
 
-def _check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
-    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
-    width comes from) is added to the message."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    if num_hiddens is not None and num_hiddens % num_heads:
-        raise ValueError(
-            f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
-            f"num_heads={num_heads}" + (f" ({context})" if context else "")
-        )
-
-
 def split_heads(X, num_heads: int):
     """``(B, T, D) -> (B, N, T, D / N)``: head ``n`` takes columns ``n*H .. (n+1)*H - 1``."""
     X = np.asarray(X)
     if X.ndim != 3:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
-    _check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
+    check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
     B, T, D = X.shape
     return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
@@ -73,7 +61,7 @@ def transpose_qkv(X, num_heads: int):
 def transpose_output(X, num_heads: int):
     """The book's head merge, ``(B * N, T, H) -> (B, T, N * H)``, inverse of :func:`transpose_qkv`."""
     X = np.asarray(X)
-    _check_num_heads(None, num_heads)
+    check_num_heads(None, num_heads)
     if X.ndim != 3 or X.shape[0] % num_heads:
         raise ValueError(f"X must have shape (B * N, T, H) with N = {num_heads}, got {X.shape}")
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
@@ -117,11 +105,14 @@ def _check_inputs(queries, keys, values):
         )
     # Integers become float64 and one float dtype is required, as in scoring and the JAX twin
     # (which casts the parameters to the inputs' dtype, so it must be a float).
-    return tuple(_check_scoring_inputs(q, k, v, same_depth=False))
+    return tuple(check_attention_inputs(q, k, v, same_depth=False))
 
 
-def _mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
+def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
+
+    Named as its JAX twin (:func:`jax_attention.multihead.mask_inputs`, which the Transformer
+    shares); not part of the user-facing API (``__all__``).
 
     Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
     (or ``None``) and the inputs in which the queries that attend no key, and the keys and values
@@ -130,7 +121,7 @@ def _mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
     the gradients of ``W_q``, ``W_k`` and ``W_v`` through the projections (``0 * NaN`` is NaN).
     """
     queries, keys, values = _check_inputs(queries, keys, values)
-    _check_num_heads(None, num_heads)
+    check_num_heads(None, num_heads)
     keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]), valid_lens,
                           mask=mask, is_causal=is_causal)
     if keep is None:
@@ -162,8 +153,8 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
     """
     queries, keys, values = _check_inputs(queries, keys, values)
     params = _check_params(params, queries, keys, values)
-    _check_num_heads(params["W_q"].shape[-1], num_heads,
-                     f"D from params['W_q'] of shape {params['W_q'].shape}")
+    check_num_heads(params["W_q"].shape[-1], num_heads,
+                    f"D from params['W_q'] of shape {params['W_q'].shape}")
     return tuple(
         split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
         for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
@@ -219,8 +210,8 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
       ``(output (B, T, E), weights (B, N, T, S))``.
     """
     mask, bias = _per_head("mask", mask), _per_head("bias", bias)
-    keep, queries, keys, values = _mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                               num_heads)
+    keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
+                                              num_heads)
     heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
     output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias)
     return combine_heads(params, output), weights

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import numpy as np
 
-from reference_numpy.masking import _check_values_in
+from reference_numpy._checks import check_typed_int, check_values_in
 
 __all__ = [
     "positional_encoding",
@@ -45,19 +44,6 @@ BIAS_HEADS_FIRST = "tsn->nts"
 
 
 # --------------------------------------------------------------------------- argument checks
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    """``value`` as a Python int ``>= minimum``; bools and floats are refused."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_base(base) -> float:
@@ -97,8 +83,8 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0)
     Returns:
       float64 ``P`` of shape ``(T, D)``.
     """
-    num_steps = _check_int("num_steps", num_steps, 1)
-    num_hiddens = _check_int("num_hiddens", num_hiddens, 1)
+    num_steps = check_typed_int("num_steps", num_steps, 1)
+    num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
     base = _check_base(base)
     positions = np.arange(num_steps, dtype=np.float64)
     angles = positions[:, None] * _inverse_frequencies(num_hiddens, base)[None, :]
@@ -181,7 +167,7 @@ def rotary_angles(positions, head_dim: int, base: float = 10000.0):
     Returns:
       float64 angles ``(..., H / 2)``.
     """
-    head_dim = _check_int("head_dim", head_dim, 2)
+    head_dim = check_typed_int("head_dim", head_dim, 2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (features are rotated in pairs), got {head_dim}")
     base = _check_base(base)
@@ -276,8 +262,8 @@ def relative_positions(num_queries: int, num_keys: int, offset: int = 0):
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = _check_int("num_queries", num_queries, 0)
-    num_keys = _check_int("num_keys", num_keys, 0)
+    num_queries = check_typed_int("num_queries", num_queries, 0)
+    num_keys = check_typed_int("num_keys", num_keys, 0)
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
         raise TypeError(f"offset must be an integer scalar, got {type(offset).__name__} {offset!r}")
     queries = np.arange(num_queries, dtype=np.int64)[:, None] + offset
@@ -297,14 +283,14 @@ def _check_relative_positions(relative_positions):
 
 def _check_bucket_arguments(num_buckets, max_distance, bidirectional: bool):
     """Validates T5's arguments; returns ``(buckets per direction, max_distance)``."""
-    num_buckets = _check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+    num_buckets = check_typed_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     if bidirectional and num_buckets % 2:
         raise ValueError(
             f"num_buckets must be even when bidirectional (half for each direction), got {num_buckets}"
         )
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
-    max_distance = _check_int("max_distance", max_distance, max_exact + 1)
+    max_distance = check_typed_int("max_distance", max_distance, max_exact + 1)
     return per_direction, max_distance
 
 
@@ -385,7 +371,7 @@ def clipped_relative_positions(relative_positions, max_distance: int):
       int32 indices in ``[0, 2k]``, of the shape of ``relative_positions``.
     """
     relative_positions = _check_relative_positions(relative_positions)
-    max_distance = _check_int("max_distance", max_distance, 1)
+    max_distance = check_typed_int("max_distance", max_distance, 1)
     return (np.clip(relative_positions, -max_distance, max_distance) + max_distance).astype(np.int32)
 
 
@@ -412,6 +398,6 @@ def relative_position_bias(table, indices):
     if indices.dtype == np.bool_ or not np.issubdtype(indices.dtype, np.integer):
         raise TypeError(f"indices must hold integers, got dtype {indices.dtype} with shape {indices.shape}")
     rows = table.shape[0]
-    _check_values_in("indices", indices, 0, rows - 1,
-                     f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
+    check_values_in("indices", indices, 0, rows - 1,
+                    f"[0, num_buckets) = [0, {rows}) for table of shape {table.shape}")
     return np.einsum(BIAS_HEADS_FIRST, table[indices])[None]

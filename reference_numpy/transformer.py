@@ -16,15 +16,16 @@ import math
 
 import numpy as np
 
-from reference_numpy.bahdanau import (
-    _check_max_len,
-    _check_special_ids,
-    _check_tokens,
-    masked_cross_entropy,
-    teacher_forcing_inputs,
+from reference_numpy._checks import (
+    check_lengths,
+    check_max_len,
+    check_num_heads,
+    check_positions,
+    check_special_ids,
+    check_tokens,
 )
-from reference_numpy.masking import _check_lengths
-from reference_numpy.multihead import _check_num_heads, multi_head_attention
+from reference_numpy.bahdanau import masked_cross_entropy, teacher_forcing_inputs
+from reference_numpy.multihead import multi_head_attention
 from reference_numpy.positional import positional_encoding
 
 __all__ = [
@@ -73,17 +74,6 @@ def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
         raise ValueError(f"{name} must have shape {what} with D = {D} (the parameters' width), "
                          f"got {X.shape}")
     return X
-
-
-def _check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
-    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
-    if (isinstance(max_positions, bool) or not isinstance(max_positions, (int, np.integer))
-            or max_positions < 1):
-        raise ValueError(f"max_positions must be an integer >= 1, got {max_positions!r}")
-    if length > max_positions:
-        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
-        raise ValueError(f"{name} has {length} positions, more than the positional table's "
-                         f"max_positions = {max_positions}{of_shape}")
 
 
 def _dense(params, X, kernel: str, bias: str | None):
@@ -148,14 +138,14 @@ def _embed(params, name: str, tokens, max_positions: int):
     embedding = np.asarray(params["embedding"])
     D = embedding.shape[1]
     T = tokens.shape[1]
-    _check_positions(name, T, max_positions, tokens.shape)
+    check_positions(name, T, max_positions, tokens.shape)
     # Row t of the table depends on t only, so the first T rows of any longer table are these.
     return embedding[tokens] * math.sqrt(D) + positional_encoding(max(T, 1), D)[None, :T]
 
 
 def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = MAX_POSITIONS):
     """The Transformer encoder — d2l §11.7.4. Returns ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``."""
-    src = _check_tokens("src", src, np.shape(params["embedding"])[0], ndim=2)
+    src = check_tokens("src", src, np.shape(params["embedding"])[0], ndim=2)
     X = _embed(params, "src", src, max_positions)
     weights = []
     for i in range(len(params["blocks"])):
@@ -191,8 +181,8 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 
     Returns ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
-    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["embedding"])[0], ndim=2)
-    _check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
+    dec_input = check_tokens("dec_input", dec_input, np.shape(params["embedding"])[0], ndim=2)
+    check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
     D = np.shape(params["embedding"])[1]
     enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
     if enc_outputs.shape[0] != dec_input.shape[0]:
@@ -212,7 +202,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
                 max_positions: int = MAX_POSITIONS):
     """Encoder then decoder. Returns ``(logits (B, T, V), weights dict)`` as the JAX function."""
-    dec_input = _check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
+    dec_input = check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
@@ -227,8 +217,8 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS):
     """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing."""
-    tgt = _check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
-    tgt_valid_len = _check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
+    tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
+    tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                             num_heads=num_heads, max_positions=max_positions)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
@@ -246,16 +236,16 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``weights`` are the last
       block's encoder–decoder weights averaged over the heads.
     """
-    src = _check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions, src.shape)
-    src_valid_len = _check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    _check_num_heads(np.shape(params["encoder"]["embedding"])[1], num_heads,
+    src = check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
+    check_positions("src", src.shape[1], max_positions, src.shape)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    check_num_heads(np.shape(params["encoder"]["embedding"])[1], num_heads,
                      f"D from params['encoder']['embedding'] of shape "
                      f"{np.shape(params['encoder']['embedding'])}")
-    bos_id, eos_id, pad_id = _check_special_ids(
+    bos_id, eos_id, pad_id = check_special_ids(
         src.shape[0], np.shape(params["decoder"]["dense"]["W"])[1], bos_id=bos_id, eos_id=eos_id,
         pad_id=pad_id)
-    max_len = _check_max_len(max_len)
+    max_len = check_max_len(max_len)
     if max_len > max_positions:
         raise ValueError(f"max_len = {max_len} decoding steps exceed the positional table's "
                          f"max_positions = {max_positions}")

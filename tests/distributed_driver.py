@@ -7,11 +7,12 @@ count=4``; ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_
 multi-process run). ``NxM`` is ``N`` devices with a ``model`` axis of ``M`` (tensor
 parallelism). Writes ``DIR/{model}_{N or NxM}_p{process}.npz``.
 
-:func:`train` is the loop of ``jax_attention.train._train_epochs`` with
-:mod:`jax_attention.distributed` placed around the same compiled step (``_train_steps``): the
-mesh, the placed state, the batches split over the ``data`` axis, the losses and the final
-state brought back. ``devices = 0`` runs the loop without any mesh, exactly as
-``_train_epochs`` does on one device.
+:func:`train` is the loop of :func:`jax_attention.train.loop.train_epochs` with
+:mod:`jax_attention.distributed` placed around the same compiled step
+(:func:`~jax_attention.train.loop.train_steps`): the mesh, the placed state, the batches split
+over the ``data`` axis, the losses and the final state brought back. ``devices = 0`` runs the
+loop without any mesh. The model comes from the registry (:data:`jax_attention.models.MODELS`)
+and is set up as the trainer sets it up (:func:`jax_attention.train.seq2seq.setup`).
 """
 
 from __future__ import annotations
@@ -47,27 +48,16 @@ def train(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, seed
     import numpy as np
     from flax import nnx
 
-    from jax_attention.data import load_data_nmt
-    from jax_attention.train import _clipped_adam, _epoch_batches, _train_steps
+    from jax_attention.models import MODELS
+    from jax_attention.train.loop import epoch_batches, train_steps
+    from jax_attention.train.seq2seq import setup
 
-    nmt = load_data_nmt(DATA["batch_size"], DATA["num_steps"], DATA["num_examples"], seed=seed)
-    rngs = nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed, impl="rbg"))
-    if kind == "bahdanau":
-        from jax_attention.bahdanau import BahdanauSeq2Seq
-
-        sizes = TINY["bahdanau"]
-        model = BahdanauSeq2Seq(len(nmt.src_vocab), len(nmt.tgt_vocab), sizes["embed_size"],
-                                sizes["num_hiddens"], sizes["num_layers"], dropout, rngs=rngs)
-    else:
-        from jax_attention.transformer import TransformerSeq2Seq
-
-        sizes = TINY["transformer"]
-        model = TransformerSeq2Seq(len(nmt.src_vocab), len(nmt.tgt_vocab), sizes["num_hiddens"],
-                                   sizes["ffn_num_hiddens"], sizes["num_heads"],
-                                   sizes["num_layers"], dropout,
-                                   max_positions=sizes["max_positions"], rngs=rngs)
-    model.train()
-    optimizer = nnx.Optimizer(model, _clipped_adam(0.005), wrt=nnx.Param)
+    spec = MODELS[kind]
+    nmt, _, model, optimizer = setup(spec, spec.model_config(**TINY[kind], dropout=dropout,
+                                                             num_steps=DATA["num_steps"]),
+                                     spec.train_config(batch_size=DATA["batch_size"],
+                                                       num_examples=DATA["num_examples"],
+                                                       seed=seed))
     bos_id = nmt.tgt_vocab["<bos>"]
 
     mesh = None
@@ -79,11 +69,11 @@ def train(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, seed
         state = distributed.place_state(state, mesh)
     losses, info = [], {"split_leaves_before": _split_leaves(state)}
     for epoch in range(1, epochs + 1):
-        batches, _ = _epoch_batches(nmt, epoch - 1)
+        batches, _ = epoch_batches(nmt, epoch - 1)
         if mesh is not None:
             batches = distributed.shard_batches(batches, mesh)
             info["batch_spec"] = str(batches[0].sharding.spec)
-        state, batch_losses = _train_steps(graphdef, state, batches, bos_id)
+        state, batch_losses = train_steps(graphdef, state, batches, bos_id)
         losses.extend(float(loss) for loss in distributed.to_host(batch_losses))
     leaves = jax.tree.leaves(state)
     info.update(
@@ -114,11 +104,9 @@ def train_api(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, 
 
     common = dict(dropout=dropout, epochs=epochs, seed=seed, devices=devices, progress=False,
                   log=None, **DATA)
-    if kind == "bahdanau":
-        result = training.train_bahdanau(**TINY["bahdanau"], **common)
-    else:
-        result = training.train_transformer(**TINY["transformer"], model_parallel=model_axis,
-                                            **common)
+    if training.MODELS[kind].tensor_parallel:
+        common["model_parallel"] = model_axis
+    result = getattr(training, f"train_{kind}")(**TINY[kind], **common)
     info = {"mesh_shape": dict(distributed.make_mesh(devices, model=model_axis).shape),
             "process_index": jax.process_index(), "process_count": jax.process_count(),
             "device_count": jax.device_count(), "local_device_count": jax.local_device_count()}

@@ -178,7 +178,7 @@ def test_params_round_trip_through_flat_paths():
 
 
 def test_one_training_step_decreases_the_loss():
-    from jax_attention.train import _bahdanau_step
+    from jax_attention.train.loop import train_step
 
     # One GRU layer and no dropout: the smallest step to compile.
     model = bahdanau.BahdanauSeq2Seq(V_SRC, V_TGT, E, H, 1, dropout=0.0, rngs=nnx.Rngs(0))
@@ -192,7 +192,7 @@ def test_one_training_step_decreases_the_loss():
                                                    tgt_valid_len, BOS).sum())
 
     before = loss()
-    reported = _bahdanau_step(model, optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len)
+    reported = train_step(model, optimizer, src, src_valid_len, dec_input, tgt, tgt_valid_len)
     np.testing.assert_allclose(float(reported), before, rtol=1e-5)  # the loss before the update
     after = loss()
     assert after < before

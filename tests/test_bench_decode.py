@@ -132,3 +132,10 @@ def test_cli_rejects_a_checkpoint_of_the_other_model(tmp_path, capsys):
               str(checkpoint), "--no-progress"])
     assert error.value.code == 2
     assert "holds a bahdanau model" in capsys.readouterr().err
+
+
+def test_every_registered_model_has_decoding_peers():
+    from jax_attention.bench.decode import DECODING_PEERS, MODELS
+    from jax_attention.models import MODELS as REGISTRY
+
+    assert set(DECODING_PEERS) == set(REGISTRY) == set(MODELS)

@@ -115,4 +115,5 @@ def test_train_refuses_heads_that_do_not_divide_the_width(tmp_path, capsys):
         main(["train", "transformer", "--num-hiddens", "10", "--num-heads", "4",
               "--checkpoint", str(tmp_path / "ckpt")])
     assert error.value.code == 2
-    assert "--num-heads: 4 does not divide --num-hiddens = 10" in capsys.readouterr().err
+    assert ("num_hiddens must be divisible by num_heads, got num_hiddens=10 and num_heads=4"
+            in capsys.readouterr().err)

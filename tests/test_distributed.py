@@ -292,12 +292,12 @@ def test_make_mesh():
 def test_tensor_parallel_placement():
     from flax import nnx
 
-    from jax_attention.train import _clipped_adam
+    from jax_attention.train.loop import clipped_adam
     from jax_attention.transformer import TransformerSeq2Seq
 
     model = TransformerSeq2Seq(9, 7, 8, 10, 2, 1, 0.0, max_positions=8,
                                rngs=nnx.Rngs(params=jax.random.key(0)))
-    _, state = nnx.split((model, nnx.Optimizer(model, _clipped_adam(0.005), wrt=nnx.Param)))
+    _, state = nnx.split((model, nnx.Optimizer(model, clipped_adam(0.005), wrt=nnx.Param)))
     by_name = {}  # "W_q" <- "attention__W_q", "cross_attention__W_q", their Adam moments, ...
     for path, _ in jax.tree_util.tree_leaves_with_path(state):
         name = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)][-1]

@@ -30,6 +30,8 @@ import pytest
 from flax import nnx
 
 from jax_attention import checkpointing, data, train
+from jax_attention.models import MODELS
+from jax_attention.train import loop, seq2seq
 from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
 from jax_attention.checkpointing import (CheckpointMismatchError, CorruptCheckpointWarning,
                                          TrainingCheckpoints, read_training_checkpoint)
@@ -277,7 +279,7 @@ def test_a_checkpoint_of_another_structure_is_refused_by_path(reference, tmp_pat
     nmt = load_data_nmt(16, 6, 64, seed=1)
     model = BahdanauSeq2Seq(len(nmt.src_vocab), len(nmt.tgt_vocab), 8, 8, 2, 0.1,
                             rngs=nnx.Rngs(0))
-    _, state = nnx.split((model, nnx.Optimizer(model, train._clipped_adam(0.005),
+    _, state = nnx.split((model, nnx.Optimizer(model, loop.clipped_adam(0.005),
                                                 wrt=nnx.Param)))
     with TrainingCheckpoints(_copy_run(reference, tmp_path),
                              config=reference["progress"]["config"]) as checkpoints, \
@@ -333,9 +335,9 @@ def test_a_non_finite_step_stops_training_and_keeps_the_last_good_checkpoint(tmp
     nmt, graphdef, state = _setup(lr=1e30)
     with TrainingCheckpoints(directory, config=progress["config"]) as checkpoints:
         state, _ = checkpoints.restore(state)
-    batches, _ = train._epoch_batches(nmt, 0)
+    batches, _ = loop.epoch_batches(nmt, 0)
     src, src_valid_len, tgt, tgt_valid_len = (array[1] for array in batches)
-    state, loss = train._jit_step(graphdef, state, (
+    state, loss = loop.jit_step(graphdef, state, (
         src, src_valid_len, teacher_forcing_inputs(tgt, nmt.tgt_vocab["<bos>"]), tgt,
         tgt_valid_len))
     params = [p for p in jax.tree.leaves(nnx.to_pure_dict(state)[0])
@@ -357,7 +359,11 @@ def test_a_non_finite_step_stops_training_and_keeps_the_last_good_checkpoint(tmp
 
 def _setup(lr: float = 0.005):
     """``(nmt, graphdef, state)`` of ``train_bahdanau(**TINY, lr=lr)`` before its first step."""
-    nmt, model, optimizer = train._bahdanau_setup(**SIZES, dropout=0.1, lr=lr)
+    spec = MODELS["bahdanau"]
+    model_settings, train_settings, _ = spec.split_settings(SIZES)
+    nmt, _, model, optimizer = seq2seq.setup(
+        spec, spec.model_config(**model_settings, dropout=0.1),
+        spec.train_config(**train_settings, lr=lr))
     return nmt, *nnx.split((model, optimizer))
 
 
@@ -368,14 +374,14 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     run without that batch's update. (The reference's model and 2-step calls: compiled once.)"""
     nmt, graphdef, state = _setup()
     bos_id = nmt.tgt_vocab["<bos>"]
-    first, second = train._epoch_batches(nmt, 0)[0], train._epoch_batches(nmt, 1)[0]
+    first, second = loop.epoch_batches(nmt, 0)[0], loop.epoch_batches(nmt, 1)[0]
     batches = tuple(np.concatenate([a, b[:1]]) for a, b in zip(first, second))  # 5 batches
     assert batches[3].min() >= 1  # every target has a token: a row of length 0 marks a batch
     bad = 2
     marked = batches[:3] + (batches[3].copy(),)
     marked[3][bad, 0] = 0
 
-    def steps(state, batches, skip=False, train_steps=train._train_steps):
+    def steps(state, batches, skip=False, train_steps=loop.train_steps):
         state, losses = train_steps(graphdef, state, batches, bos_id, skip)
         return state, np.asarray(losses)
 
@@ -389,15 +395,15 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     count.set_value(count.get_value() + jnp.uint32(1))
     suffix, suffix_losses = steps(prefix, tuple(a[bad + 1:] for a in batches))
 
-    unpoisoned = train.masked_cross_entropy
+    unpoisoned = loop.masked_cross_entropy
 
     def poisoned(logits, tgt, tgt_valid_len):
         ce = unpoisoned(logits, tgt, tgt_valid_len)
         return ce * jnp.where(jnp.any(tgt_valid_len == 0), jnp.nan, 1.0)
 
-    monkeypatch.setattr(train, "masked_cross_entropy", poisoned)
+    monkeypatch.setattr(loop, "masked_cross_entropy", poisoned)
     # A fresh compilation (the module's jit would reuse the unpoisoned one); both modes share it.
-    fresh = jax.jit(train._train_steps.__wrapped__, static_argnums=(0, 3))
+    fresh = jax.jit(loop.train_steps.__wrapped__, static_argnums=(0, 3))
     stopped, losses = steps(copy(state), marked, train_steps=fresh)
     assert np.isnan(losses[bad:]).all() and np.isfinite(losses[:bad]).all()
     # Another compilation of the same steps: bit for bit on CPU, to rounding on a GPU.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -11,6 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+
+from jax_attention import provenance
 
 __all__ = ["environment", "format_environment", "format_table", "load_average", "time_interleaved",
            "summarize", "gemm_ceiling", "source_fingerprint", "write_json"]
@@ -36,18 +37,18 @@ def load_average() -> list[float] | None:
 
 
 def environment() -> dict:
-    """The machine, the thread settings and the library versions, for the JSON of every run."""
-    import jax
-
+    """The machine, the thread settings and :func:`jax_attention.provenance.environment` (library
+    versions, JAX's backend and devices, the commit), for the JSON of every run."""
+    shared = provenance.environment()
     record = {
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),
-        "numpy": np.__version__,
-        "jax": jax.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(device) for device in jax.devices()],
+        **shared,
+        # The names that benchmark records used before the shared ones, for their readers.
+        "jax_backend": shared["backend"],
+        "jax_devices": shared["devices"],
         "loadavg": load_average(),
         "env": {name: os.environ[name] for name in (
             "XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -186,9 +187,5 @@ def source_fingerprint(*modules: str) -> dict:
     return record
 
 
-def write_json(path: str | os.PathLike, record: dict) -> Path:
-    """Write ``record`` as indented JSON (parents created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=float) + "\n")
-    return path
+#: One JSON writer for the package (indented, atomic); the name benchmarks have always used.
+write_json = provenance.write_json

@@ -40,12 +40,15 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, format_table,
                                         load_average, summarize, time_interleaved)
+from jax_attention.bench.torch_support import torch_model, torch_num_threads
+from jax_attention.models import get_model
 
 __all__ = ["MODELS", "greedy_decode_recompute", "bench_decode", "format_decode"]
 
-MODELS = ("transformer", "bahdanau")
+MODELS = ("transformer", "bahdanau")  # the registry's models, in the order they are run
 
 
 # --------------------------------------------------------------------------- the baseline decoder
@@ -100,11 +103,13 @@ def greedy_decode_recompute(params, src, src_valid_len, *, num_heads: int, bos_i
     """
     import jax.numpy as jnp
 
-    from jax_attention.transformer import _check_max_len, _check_positions, _check_tokens
+    from jax_attention._checks import (check_max_len_fits,
+                                       check_positions,
+                                       check_tokens)
 
-    src = _check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    _check_positions("src", src.shape[1], max_positions)
-    max_len = _check_max_len(max_len, max_positions)
+    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
+    check_positions("src", src.shape[1], max_positions)
+    max_len = check_max_len_fits(max_len, max_positions)
     return _greedy_decode_recompute(params, src, jnp.asarray(src_valid_len), num_heads=num_heads,
                                     bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                                     max_len=max_len, max_positions=max_positions)
@@ -202,24 +207,26 @@ def _torch_transformer(net, src_row, valid_len: int, *, bos_id: int, eos_id: int
 def _weights(kind: str, checkpoint, *, epochs, seed, data, num_examples, sizes, say):
     """``(params, src_vocab, tgt_vocab, config, source)``: from a checkpoint, or trained here."""
     if checkpoint is not None:
-        from jax_attention.train import load_checkpoint
+        from jax_attention.export import load_model
 
-        loaded = load_checkpoint(checkpoint)
+        loaded = load_model(checkpoint)
         if loaded.config["model"] != kind:
             raise ValueError(f"checkpoint {str(checkpoint)!r} holds a {loaded.config['model']} "
                              f"model, expected {kind}")
         return loaded.params, loaded.src_vocab, loaded.tgt_vocab, loaded.config, \
             f"checkpoint {checkpoint}"
-    from jax_attention import train
+    from jax_attention.models import get_model
+    from jax_attention.train import train_seq2seq
 
-    trainer = train.train_transformer if kind == "transformer" else train.train_bahdanau
-    kwargs = {"seed": seed, "data": data, "num_examples": num_examples, "progress": False,
-              "log": None, **(sizes or {})}
-    if epochs is not None:
-        kwargs["epochs"] = epochs
+    spec = get_model(kind)
+    model_settings, train_settings, _ = spec.split_settings(
+        {"seed": seed, "num_examples": num_examples, **(sizes or {}),
+         **({} if epochs is None else {"epochs": epochs})})
     say(f"{kind}: training with the book's settings"
         + (f" ({epochs} epochs)" if epochs is not None else ""))
-    result = trainer(**kwargs)
+    result = train_seq2seq(spec, spec.model_config(**model_settings),
+                           spec.train_config(**train_settings), data=data, progress=False,
+                           log=None)
     return result.params, result.src_vocab, result.tgt_vocab, result.config, \
         f"trained here: {result.config['training']['epochs']} epochs, seed {seed}"
 
@@ -228,70 +235,163 @@ def _rows(tokens, lengths, rows) -> list[list[int]]:
     return [[int(t) for t in tokens[row, :int(lengths[row])]] for row in rows]
 
 
-def _bench_model(kind: str, params, src_vocab, tgt_vocab, config, *, num_examples, data, seed,
-                 long_steps, eager_sentences, repeats, warmup, torch_threads, say) -> dict:
-    import torch
-
-    from jax_attention import bahdanau, transformer
-    from jax_attention.bench.train import _torch_model, _torch_threads_context
+def _training_sources(kind: str, src_vocab, tgt_vocab, config, *, num_examples, data, seed):
+    """``(src, src_valid_len, n)``: the training pairs' sources, read as the weights were trained
+    and checked to share their vocabularies."""
     from jax_attention.data import load_data_nmt
 
-    num_steps = config["num_steps"]
     examples = config.get("training", {}).get("num_examples", num_examples)
-    nmt = load_data_nmt(1, num_steps, examples, data=data, seed=seed)
+    nmt = load_data_nmt(1, config["num_steps"], examples, data=data, seed=seed)
     if [nmt.src_vocab.idx_to_token, nmt.tgt_vocab.idx_to_token] != \
             [src_vocab.idx_to_token, tgt_vocab.idx_to_token]:
         raise ValueError(f"the {kind} weights were trained on other data: their vocabularies "
                          "differ from those of the training pairs read now")
-    src, src_valid_len = nmt.train.src, nmt.train.src_valid_len
-    n = len(nmt.train)
+    return nmt.train.src, nmt.train.src_valid_len, len(nmt.train)
+
+
+def _transformer_peers(params, config, src, src_valid_len, ids: dict):
+    """The Transformer's decoders (see :func:`_decoders`): the KV cache and recomputing."""
+    from jax_attention import transformer
+
+    heads, positions = config["num_heads"], config["max_positions"]
+
+    def batched(decode, max_len):
+        def run():
+            return jax.block_until_ready(decode(params, src, src_valid_len, num_heads=heads,
+                                                max_len=max_len, max_positions=positions, **ids))
+        return run
+
+    def eager(row):
+        return _eager_transformer(params, src[row], int(src_valid_len[row]), bos_id=ids["bos_id"],
+                                  eos_id=ids["eos_id"], max_len=config["num_steps"],
+                                  num_heads=heads, max_positions=positions)
+
+    peers = {"batched_kv": transformer.greedy_decode,
+             "batched_recompute": greedy_decode_recompute}
+    return batched, peers, eager, _torch_transformer
+
+
+def _bahdanau_peers(params, config, src, src_valid_len, ids: dict):
+    """The Bahdanau model's decoders (see :func:`_decoders`)."""
+    from jax_attention import bahdanau
+
+    def batched(decode, max_len):
+        def run():
+            return jax.block_until_ready(decode(params, src, src_valid_len, max_len=max_len,
+                                                **ids))
+        return run
+
+    def eager(row):
+        return _eager_bahdanau(params, src[row], int(src_valid_len[row]), bos_id=ids["bos_id"],
+                               eos_id=ids["eos_id"], max_len=config["num_steps"])
+
+    return batched, {"batched": bahdanau.greedy_decode}, eager, _torch_bahdanau
+
+
+#: Each registered model's decoding peers (the registry's names; a test checks that every
+#: model of jax_attention.models.MODELS has an entry).
+DECODING_PEERS = {"transformer": _transformer_peers, "bahdanau": _bahdanau_peers}
+
+
+def _decoders(kind: str, params, config, src, src_valid_len, ids: dict):
+    """The model's decoders: ``(batched, batched_peers, eager, torch_loop)``.
+
+    ``batched(decode, max_len)`` runs one of the compiled ``batched_peers`` over every source
+    (the first is the one translation uses; more than one are compared at ``--long-steps``);
+    ``eager(row)`` translates one source with our functions un-jitted; ``torch_loop`` does it
+    with the PyTorch mirror.
+    """
+    return DECODING_PEERS[kind](params, config, src, src_valid_len, ids)
+
+
+def _first_calls(functions: dict) -> tuple[dict, dict]:
+    """``(seconds, outputs)`` of each function's first (compiling) call."""
+    compile_s, outputs = {}, {}
+    for name, function in functions.items():
+        start = time.perf_counter()
+        outputs[name] = function()
+        compile_s[name] = time.perf_counter() - start
+    return compile_s, outputs
+
+
+def _agreement(outputs: dict, batched_peers, subset, n: int) -> tuple[list, dict]:
+    """``(reference, agree)``: the first batched peer's translations, and how many sentences
+    each peer translated the same."""
+    first = next(iter(batched_peers))
+    reference = _rows(outputs[first][0], outputs[first][1], range(n))
+    agree = {name: sum(out == reference[row] for row, out in zip(subset, outputs[name]))
+             for name in ("eager_loop", "torch_eager_loop")}
+    for name in batched_peers:
+        agree[name] = sum(a == b for a, b in zip(_rows(outputs[name][0], outputs[name][1],
+                                                       range(n)), reference))
+    return reference, agree
+
+
+def _decode_peers(samples: dict, batched_peers, n: int, subset, agree: dict,
+                  compile_s: dict) -> dict:
+    """Each peer's timings, sentences per second, agreement and first call."""
+    first = next(iter(batched_peers))
+    peers = {}
+    for name, times in samples.items():
+        count = n if name in batched_peers else len(subset)
+        summary = summarize(times)
+        peers[name] = {**summary, "sentences": count,
+                       "sentences_per_s": count / summary["median_s"],
+                       "agree_with_" + first: agree[name],
+                       "first_call_s": compile_s[name]}
+    return peers
+
+
+def _decode_ratios(peers: dict, first: str) -> dict:
+    """The first batched peer's sentences per second over each loop's and the fastest loop's."""
+    best_loop = max(("eager_loop", "torch_eager_loop"), key=lambda k: peers[k]["sentences_per_s"])
+    return {
+        f"{first}/eager_loop": peers[first]["sentences_per_s"]
+        / peers["eager_loop"]["sentences_per_s"],
+        f"{first}/torch_eager_loop": peers[first]["sentences_per_s"]
+        / peers["torch_eager_loop"]["sentences_per_s"],
+        f"{first}/fastest_loop": peers[first]["sentences_per_s"]
+        / peers[best_loop]["sentences_per_s"],
+    }
+
+
+def _long_run(batched, batched_peers, n: int, *, long_steps: int, repeats: int,
+              warmup: int) -> dict:
+    """The cache-vs-recompute comparison: both batched decoders for ``long_steps`` steps."""
+    long = {name: batched(decode, long_steps) for name, decode in batched_peers.items()}
+    long_outputs = {name: function() for name, function in long.items()}
+    long_samples = time_interleaved(long, repeats=repeats, warmup=warmup)
+    long_peers = {}
+    for name, times in long_samples.items():
+        summary = summarize(times)
+        long_peers[name] = {**summary, "sentences_per_s": n / summary["median_s"],
+                            "output_steps_per_s": n * long_steps / summary["median_s"]}
+    long_peers["batched_recompute"]["agree_with_batched_kv"] = int(np.sum(np.all(
+        np.asarray(long_outputs["batched_recompute"][0])
+        == np.asarray(long_outputs["batched_kv"][0]), axis=1)))
+    return {
+        "max_len": long_steps, "peers": long_peers,
+        "ratio_kv/recompute": long_peers["batched_kv"]["sentences_per_s"]
+        / long_peers["batched_recompute"]["sentences_per_s"],
+    }
+
+
+def _bench_model(kind: str, params, src_vocab, tgt_vocab, config, *, num_examples, data, seed,
+                 long_steps, eager_sentences, repeats, warmup, torch_threads, say) -> dict:
+    import torch
+
+    num_steps = config["num_steps"]
+    src, src_valid_len, n = _training_sources(kind, src_vocab, tgt_vocab, config,
+                                              num_examples=num_examples, data=data, seed=seed)
     bos_id, eos_id, pad_id = (tgt_vocab[t] for t in ("<bos>", "<eos>", "<pad>"))
     ids = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
     subset = np.unique(np.linspace(0, n - 1, min(eager_sentences, n)).round().astype(int))
     params = jax.tree.map(jax.numpy.asarray, params)
-
-    if kind == "transformer":
-        heads, positions = config["num_heads"], config["max_positions"]
-        sizes = {key: config[key] for key in ("num_hiddens", "ffn_num_hiddens", "num_heads",
-                                              "num_layers")}
-        sizes.update(dropout=0.0, max_positions=positions)
-
-        def batched(decode, max_len):
-            def run():
-                return jax.block_until_ready(decode(params, src, src_valid_len, num_heads=heads,
-                                                    max_len=max_len, max_positions=positions,
-                                                    **ids))
-            return run
-
-        batched_peers = {"batched_kv": transformer.greedy_decode,
-                         "batched_recompute": greedy_decode_recompute}
-
-        def eager(row):
-            return _eager_transformer(params, src[row], int(src_valid_len[row]), bos_id=bos_id,
-                                      eos_id=eos_id, max_len=num_steps, num_heads=heads,
-                                      max_positions=positions)
-
-        torch_loop = _torch_transformer
-    else:
-        sizes = {key: config[key] for key in ("embed_size", "num_hiddens", "num_layers")}
-        sizes.update(dropout=0.0)
-
-        def batched(decode, max_len):
-            def run():
-                return jax.block_until_ready(decode(params, src, src_valid_len, max_len=max_len,
-                                                    **ids))
-            return run
-
-        batched_peers = {"batched": bahdanau.greedy_decode}
-
-        def eager(row):
-            return _eager_bahdanau(params, src[row], int(src_valid_len[row]), bos_id=bos_id,
-                                   eos_id=eos_id, max_len=num_steps)
-
-        torch_loop = _torch_bahdanau
-
-    net = _torch_model(kind, sizes, len(src_vocab), len(tgt_vocab),
-                       jax.tree.map(np.asarray, params))
+    batched, batched_peers, eager, torch_loop = _decoders(kind, params, config, src,
+                                                          src_valid_len, ids)
+    spec = get_model(kind)
+    net = torch_model(kind, spec.config_class.from_record({**config, "dropout": 0.0}),
+                      jax.tree.map(np.asarray, params))
     net.eval()
 
     def torch_run():
@@ -303,65 +403,28 @@ def _bench_model(kind: str, params, src_vocab, tgt_vocab, config, *, num_example
     functions["eager_loop"] = lambda: [eager(row) for row in subset]
     functions["torch_eager_loop"] = torch_run
     say(f"{kind}: compiling and checking the decoders")
-    compile_s, outputs = {}, {}
-    for name, function in functions.items():
-        start = time.perf_counter()
-        outputs[name] = function()
-        compile_s[name] = time.perf_counter() - start
+    compile_s, outputs = _first_calls(functions)
     first = next(iter(batched_peers))
-    reference = _rows(outputs[first][0], outputs[first][1], range(n))
-    agree = {name: sum(out == reference[row] for row, out in zip(subset, outputs[name]))
-             for name in ("eager_loop", "torch_eager_loop")}
-    for name in batched_peers:
-        agree[name] = sum(a == b for a, b in zip(_rows(outputs[name][0], outputs[name][1],
-                                                       range(n)), reference))
+    reference, agree = _agreement(outputs, batched_peers, subset, n)
     say(f"{kind}: {warmup} warm-up and {repeats} timed rounds")
-    with _torch_threads_context(torch, torch_threads):
+    with torch_num_threads(torch_threads):
         samples = time_interleaved(functions, repeats=repeats, warmup=warmup)
-    peers = {}
-    for name, times in samples.items():
-        count = n if name in batched_peers else len(subset)
-        summary = summarize(times)
-        peers[name] = {**summary, "sentences": count,
-                       "sentences_per_s": count / summary["median_s"],
-                       "agree_with_" + first: agree[name],
-                       "first_call_s": compile_s[name]}
-    best_loop = max(("eager_loop", "torch_eager_loop"), key=lambda k: peers[k]["sentences_per_s"])
+    peers = _decode_peers(samples, batched_peers, n, subset, agree, compile_s)
     record = {
         "num_sentences": n,
         "eager_sentences": len(subset),
         "max_len": num_steps,
         "mean_output_tokens": float(np.mean([len(r) for r in reference])),
         "peers": peers,
-        "ratios": {
-            f"{first}/eager_loop": peers[first]["sentences_per_s"]
-            / peers["eager_loop"]["sentences_per_s"],
-            f"{first}/torch_eager_loop": peers[first]["sentences_per_s"]
-            / peers["torch_eager_loop"]["sentences_per_s"],
-            f"{first}/fastest_loop": peers[first]["sentences_per_s"]
-            / peers[best_loop]["sentences_per_s"],
-        },
+        "ratios": _decode_ratios(peers, first),
     }
-    if kind == "transformer":
-        record["ratios"]["batched_kv/batched_recompute"] = (
-            peers["batched_kv"]["sentences_per_s"] / peers["batched_recompute"]["sentences_per_s"])
+    if len(batched_peers) > 1:  # the production decoder against the baseline beside it
+        second = list(batched_peers)[1]
+        record["ratios"][f"{first}/{second}"] = (
+            peers[first]["sentences_per_s"] / peers[second]["sentences_per_s"])
         say(f"{kind}: the batched decoders at {long_steps} output steps")
-        long = {name: batched(decode, long_steps) for name, decode in batched_peers.items()}
-        long_outputs = {name: function() for name, function in long.items()}
-        long_samples = time_interleaved(long, repeats=repeats, warmup=warmup)
-        long_peers = {}
-        for name, times in long_samples.items():
-            summary = summarize(times)
-            long_peers[name] = {**summary, "sentences_per_s": n / summary["median_s"],
-                                "output_steps_per_s": n * long_steps / summary["median_s"]}
-        long_peers["batched_recompute"]["agree_with_batched_kv"] = int(np.sum(np.all(
-            np.asarray(long_outputs["batched_recompute"][0])
-            == np.asarray(long_outputs["batched_kv"][0]), axis=1)))
-        record["long"] = {
-            "max_len": long_steps, "peers": long_peers,
-            "ratio_kv/recompute": long_peers["batched_kv"]["sentences_per_s"]
-            / long_peers["batched_recompute"]["sentences_per_s"],
-        }
+        record["long"] = _long_run(batched, batched_peers, n, long_steps=long_steps,
+                                   repeats=repeats, warmup=warmup)
     return record
 
 
@@ -391,11 +454,8 @@ def bench_decode(models: Sequence[str] = MODELS, *, checkpoints: dict | None = N
     for model in models:
         if model not in MODELS:
             raise ValueError(f"models must be among {MODELS}, got {model!r}")
-    if isinstance(long_steps, bool) or not isinstance(long_steps, int) or long_steps < 1:
-        raise ValueError(f"long_steps must be an integer >= 1, got {long_steps!r}")
-    if isinstance(eager_sentences, bool) or not isinstance(eager_sentences, int) \
-            or eager_sentences < 1:
-        raise ValueError(f"eager_sentences must be an integer >= 1, got {eager_sentences!r}")
+    check_int("long_steps", long_steps, 1)
+    check_int("eager_sentences", eager_sentences, 1)
     say = log or (lambda line: None)
     checkpoints = checkpoints or {}
     record = {"benchmark": "decode", "load_average": {"before": load_average()},
@@ -421,7 +481,7 @@ def format_decode(record: dict) -> str:
     """The environment, then per model a table of the peers, the ratios and the long run."""
     lines = [format_environment(record["environment"])]
     for model, result in record["models"].items():
-        first = "batched_kv" if model == "transformer" else "batched"
+        first = next(iter(result["peers"]))  # the batched decoder translation uses
         lines += ["", f"{model}: {result['num_sentences']} training sources, greedy, max_len "
                       f"{result['max_len']} (mean output {result['mean_output_tokens']:.1f} "
                       f"tokens); one-by-one loops on {result['eager_sentences']} of them; "

@@ -7,8 +7,8 @@ per-sequence masked cross-entropy summed over the batch, gradients clipped to gl
 Adam.
 
 * ``ours``: the code path of ``jax-attention train`` — the batches stacked on the host
-  (:func:`jax_attention.train._epoch_batches`'s padding), one compiled call of
-  :func:`jax_attention.train._train_steps` for the ``steps`` steps, the losses brought back to
+  (:func:`jax_attention.train.loop.epoch_batches`'s padding), one compiled call of
+  :func:`jax_attention.train.loop.train_steps` for the ``steps`` steps, the losses brought back to
   the host.
 * ``torch``: the book's ``train_seq2seq`` loop, eager, one
   :func:`jax_attention.interop.torch_models.train_step` per batch (``loss.sum()``, backward,
@@ -53,67 +53,55 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jax_attention import models as registry
+from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, gemm_ceiling,
                                         load_average, summarize, time_interleaved)
+from jax_attention.bench.torch_support import torch_model, torch_num_threads
 
 __all__ = ["MODELS", "BOOK_MODELS", "bench_train", "format_train", "bench_train_devices",
            "format_train_devices", "child_main"]
 
-MODELS = ("bahdanau", "transformer")
+MODELS = tuple(registry.MODELS)
 
-#: The book's model settings (d2l §11.4.3 and §11.7.6).
-BOOK_MODELS = {
-    "bahdanau": {"embed_size": 32, "num_hiddens": 32, "num_layers": 2, "dropout": 0.1},
-    "transformer": {"num_hiddens": 32, "ffn_num_hiddens": 64, "num_heads": 4, "num_layers": 2,
-                    "dropout": 0.1, "max_positions": 1000},
-}
+#: The book's model settings (d2l §11.4.3 and §11.7.6): each config's defaults, less the data's
+#: sizes (``num_steps`` and the vocabularies are the run's).
+BOOK_MODELS = {name: {key: value for key, value in spec.model_config().record().items()
+                      if key not in ("num_steps", "src_vocab_size", "tgt_vocab_size")}
+               for name, spec in registry.MODELS.items()}
+
+
+def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
+                 num_steps: int | None = None):
+    """The registry config of ``kind`` with these ``sizes`` and vocabularies."""
+    spec = registry.get_model(kind)
+    steps = {} if num_steps is None else {"num_steps": num_steps}
+    return spec.model_config(**sizes, **steps, src_vocab_size=src_vocab_size,
+                             tgt_vocab_size=tgt_vocab_size)
 
 
 def _our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int):
-    """Our model in training mode, seeded as ``jax_attention.train`` seeds it."""
+    """Our model in training mode, seeded as :func:`jax_attention.train.seq2seq.setup` seeds it."""
     import jax
     from flax import nnx
 
     rngs = nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed, impl="rbg"))
-    if kind == "bahdanau":
-        from jax_attention.bahdanau import BahdanauSeq2Seq
-
-        model = BahdanauSeq2Seq(src_vocab_size, tgt_vocab_size, sizes["embed_size"],
-                                sizes["num_hiddens"], sizes["num_layers"], sizes["dropout"],
-                                rngs=rngs)
-    else:
-        from jax_attention.transformer import TransformerSeq2Seq
-
-        model = TransformerSeq2Seq(src_vocab_size, tgt_vocab_size, sizes["num_hiddens"],
-                                   sizes["ffn_num_hiddens"], sizes["num_heads"],
-                                   sizes["num_layers"], sizes["dropout"],
-                                   max_positions=sizes["max_positions"], rngs=rngs)
+    model = registry.get_model(kind).build(
+        model_config(kind, sizes, src_vocab_size, tgt_vocab_size), rngs)
     model.train()
     return model
 
 
-def _torch_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, params):
-    """The PyTorch mirror with our initial weights, in training mode."""
-    from jax_attention.interop import to_torch
-    from jax_attention.interop import torch_models as tm
-
-    if kind == "bahdanau":
-        model = tm.BahdanauSeq2Seq(src_vocab_size, tgt_vocab_size, sizes["embed_size"],
-                                   sizes["num_hiddens"], sizes["num_layers"], sizes["dropout"])
-    else:
-        model = tm.TransformerSeq2Seq(src_vocab_size, tgt_vocab_size, sizes["num_hiddens"],
-                                      sizes["ffn_num_hiddens"], sizes["num_heads"],
-                                      sizes["num_layers"], sizes["dropout"],
-                                      max_len=sizes["max_positions"])
-    model.load_state_dict(to_torch(params, kind))
-    model.train()
-    return model
+def _check_model_and_steps(model: str, steps: int) -> None:
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    check_int("steps", steps, 1)
 
 
 def _step_batches(nmt, steps: int):
     """The first ``steps`` batches of training, epoch after epoch, as the book's loop sees them
     (the last batch of an epoch smaller) and padded as ours trains on them."""
-    from jax_attention.train import _pad_batch
+    from jax_attention.train.loop import pad_batch
 
     src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
     plain, padded, epoch = [], [], 0
@@ -122,9 +110,21 @@ def _step_batches(nmt, steps: int):
             if len(plain) == steps:
                 break
             plain.append(batch)
-            padded.append(_pad_batch(batch, nmt.batch_size, src_pad, tgt_pad))
+            padded.append(pad_batch(batch, nmt.batch_size, src_pad, tgt_pad))
         epoch += 1
     return plain, padded
+
+
+def _training_batches(batch_size: int, num_steps: int, num_examples: int, data, seed: int,
+                      steps: int):
+    """The book's data and one round's batches: ``(nmt, plain, padded, tokens)`` with the
+    batches of :func:`_step_batches` and ``tokens`` the target tokens of the round."""
+    from jax_attention.data import load_data_nmt
+
+    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    plain, padded = _step_batches(nmt, steps)
+    tokens = int(sum(int(batch[3].sum()) for batch in plain))
+    return nmt, plain, padded, tokens
 
 
 def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
@@ -136,8 +136,9 @@ def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, l
             "devices": devices}
 
 
-def _flops_per_step(graphdef, state, batch) -> float:
-    """XLA's cost analysis of one training step (forward, backward, clipping, Adam) as lowered.
+def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
+    """XLA's cost analysis of one training step (forward, backward, clipping, Adam) as lowered,
+    on one padded batch ``(src, src_valid_len, tgt, tgt_valid_len)``.
 
     The program as written, before XLA's optimisations (compiling it only to count would cost
     seconds; the optimised program's count differs by a few percent, mostly the random bits of
@@ -145,29 +146,92 @@ def _flops_per_step(graphdef, state, batch) -> float:
     """
     import jax
 
-    from jax_attention.train import _pure_step
+    from jax_attention.bahdanau import teacher_forcing_inputs
+    from jax_attention.train.loop import pure_step
 
-    analysis = jax.jit(_pure_step, static_argnums=0).lower(graphdef, state, batch).cost_analysis()
+    src, src_valid_len, tgt, tgt_valid_len = padded_batch
+    batch = (src, src_valid_len, np.asarray(teacher_forcing_inputs(tgt, bos_id)), tgt,
+             tgt_valid_len)
+    analysis = jax.jit(pure_step, static_argnums=0).lower(graphdef, state, batch).cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per device
         analysis = analysis[0]
     if not analysis:  # some backends (XLA:GPU in JAX 0.11) give no analysis before compiling
-        analysis = jax.jit(_pure_step, static_argnums=0).lower(
+        analysis = jax.jit(pure_step, static_argnums=0).lower(
             graphdef, state, batch).compile().cost_analysis() or {}
         if isinstance(analysis, (list, tuple)):
             analysis = analysis[0] if analysis else {}
     return float(analysis.get("flops", 0.0))
 
 
-def _torch_threads_context(torch, threads: int):
-    class _Threads:
-        def __enter__(self):
-            self.before = torch.get_num_threads()
-            torch.set_num_threads(threads)
+def _timed_rounds(model: str, ours: Callable[[], None], torch_round: Callable[[], None],
+                  trained: dict, *, torch_threads: int | None, repeats: int, warmup: int,
+                  steps: int, say) -> tuple[dict, float, int, dict]:
+    """Compile ours, settle PyTorch's threads, even out the steps trained, then time the rounds.
 
-        def __exit__(self, *exc):
-            torch.set_num_threads(self.before)
+    Returns:
+      ``(samples, first_call_s, torch_threads, probes)``: the timings by peer, our compiling
+      call's seconds, the threads PyTorch ran with and, where it was probed, the seconds of one
+      round per candidate thread count.
+    """
+    import torch
 
-    return _Threads()
+    say(f"{model}: compiling our {steps} steps")
+    start = time.perf_counter()
+    ours()
+    first_call_s = time.perf_counter() - start
+
+    probes = {}
+    if torch_threads is None:
+        candidates = sorted({1, torch.get_num_threads()})
+        for threads in candidates:
+            with torch_num_threads(threads):
+                start = time.perf_counter()
+                torch_round()
+                probes[threads] = time.perf_counter() - start
+        torch_threads = min(probes, key=probes.get)
+        say(f"{model}: torch threads {torch_threads} (probe rounds: "
+            + ", ".join(f"{t}: {s:.3f} s" for t, s in probes.items()) + ")")
+    else:
+        with torch_num_threads(torch_threads):
+            torch_round()
+    # The same number of steps for both before the timed rounds: catch ours up on the probes.
+    while trained["ours"] < trained["torch"]:
+        ours()
+    while trained["torch"] < trained["ours"]:
+        with torch_num_threads(torch_threads):
+            torch_round()
+
+    say(f"{model}: {warmup} warm-up and {repeats} timed rounds of {steps} steps")
+    with torch_num_threads(torch_threads):
+        samples = time_interleaved({"ours": ours, "torch": torch_round}, repeats=repeats,
+                                   warmup=warmup)
+    return samples, first_call_s, torch_threads, probes
+
+
+def _train_peers(samples: dict, losses: dict, trained: dict, *, steps: int, tokens: int,
+                 flops: float, ceiling: float, first_call_s: float, torch_threads: int,
+                 probes: dict) -> dict:
+    """Each peer's record: the timings, tokens/s, GFLOP/s and share of the GEMM ceiling (in
+    FLOP/s) and its losses; our compilation time, PyTorch's threads and thread probes."""
+    peers = {}
+    for name in ("ours", "torch"):
+        summary = summarize(samples[name])
+        step_s = summary["median_s"] / steps
+        peers[name] = {
+            **summary,
+            "step_ms": step_s * 1e3,
+            "tokens_per_s": tokens / summary["median_s"],
+            "gflops": flops / step_s / 1e9,
+            "gemm_fraction": flops / step_s / ceiling,
+            "final_loss": losses[name][-1],
+            "round_losses": list(losses[name]),
+            "steps_trained": trained[name],
+        }
+    peers["ours"]["first_call_s"] = first_call_s
+    peers["ours"]["compile_s"] = max(first_call_s - statistics.median(samples["ours"]), 0.0)
+    peers["torch"]["threads"] = torch_threads
+    peers["torch"]["thread_probe_s"] = {str(t): s for t, s in probes.items()}
+    return peers
 
 
 def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, warmup: int = 1,
@@ -199,115 +263,60 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
     import torch
     from flax import nnx
 
-    from jax_attention.bahdanau import teacher_forcing_inputs
-    from jax_attention.data import load_data_nmt
     from jax_attention.interop import torch_models as tm
-    from jax_attention.train import _clipped_adam, _train_steps
+    from jax_attention.train.loop import clipped_adam, train_steps
 
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    _check_model_and_steps(model, steps)
     say = log or (lambda line: None)
     settings = {**BOOK_MODELS[model], **(sizes or {})}
     load_before = load_average()
     environment_record = environment()
 
-    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    nmt, plain, padded, tokens = _training_batches(batch_size, num_steps, num_examples, data,
+                                                   seed, steps)
     V_src, V_tgt = len(nmt.src_vocab), len(nmt.tgt_vocab)
     bos_id = nmt.tgt_vocab["<bos>"]
-    plain, padded = _step_batches(nmt, steps)
-    tokens = int(sum(int(batch[3].sum()) for batch in plain))
 
     ours_model = _our_model(model, settings, V_src, V_tgt, seed)
-    optimizer = nnx.Optimizer(ours_model, _clipped_adam(float(lr)), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
     initial = jax.tree.map(np.asarray, ours_model.params_dict())
     torch.manual_seed(seed)
-    torch_model = _torch_model(model, settings, V_src, V_tgt, initial)
-    torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=lr)
+    torch_net = torch_model(model, model_config(model, settings, V_src, V_tgt), initial)
+    torch_optimizer = torch.optim.Adam(torch_net.parameters(), lr=lr)
     torch_batches = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in batch)
                      for batch in plain]
 
     graphdef, state = nnx.split((ours_model, optimizer))
     say(f"{model}: cost analysis of one step")
-    first = padded[0]
-    flops = _flops_per_step(graphdef, state, (first[0], first[1],
-                                              np.asarray(teacher_forcing_inputs(first[2], bos_id)),
-                                              first[2], first[3]))
-    ours_losses: list[float] = []
-    torch_losses: list[float] = []
+    flops = _flops_per_step(graphdef, state, padded[0], bos_id)
+    losses: dict[str, list[float]] = {"ours": [], "torch": []}
     trained = {"ours": 0, "torch": 0}
 
     def ours() -> None:
         nonlocal state
         # As train._train_epochs: stack on the host, one compiled call, one sync on the losses.
         batches = tuple(np.stack(arrays) for arrays in zip(*padded))
-        state, losses = _train_steps(graphdef, state, batches, bos_id)
-        ours_losses.append(float(sum(float(loss) for loss in np.asarray(losses))) / tokens)
+        state, step_losses = train_steps(graphdef, state, batches, bos_id)
+        losses["ours"].append(float(sum(float(loss) for loss in np.asarray(step_losses))) / tokens)
         trained["ours"] += steps
 
     def torch_round() -> None:
         total = 0.0
         for src, src_valid_len, tgt, tgt_valid_len in torch_batches:
-            total += tm.train_step(torch_model, torch_optimizer, src, src_valid_len, tgt,
+            total += tm.train_step(torch_net, torch_optimizer, src, src_valid_len, tgt,
                                    tgt_valid_len, bos_id)
-        torch_losses.append(total / tokens)
+        losses["torch"].append(total / tokens)
         trained["torch"] += steps
 
-    say(f"{model}: compiling our {steps} steps")
-    start = time.perf_counter()
-    ours()
-    first_call_s = time.perf_counter() - start
-
-    probes = {}
-    if torch_threads is None:
-        candidates = sorted({1, torch.get_num_threads()})
-        for threads in candidates:
-            with _torch_threads_context(torch, threads):
-                start = time.perf_counter()
-                torch_round()
-                probes[threads] = time.perf_counter() - start
-        torch_threads = min(probes, key=probes.get)
-        say(f"{model}: torch threads {torch_threads} (probe rounds: "
-            + ", ".join(f"{t}: {s:.3f} s" for t, s in probes.items()) + ")")
-    else:
-        with _torch_threads_context(torch, torch_threads):
-            torch_round()
-    # The same number of steps for both before the timed rounds: catch ours up on the probes.
-    while trained["ours"] < trained["torch"]:
-        ours()
-    while trained["torch"] < trained["ours"]:
-        with _torch_threads_context(torch, torch_threads):
-            torch_round()
-
-    say(f"{model}: {warmup} warm-up and {repeats} timed rounds of {steps} steps")
-    with _torch_threads_context(torch, torch_threads):
-        samples = time_interleaved({"ours": ours, "torch": torch_round}, repeats=repeats,
-                                   warmup=warmup)
+    samples, first_call_s, torch_threads, probes = _timed_rounds(
+        model, ours, torch_round, trained, torch_threads=torch_threads, repeats=repeats,
+        warmup=warmup, steps=steps, say=say)
     nnx.update((ours_model, optimizer), state)
     say(f"{model}: GEMM ceiling")
     gemm = gemm_ceiling(gemm_size)
-    ceiling = gemm["ceiling_gflops"] * 1e9
-
-    peers = {}
-    for name, losses in (("ours", ours_losses), ("torch", torch_losses)):
-        summary = summarize(samples[name])
-        step_s = summary["median_s"] / steps
-        peers[name] = {
-            **summary,
-            "step_ms": step_s * 1e3,
-            "tokens_per_s": tokens / summary["median_s"],
-            "gflops": flops / step_s / 1e9,
-            "gemm_fraction": flops / step_s / ceiling,
-            "final_loss": losses[-1],
-            "round_losses": list(losses),
-            "steps_trained": trained[name],
-        }
-    median_ours = statistics.median(samples["ours"])
-    peers["ours"]["first_call_s"] = first_call_s
-    peers["ours"]["compile_s"] = max(first_call_s - median_ours, 0.0)
-    peers["torch"]["threads"] = torch_threads
-    peers["torch"]["thread_probe_s"] = {str(t): s for t, s in probes.items()}
+    peers = _train_peers(samples, losses, trained, steps=steps, tokens=tokens, flops=flops,
+                         ceiling=gemm["ceiling_gflops"] * 1e9, first_call_s=first_call_s,
+                         torch_threads=torch_threads, probes=probes)
     final_ours, final_torch = peers["ours"]["final_loss"], peers["torch"]["final_loss"]
     return {
         "benchmark": "train",
@@ -383,17 +392,15 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     from flax import nnx
 
     from jax_attention import distributed
-    from jax_attention.data import load_data_nmt
-    from jax_attention.train import _clipped_adam, _train_steps
+    from jax_attention.train.loop import clipped_adam, train_steps
 
     mesh = distributed.make_mesh(devices)
     distributed.check_batch_size(batch_size, mesh)
-    nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
+    nmt, _, padded, tokens = _training_batches(batch_size, num_steps, num_examples, data, seed,
+                                               steps)
     bos_id = nmt.tgt_vocab["<bos>"]
-    plain, padded = _step_batches(nmt, steps)
-    tokens = int(sum(int(batch[3].sum()) for batch in plain))
     ours_model = _our_model(model, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
-    optimizer = nnx.Optimizer(ours_model, _clipped_adam(float(lr)), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
     graphdef, state = nnx.split((ours_model, optimizer))
     state = distributed.replicate(state, mesh)
     round_losses: list[float] = []
@@ -404,7 +411,7 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
         # one sync on the losses.
         batches = distributed.shard_batches(tuple(np.stack(arrays) for arrays in zip(*padded)),
                                             mesh)
-        state, losses = _train_steps(graphdef, state, batches, bos_id)
+        state, losses = train_steps(graphdef, state, batches, bos_id)
         round_losses.append(float(sum(float(loss) for loss in distributed.to_host(losses)))
                             / tokens)
 
@@ -506,10 +513,7 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
       ``failed`` with the reason) with ``step_ms``, ``tokens_per_s``, ``speedup`` (tokens/s over
       the first device count's) and ``final_loss_relative_difference`` (against the first).
     """
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    _check_model_and_steps(model, steps)
     if repeats < 5:
         raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
     counts = _check_device_counts(devices, batch_size)

@@ -52,8 +52,9 @@ def _get(inputs: Arrays, name: str):
     return inputs.get(name)
 
 
-def _functions() -> dict[str, Function]:
-    specs = [
+def _attention_functions() -> list[Function]:
+    """Masking, attention pooling, scoring and multi-head attention (d2l §11.1–§11.5)."""
+    return [
         Function("masking.sequence_mask", ("output",),
                  "sequence_mask(X, valid_len, value=0) -> output",
                  lambda m, i, p, c: m.sequence_mask(i["X"], i["valid_len"], **c)),
@@ -83,6 +84,12 @@ def _functions() -> dict[str, Function]:
                  lambda m, i, p, c: m.multi_head_attention(
                      p, i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
                      mask=_get(i, "mask"), bias=_get(i, "bias"), **c)),
+    ]
+
+
+def _positional_functions() -> list[Function]:
+    """Sinusoidal encoding (d2l §11.6), rotary embedding, relative position buckets and bias."""
+    return [
         Function("positional.positional_encoding", ("P",),
                  "positional_encoding(num_steps, num_hiddens, base=10000.0) -> P",
                  lambda m, i, p, c: m.positional_encoding(**c)),
@@ -96,6 +103,12 @@ def _functions() -> dict[str, Function]:
         Function("positional.relative_position_bias", ("bias",),
                  "relative_position_bias(params['table'], indices) -> bias",
                  lambda m, i, p, c: m.relative_position_bias(p["table"], i["indices"])),
+    ]
+
+
+def _bahdanau_functions() -> list[Function]:
+    """The GRU, its encoder and the Bahdanau attention seq2seq model (d2l §11.4)."""
+    return [
         Function("bahdanau.gru", ("outputs", "state"),
                  "gru(params, inputs, state=None) -> (outputs, state)",
                  lambda m, i, p, c: m.gru(p, i["inputs"], _get(i, "state"))),
@@ -110,6 +123,12 @@ def _functions() -> dict[str, Function]:
                  "-> loss",
                  lambda m, i, p, c: m.teacher_forcing_loss(
                      p, i["src"], i["src_valid_len"], i["tgt"], i["tgt_valid_len"], **c)),
+    ]
+
+
+def _transformer_functions() -> list[Function]:
+    """The Transformer's parts, blocks, model and loss (d2l §11.7)."""
+    return [
         Function("transformer.position_wise_ffn", ("output",),
                  "position_wise_ffn(params, X) -> output",
                  lambda m, i, p, c: m.position_wise_ffn(p, i["X"])),
@@ -139,6 +158,11 @@ def _functions() -> dict[str, Function]:
                  lambda m, i, p, c: m.teacher_forcing_loss(
                      p, i["src"], i["src_valid_len"], i["tgt"], i["tgt_valid_len"], **c)),
     ]
+
+
+def _functions() -> dict[str, Function]:
+    specs = [*_attention_functions(), *_positional_functions(), *_bahdanau_functions(),
+             *_transformer_functions()]
     return {spec.name: spec for spec in specs}
 
 

@@ -2,10 +2,10 @@
 
 A *target* (``numpy``, ``jax``, ``flax``, ``torch`` or a user module; see
 :mod:`jax_attention.conformance.targets`) offers, for each function of the index, one or more
-:class:`Implementation` — ours, or a framework's built-in. Every case of that function is run
-through each of them and each output compared with the float64 reference: the row passes when
-``|got - expected| <= atol + rtol * |expected|`` holds for every entry of every output returned,
-with the case's tolerance for the run's dtype.
+:class:`~jax_attention.conformance.target.Implementation` — ours, or a framework's built-in.
+Every case of that function is run through each of them and each output compared with the
+float64 reference: the row passes when ``|got - expected| <= atol + rtol * |expected|`` holds
+for every entry of every output returned, with the case's tolerance for the run's dtype.
 
 An implementation may declare a case *not applicable* ("n/a", with the reason) where its
 documented semantics differ from ours — e.g. ``jax.nn.dot_product_attention`` gives a fully masked
@@ -15,19 +15,19 @@ accept). n/a is neither a pass nor a failure; the reason is printed with the tab
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import platform as platform_module
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from jax_attention.conformance.cases import DEFAULT_CASES_PATH, Case, load_cases
 from jax_attention.conformance.functions import FUNCTIONS
+from jax_attention.conformance.target import Implementation, Target
+from jax_attention.conformance.targets import make_target
 
 __all__ = [
     "DTYPES",
@@ -45,56 +45,6 @@ __all__ = [
 DTYPES = ("float64", "float32")
 PRECISIONS = ("highest", "high", "default")
 PASS, FAIL, NOT_APPLICABLE = "PASS", "FAIL", "n/a"
-
-
-def _never(case: Case) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """One implementation of one function, as a target runs it.
-
-    Attributes:
-      label: what the table shows, e.g. ``"torch.nn.MultiheadAttention"``.
-      run: ``run(case, inputs, params) -> {output name: array-like}`` with ``inputs`` and
-        ``params`` already cast to the run's dtype (NumPy); may return a subset of the
-        function's outputs (a built-in that does not return the weights).
-      not_applicable: ``not_applicable(case) -> reason or None``.
-      tolerance_dtype: compare with this dtype's tolerance instead of the run's (a built-in that
-        computes in float32 by design, whatever the inputs).
-      note: printed with every row of this implementation (e.g. why the tolerance differs).
-    """
-
-    label: str
-    run: Callable[[Case, dict, dict], Mapping[str, Any]]
-    not_applicable: Callable[[Case], str | None] = _never
-    tolerance_dtype: str | None = None
-    note: str = ""
-
-
-@dataclass
-class Target:
-    """What ``--against`` names: implementations by function name, and how to run them.
-
-    Attributes:
-      name: ``"numpy"``, ``"jax"``, ``"flax"``, ``"torch"`` or the user module's name.
-      description: one line for the header.
-      implementations: ``{function name: [Implementation, ...]}``.
-      environment: platform, device, versions — printed and written to the JSON record.
-      context: entered around the whole run (x64, default device, matmul precision).
-      check_dtype: float outputs must come back in the run's dtype (frameworks that could
-        silently compute in another precision); off for the NumPy reference and user modules.
-      unknown: names in a user module's ``IMPLEMENTATIONS`` that the index does not know.
-    """
-
-    name: str
-    description: str
-    implementations: dict[str, list[Implementation]]
-    environment: dict = field(default_factory=dict)
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    check_dtype: bool = True
-    unknown: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -378,8 +328,6 @@ def run_conformance(against: str, *, dtype: str = "float64", platform: str | Non
       ValueError: unknown dtype or precision, a user module without ``IMPLEMENTATIONS``.
       RuntimeError: the platform or framework is not available.
     """
-    from jax_attention.conformance.targets import make_target
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if precision not in PRECISIONS:

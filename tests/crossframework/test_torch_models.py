@@ -5,7 +5,7 @@ same. Outputs, attention weights and the gradients of every parameter (converted
 ``from_torch`` and compared as our nested dicts) agree to 1e-10 in float64 (1e-5 in float32);
 the seq2seq models also take one training step each way — the book's ``train_seq2seq`` step
 (``loss.sum()``, ``grad_clipping(theta=1)``, ``torch.optim.Adam(lr=0.005)``) against ours
-(``optax.clip_by_global_norm(1)`` and ``adam(0.005)``, :func:`jax_attention.train._clipped_adam`)
+(``optax.clip_by_global_norm(1)`` and ``adam(0.005)``, :func:`jax_attention.train.loop.clipped_adam`)
 — and land on the same parameters. The float64 NumPy reference joins where it is cheap.
 
 Dropout is compared at rate 0 (random streams differ between frameworks); separately, the
@@ -34,7 +34,7 @@ import pytest  # noqa: E402
 from jax_attention import bahdanau, masking, multihead, scoring, transformer  # noqa: E402
 from jax_attention.interop import from_torch  # noqa: E402
 from jax_attention.interop import torch_models as tm  # noqa: E402
-from jax_attention.train import _clipped_adam  # noqa: E402
+from jax_attention.train.loop import clipped_adam  # noqa: E402
 from reference_numpy import attention_pooling as np_pooling  # noqa: E402
 from reference_numpy import bahdanau as np_bahdanau  # noqa: E402
 from reference_numpy import masking as np_masking  # noqa: E402
@@ -353,8 +353,8 @@ def _ours_training_step(kind: str):
             return jnp.sum(losses), (logits, weights, losses)
 
         (_, (logits, weights, losses)), grads = jax.value_and_grad(total, has_aux=True)(params)
-        optimizer = _clipped_adam(0.005)
-        # optax's Adam mixes Python floats with its int32 step count (see train._bahdanau_step).
+        optimizer = clipped_adam(0.005)
+        # optax's Adam mixes Python floats with its int32 step count (see jax_attention.train.loop).
         with jax.numpy_dtype_promotion("standard"):
             updates, _ = optimizer.update(grads, optimizer.init(params), params)
             stepped = optax.apply_updates(params, updates)

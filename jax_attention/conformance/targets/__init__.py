@@ -8,7 +8,7 @@ path) that defines ``IMPLEMENTATIONS``.
 
 from __future__ import annotations
 
-from jax_attention.conformance.runner import Target
+from jax_attention.conformance.target import Target
 
 __all__ = ["BUILTIN_TARGETS", "make_target"]
 
@@ -16,7 +16,7 @@ BUILTIN_TARGETS = ("numpy", "jax", "flax", "torch")
 
 
 def make_target(against: str, *, dtype: str, platform: str | None, precision: str) -> Target:
-    """The :class:`~jax_attention.conformance.runner.Target` that ``against`` names.
+    """The :class:`~jax_attention.conformance.target.Target` that ``against`` names.
 
     Raises:
       RuntimeError: the framework or JAX platform is not available.

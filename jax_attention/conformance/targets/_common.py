@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jax_attention.conformance.cases import Case
+from jax_attention.conformance.target import Implementation
 
 FULLY_MASKED_UNIFORM = (
     "known difference: {name} gives a query that may attend no key uniform weights over all "
@@ -137,3 +138,21 @@ def standard_promotion():
     import jax
 
     return jax.numpy_dtype_promotion("standard")
+
+
+def softmax_where(label: str, softmax: Callable, device) -> Implementation:
+    """A built-in ``softmax(X, axis=-1, where=keep)`` (``jax.nn.softmax``, or Flax's re-export)
+    on the masked-softmax cases, every mask of the case given as ``where``, jit-compiled."""
+    import jax
+
+    compiled = jax.jit(lambda X, where: softmax(X, axis=-1, where=where))
+
+    def run(case: Case, inputs: dict, params: dict) -> dict:
+        X = inputs["X"]
+        keep = keep_mask(inputs, X.shape[-2], X.shape[-1])
+        keep = np.ones(X.shape, bool) if keep is None else np.broadcast_to(keep, X.shape)
+        with standard_promotion():
+            weights = compiled(*to_jax((X, keep), device))
+        return check_device({"weights": weights}, device)
+
+    return Implementation(label, run)

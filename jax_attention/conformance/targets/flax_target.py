@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from jax_attention.conformance.cases import Case, flatten_params
-from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target
 from jax_attention.conformance.targets import jax_target
 from jax_attention.conformance.targets._common import (
     check_device,
@@ -40,6 +40,7 @@ from jax_attention.conformance.targets._common import (
     fully_masked_reason,
     jax_setup,
     keep_mask,
+    softmax_where,
     standard_promotion,
     to_jax,
     value_size_reason,
@@ -289,23 +290,6 @@ def _flax_embed(device) -> Implementation:
     return Implementation("flax.nnx.Embed", run)
 
 
-def _flax_softmax(device) -> Implementation:
-    import jax
-    from flax import nnx
-
-    compiled = jax.jit(lambda X, where: nnx.softmax(X, axis=-1, where=where))
-
-    def run(case, inputs, params):
-        X = inputs["X"]
-        keep = keep_mask(inputs, X.shape[-2], X.shape[-1])
-        keep = np.ones(X.shape, bool) if keep is None else np.broadcast_to(keep, X.shape)
-        with standard_promotion():
-            weights = compiled(*to_jax((X, keep), device))
-        return check_device({"weights": weights}, device)
-
-    return Implementation("flax.nnx.softmax(where=)", run)
-
-
 # --------------------------------------------------------------------------- our NNX modules
 
 
@@ -322,20 +306,55 @@ def _ours(device, label: str, build, call, outputs) -> Implementation:
     return Implementation(f"jax_attention NNX {label}", run)
 
 
-def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
-    import jax.numpy as jnp
+def _rngs():
     from flax import nnx
 
-    from jax_attention import attention_pooling, bahdanau, multihead, positional, scoring
-    from jax_attention import transformer as tf
+    return nnx.Rngs(0)  # the initial values are overwritten by the case's
 
-    def rngs():
-        return nnx.Rngs(0)  # the initial values are overwritten by the case's
-    run_dtype = jnp.dtype(dtype_name)
+
+def _capture(names, keywords=(), config=()):
+    """``call`` for :func:`_ours`: a module taking the inputs ``names`` in order, the inputs
+    ``keywords`` and the config entries ``config`` by name."""
+
+    def call(module, case, inputs):
+        args = [inputs.get(name) for name in names]
+        given = {name: inputs.get(name) for name in keywords}
+        given.update({name: case.config[name] for name in config if name in case.config})
+        return _captured(module, *args, **given)
+
+    return call
+
+
+def _loss(module, case, inputs):
+    """``call`` for :func:`_ours`: a seq2seq model's teacher-forcing loss (nothing sown)."""
+    from flax import nnx
+
+    f = nnx.jit(lambda m, *a: m.loss(*a, bos_id=case.config["bos_id"]))
+    return f(module, inputs["src"], inputs["src_valid_len"], inputs["tgt"],
+             inputs["tgt_valid_len"]), None
+
+
+def _named(*names):
+    """``outputs`` for :func:`_ours`: the module's tuple of results (or its one result) named."""
+    if len(names) == 1:
+        return lambda out, sown: {names[0]: out}
+    return lambda out, sown: dict(zip(names, out))
+
+
+def _with_weights(*path):
+    """``outputs`` for :func:`_ours`: the module's output and the weights it sowed at ``path``."""
+    return lambda out, sown: {"output": out, "weights": _sown(sown, *path)}
+
+
+def _our_attention_modules(device) -> dict[str, list[Implementation]]:
+    """Nadaraya–Watson regression, dot-product, additive and multi-head attention."""
+    import jax.numpy as jnp
+
+    from jax_attention import attention_pooling, multihead, scoring
 
     def nw(case, params, dtype):
         module = _without_initialisers(lambda: attention_pooling.NWKernelRegression(
-            sow_weights=True, param_dtype=dtype, rngs=rngs()))
+            sow_weights=True, param_dtype=dtype, rngs=_rngs()))
         module.w[...] = jnp.asarray(params["w"])
         return module
 
@@ -345,7 +364,7 @@ def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
     def additive(case, params, dtype):
         (q, h), k = params["W_q"].shape, params["W_k"].shape[0]
         module = _without_initialisers(lambda: scoring.AdditiveAttention(
-            q, k, h, sow_weights=True, param_dtype=dtype, rngs=rngs()))
+            q, k, h, sow_weights=True, param_dtype=dtype, rngs=_rngs()))
         _load({"W_q": module.W_q, "W_k": module.W_k, "w_v": module.w_v}, params)
         return module
 
@@ -353,31 +372,76 @@ def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
         module = _without_initialisers(lambda: multihead.MultiHeadAttention(
             params["W_q"].shape[1], case.config["num_heads"], bias="b_q" in params,
             query_size=params["W_q"].shape[0], key_size=params["W_k"].shape[0],
-            value_size=params["W_v"].shape[0], sow_weights=True, param_dtype=dtype, rngs=rngs()))
+            value_size=params["W_v"].shape[0], sow_weights=True, param_dtype=dtype,
+            rngs=_rngs()))
         _load({name: getattr(module, name) for name in params}, params)
         return module
+
+    ours = functools.partial(_ours, device)
+    attention = ("queries", "keys", "values", "valid_lens")
+    return {
+        "attention_pooling.nadaraya_watson": [ours(
+            "NWKernelRegression", nw, _capture(names=("queries", "keys", "values")),
+            _with_weights("attention_weights"))],
+        "scoring.dot_product_attention": [ours(
+            "DotProductAttention", dot,
+            _capture(names=attention, keywords=("mask", "bias"), config=("is_causal",)),
+            _with_weights("attention_weights"))],
+        "scoring.additive_attention": [ours(
+            "AdditiveAttention", additive,
+            _capture(names=attention, keywords=("mask",), config=("is_causal",)),
+            _with_weights("attention_weights"))],
+        "multihead.multi_head_attention": [ours(
+            "MultiHeadAttention", mha,
+            _capture(names=attention, keywords=("mask", "bias"), config=("is_causal",)),
+            _with_weights("attention", "attention_weights"))],
+    }
+
+
+def _our_positional_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
+    """The sinusoidal positional encoding, its table read off a zero input."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jax_attention import positional
+
+    run_dtype = jnp.dtype(dtype_name)
 
     def positional_table(case, params, dtype):
         return positional.PositionalEncoding(case.config["num_hiddens"], 0.0,
                                              max_len=case.config["num_steps"], dtype=run_dtype)
 
-    def gru_layers(module, params):
-        return {f"layer_{i}": {name: getattr(layer, name) for name in ("W_x", "W_h", "b_x", "b_h")}
-                for i, layer in enumerate(module.layers)}
+    def positional_call(module, case, inputs):
+        zeros = jnp.zeros((1, case.config["num_steps"], case.config["num_hiddens"]), run_dtype)
+        return nnx.jit(lambda m, x: m(x, deterministic=True))(module, zeros)[0], None
+
+    return {"positional.positional_encoding": [_ours(
+        device, "PositionalEncoding", positional_table, positional_call, _named("P"))]}
+
+
+def _gru_layers(module) -> dict:
+    """A GRU module's Variables by the nested names of its params dict."""
+    return {f"layer_{i}": {name: getattr(layer, name) for name in ("W_x", "W_h", "b_x", "b_h")}
+            for i, layer in enumerate(module.layers)}
+
+
+def _our_bahdanau_modules(device) -> dict[str, list[Implementation]]:
+    """The GRU, the encoder and the Bahdanau seq2seq model (and its loss)."""
+    from jax_attention import bahdanau
 
     def gru(case, params, dtype):
         L, I, h = len(params), params["layer_0"]["W_x"].shape[0], params["layer_0"]["W_h"].shape[0]
         module = _without_initialisers(lambda: bahdanau.GRU(I, h, L, param_dtype=dtype,
-                                                             rngs=rngs()))
-        _load(gru_layers(module, params), params)
+                                                             rngs=_rngs()))
+        _load(_gru_layers(module), params)
         return module
 
     def encoder(case, params, dtype):
         (V, E), gru_params = params["embedding"].shape, params["gru"]
         module = _without_initialisers(lambda: bahdanau.Seq2SeqEncoder(
             V, E, gru_params["layer_0"]["W_h"].shape[0], len(gru_params), param_dtype=dtype,
-            rngs=rngs()))
-        _load({"embedding": module.embedding, "gru": gru_layers(module.gru, gru_params)}, params)
+            rngs=_rngs()))
+        _load({"embedding": module.embedding, "gru": _gru_layers(module.gru)}, params)
         return module
 
     def seq2seq(case, params, dtype):
@@ -386,36 +450,55 @@ def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
         module = _without_initialisers(lambda: bahdanau.BahdanauSeq2Seq(
             enc["embedding"].shape[0], dec["embedding"].shape[0], enc["embedding"].shape[1],
             dec["attention"]["W_q"].shape[0], len(enc["gru"]),
-            sow_weights=case.function == "bahdanau.seq2seq", param_dtype=dtype, rngs=rngs()))
+            sow_weights=case.function == "bahdanau.seq2seq", param_dtype=dtype, rngs=_rngs()))
         module.eval()
         e, d = module.encoder, module.decoder
-        _load({"encoder": {"embedding": e.embedding, "gru": gru_layers(e.gru, enc["gru"])},
+        _load({"encoder": {"embedding": e.embedding, "gru": _gru_layers(e.gru)},
                "decoder": {"embedding": d.embedding,
                            "attention": {"W_q": d.W_q, "W_k": d.W_k, "w_v": d.w_v},
-                           "gru": gru_layers(d.gru, dec["gru"]),
+                           "gru": _gru_layers(d.gru),
                            "dense": {"W": d.W, "b": d.b}}}, params)
         return module
 
-    def tree(module):
-        """A _ParamTree module's Variables by the nested names of its params dict."""
-        return {path: module.params[path.replace("/", "__")] for path in module._paths}
+    ours = functools.partial(_ours, device)
+    return {
+        "bahdanau.gru": [ours("GRU", gru, _capture(names=("inputs", "state")),
+                              _named("outputs", "state"))],
+        "bahdanau.encoder": [ours("Seq2SeqEncoder", encoder, _capture(names=("src",)),
+                                  _named("outputs", "state"))],
+        "bahdanau.seq2seq": [ours(
+            "BahdanauSeq2Seq", seq2seq, _capture(names=("src", "src_valid_len", "dec_input")),
+            lambda out, sown: {"logits": out, "weights": _sown(sown, "attention_weights")})],
+        "bahdanau.teacher_forcing_loss": [ours("BahdanauSeq2Seq.loss", seq2seq, _loss,
+                                               _named("loss"))],
+    }
+
+
+def _param_tree(module) -> dict:
+    """A ParamTree module's Variables by the paths of its params dict."""
+    return module.param_variables()
+
+
+def _our_transformer_modules(device) -> dict[str, list[Implementation]]:
+    """The Transformer's FFN, add & norm, blocks and model (and its loss)."""
+    from jax_attention import transformer as tf
 
     def ffn(case, params, dtype):
         module = _without_initialisers(lambda: tf.PositionWiseFFN(
-            params["W_1"].shape[0], params["W_1"].shape[1], param_dtype=dtype, rngs=rngs()))
-        _load(tree(module), params)
+            params["W_1"].shape[0], params["W_1"].shape[1], param_dtype=dtype, rngs=_rngs()))
+        _load(_param_tree(module), params)
         return module
 
     def add_norm(case, params, dtype):
         module = _without_initialisers(lambda: tf.AddNorm(params["gamma"].shape[0],
-                                                           param_dtype=dtype, rngs=rngs()))
-        _load(tree(module), params)
+                                                           param_dtype=dtype, rngs=_rngs()))
+        _load(_param_tree(module), params)
         return module
 
     def block(kind):
         def build(case, params, dtype):
             D, F = params["ffn"]["W_1"].shape
-            return kind(D, F, case.config["num_heads"], param_dtype=dtype, rngs=rngs(),
+            return kind(D, F, case.config["num_heads"], param_dtype=dtype, rngs=_rngs(),
                         params=params)
 
         return build
@@ -426,85 +509,41 @@ def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
         module = tf.TransformerSeq2Seq(
             enc["embedding"].shape[0], dec["embedding"].shape[0], D, F, case.config["num_heads"],
             len(enc["blocks"]), sow_weights=case.function == "transformer.transformer",
-            param_dtype=dtype, rngs=rngs(), params=params)
+            param_dtype=dtype, rngs=_rngs(), params=params)
         module.eval()
         return module
 
-    def capture(names, keywords=(), config=()):
-        """``call`` for a module taking the inputs ``names`` in order, the inputs ``keywords``
-        and the config entries ``config`` by name."""
-
-        def call(module, case, inputs):
-            args = [inputs.get(name) for name in names]
-            given = {name: inputs.get(name) for name in keywords}
-            given.update({name: case.config[name] for name in config if name in case.config})
-            return _captured(module, *args, **given)
-
-        return call
-
-    def loss(module, case, inputs):
-        f = nnx.jit(lambda m, *a: m.loss(*a, bos_id=case.config["bos_id"]))
-        return f(module, inputs["src"], inputs["src_valid_len"], inputs["tgt"],
-                 inputs["tgt_valid_len"]), None
-
-    def positional_call(module, case, inputs):
-        zeros = jnp.zeros((1, case.config["num_steps"], case.config["num_hiddens"]), run_dtype)
-        return nnx.jit(lambda m, x: m(x, deterministic=True))(module, zeros)[0], None
-
-    def weights(*path):
-        return lambda out, sown: {"output": out, "weights": _sown(sown, *path)}
-
     ours = functools.partial(_ours, device)
     return {
-        "attention_pooling.nadaraya_watson": [ours(
-            "NWKernelRegression", nw, capture(names=("queries", "keys", "values")),
-            weights("attention_weights"))],
-        "scoring.dot_product_attention": [ours(
-            "DotProductAttention", dot,
-            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask", "bias"),
-                    config=("is_causal",)), weights("attention_weights"))],
-        "scoring.additive_attention": [ours(
-            "AdditiveAttention", additive,
-            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask",),
-                    config=("is_causal",)), weights("attention_weights"))],
-        "multihead.multi_head_attention": [ours(
-            "MultiHeadAttention", mha,
-            capture(names=("queries", "keys", "values", "valid_lens"), keywords=("mask", "bias"),
-                    config=("is_causal",)), weights("attention", "attention_weights"))],
-        "positional.positional_encoding": [ours(
-            "PositionalEncoding", positional_table, positional_call,
-            lambda out, sown: {"P": out})],
-        "bahdanau.gru": [ours("GRU", gru, capture(names=("inputs", "state")),
-                               lambda out, sown: {"outputs": out[0], "state": out[1]})],
-        "bahdanau.encoder": [ours("Seq2SeqEncoder", encoder, capture(names=("src",)),
-                                   lambda out, sown: {"outputs": out[0], "state": out[1]})],
-        "bahdanau.seq2seq": [ours(
-            "BahdanauSeq2Seq", seq2seq, capture(names=("src", "src_valid_len", "dec_input")),
-            lambda out, sown: {"logits": out, "weights": _sown(sown, "attention_weights")})],
-        "bahdanau.teacher_forcing_loss": [ours("BahdanauSeq2Seq.loss", seq2seq, loss,
-                                                lambda out, sown: {"loss": out})],
-        "transformer.position_wise_ffn": [ours("PositionWiseFFN", ffn, capture(names=("X",)),
-                                                lambda out, sown: {"output": out})],
-        "transformer.add_norm": [ours("AddNorm", add_norm, capture(names=("X", "Y")),
-                                       lambda out, sown: {"output": out})],
+        "transformer.position_wise_ffn": [ours("PositionWiseFFN", ffn, _capture(names=("X",)),
+                                               _named("output"))],
+        "transformer.add_norm": [ours("AddNorm", add_norm, _capture(names=("X", "Y")),
+                                      _named("output"))],
         "transformer.encoder_block": [ours(
             "TransformerEncoderBlock", block(tf.TransformerEncoderBlock),
-            capture(names=("X", "src_valid_len")),
-            lambda out, sown: {"output": out[0], "weights": out[1]})],
+            _capture(names=("X", "src_valid_len")), _named("output", "weights"))],
         "transformer.decoder_block": [ours(
             "TransformerDecoderBlock", block(tf.TransformerDecoderBlock),
-            capture(names=("X", "enc_outputs", "src_valid_len")),
-            lambda out, sown: {"output": out[0], "self_weights": out[1],
-                               "cross_weights": out[2]})],
+            _capture(names=("X", "enc_outputs", "src_valid_len")),
+            _named("output", "self_weights", "cross_weights"))],
         "transformer.transformer": [ours(
-            "TransformerSeq2Seq", transformer, capture(names=("src", "src_valid_len", "dec_input")),
+            "TransformerSeq2Seq", transformer,
+            _capture(names=("src", "src_valid_len", "dec_input")),
             lambda out, sown: {"logits": out, **_sown(sown, "attention_weights")})],
-        "transformer.teacher_forcing_loss": [ours("TransformerSeq2Seq.loss", transformer, loss,
-                                                   lambda out, sown: {"loss": out})],
+        "transformer.teacher_forcing_loss": [ours("TransformerSeq2Seq.loss", transformer, _loss,
+                                                  _named("loss"))],
     }
 
 
+def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
+    """Our NNX modules, by the function each is checked on, in the order of the index."""
+    return {**_our_attention_modules(device), **_our_positional_modules(device, dtype_name),
+            **_our_bahdanau_modules(device), **_our_transformer_modules(device)}
+
+
 def make_flax_target(dtype: str, platform: str | None, precision: str) -> Target:
+    from flax import nnx
+
     device, context, environment = jax_setup(dtype, platform, precision)
     implementations = _our_modules(device, dtype)
     # No Flax built-in and no module of ours: our functional core, labelled as such.
@@ -514,7 +553,7 @@ def make_flax_target(dtype: str, platform: str | None, precision: str) -> Target
         implementations[function] = [Implementation(
             "jax_attention (jit); no Flax built-in", functional.run)]
     builtins = {
-        "masking.masked_softmax": [_flax_softmax(device)],
+        "masking.masked_softmax": [softmax_where("flax.nnx.softmax(where=)", nnx.softmax, device)],
         "scoring.dot_product_attention": _flax_dot_product_attention(device),
         "multihead.multi_head_attention": _flax_multi_head_attention(device),
         "positional.relative_position_bias": [_flax_embed(device)],

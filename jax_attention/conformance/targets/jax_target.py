@@ -18,13 +18,14 @@ import numpy as np
 
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.functions import FUNCTIONS, call
-from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target
 from jax_attention.conformance.targets._common import (
     check_device,
     first_reason,
     fully_masked_reason,
     jax_setup,
     keep_mask,
+    softmax_where,
     standard_promotion,
     to_jax,
     value_size_reason,
@@ -100,27 +101,14 @@ def _jax_nn_dot_product_attention(device) -> Implementation:
                           tolerance_dtype="float32", note=FLOAT32_SOFTMAX)
 
 
-def _jax_nn_softmax(device) -> Implementation:
+def make_jax_target(dtype: str, platform: str | None, precision: str) -> Target:
     import jax
 
-    compiled = jax.jit(lambda X, where: jax.nn.softmax(X, axis=-1, where=where))
-
-    def run(case: Case, inputs: dict, params: dict) -> dict:
-        X = inputs["X"]
-        keep = keep_mask(inputs, X.shape[-2], X.shape[-1])
-        keep = np.ones(X.shape, bool) if keep is None else np.broadcast_to(keep, X.shape)
-        with standard_promotion():
-            weights = compiled(*to_jax((X, keep), device))
-        return check_device({"weights": weights}, device)
-
-    return Implementation("jax.nn.softmax(where=)", run)
-
-
-def make_jax_target(dtype: str, platform: str | None, precision: str) -> Target:
     device, context, environment = jax_setup(dtype, platform, precision)
     implementations = {function: [ours(function, dtype, device)] for function in FUNCTIONS}
     implementations["scoring.dot_product_attention"].append(_jax_nn_dot_product_attention(device))
-    implementations["masking.masked_softmax"].append(_jax_nn_softmax(device))
+    implementations["masking.masked_softmax"].append(
+        softmax_where("jax.nn.softmax(where=)", jax.nn.softmax, device))
     return Target("jax", "jax_attention's functional core (jit) and JAX's built-ins "
                          "(jax.nn.dot_product_attention, jax.nn.softmax(where=))",
                   implementations, environment, context)

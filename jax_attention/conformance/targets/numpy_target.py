@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.functions import FUNCTIONS, call
-from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target
 
 
 def _reference(function: str) -> Implementation:

@@ -24,11 +24,14 @@ assembled from its parts under the book's names). Everything runs on the CPU in 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 from jax_attention.conformance.cases import Case
-from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target
 from jax_attention.conformance.targets._common import keep_mask, valid_lens_keep
 
 
@@ -41,39 +44,52 @@ def _import_torch():
     return torch
 
 
-def make_torch_target(dtype: str) -> Target:
-    torch = _import_torch()
-    from jax_attention.interop import to_torch
-    from jax_attention.interop import torch_models as tm
+def _prefixed(prefix: str, state_dict: dict) -> dict:
+    return {f"{prefix}{key}": value for key, value in state_dict.items()}
 
-    torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
-    F = torch.nn.functional
 
-    def tensors(tree):
+@dataclass(frozen=True)
+class _Torch:
+    """What every builder below needs: PyTorch, the book's PyTorch code
+    (:mod:`jax_attention.interop.torch_models`), the run's dtype and how to load and call a
+    module in it."""
+
+    torch: ModuleType
+    tm: ModuleType
+    to_torch: Callable
+    dtype: object  # torch.float64 or torch.float32
+
+    def tensors(self, tree):
         """NumPy (already in the run's dtype; ids int32, masks bool) -> CPU tensors, nested."""
         if isinstance(tree, dict):
-            return {name: tensors(value) for name, value in tree.items()}
-        return None if tree is None else torch.from_numpy(np.ascontiguousarray(tree))
+            return {name: self.tensors(value) for name, value in tree.items()}
+        return None if tree is None else self.torch.from_numpy(np.ascontiguousarray(tree))
 
-    def loaded(module, state_dict):
-        module = module.to(torch_dtype)
+    def loaded(self, module, state_dict):
+        module = module.to(self.dtype)
         module.load_state_dict(state_dict)  # strict: every key and shape must match
         return module.eval()
 
-    def state(params, component):
-        return to_torch(params, component, dtype=torch_dtype)
+    def state(self, params, component):
+        return self.to_torch(params, component, dtype=self.dtype)
 
-    def prefixed(prefix, state_dict):
-        return {f"{prefix}{key}": value for key, value in state_dict.items()}
+    def implementation(self, label, forward, not_applicable=None) -> Implementation:
+        """``forward(case, inputs as tensors, params as NumPy)`` under ``torch.no_grad()``."""
 
-    def implementation(label, forward, not_applicable=None):
         def run(case, inputs, params):
-            with torch.no_grad():
-                return forward(case, tensors(inputs), params)
+            with self.torch.no_grad():
+                return forward(case, self.tensors(inputs), params)
 
         return Implementation(label, run, not_applicable or (lambda case: None))
 
-    # --------------------------------------------------------------- masking, pooling, positions
+
+# The book's PyTorch code: jax_attention.interop.torch_models.
+MIRROR = "torch_models."
+
+
+def _masking_and_pooling(t: _Torch) -> dict[str, list[Implementation]]:
+    """Masking and Nadaraya–Watson pooling."""
+    tm = t.tm
 
     def sequence_mask(case, i, p):
         return {"output": tm.sequence_mask(i["X"], i["valid_len"], **case.config)}
@@ -83,13 +99,25 @@ def make_torch_target(dtype: str) -> Target:
 
     def nadaraya_watson(case, i, p):
         output, weights = tm.nadaraya_watson(i["queries"], i["keys"], i["values"],
-                                             torch.from_numpy(p["w"]))
+                                             t.torch.from_numpy(p["w"]))
         return {"output": output, "weights": weights}
+
+    return {
+        "masking.sequence_mask": [t.implementation(MIRROR + "sequence_mask", sequence_mask)],
+        "masking.masked_softmax": [t.implementation(MIRROR + "masked_softmax", masked_softmax)],
+        "attention_pooling.nadaraya_watson": [
+            t.implementation(MIRROR + "nadaraya_watson", nadaraya_watson)],
+    }
+
+
+def _positional(t: _Torch) -> dict[str, list[Implementation]]:
+    """The sinusoidal encoding, rotary embedding, relative position buckets and bias table."""
+    torch, tm = t.torch, t.tm
 
     def positional(case, i, p):
         T, D = case.config["num_steps"], case.config["num_hiddens"]
         module = tm.PositionalEncoding(D, 0.0, max_len=T).eval()
-        return {"P": module(torch.zeros((1, T, D), dtype=torch_dtype))[0]}
+        return {"P": module(torch.zeros((1, T, D), dtype=t.dtype))[0]}
 
     def rotary(case, i, p):
         return {"output": tm.rotary_embedding(i["X"], i.get("positions"), **case.config)}
@@ -99,9 +127,41 @@ def make_torch_target(dtype: str) -> Target:
 
     def bias_table(case, i, p):
         table = torch.from_numpy(p["table"])
-        return {"bias": F.embedding(i["indices"].long(), table).permute(2, 0, 1).unsqueeze(0)}
+        return {"bias": torch.nn.functional.embedding(i["indices"].long(), table)
+                .permute(2, 0, 1).unsqueeze(0)}
 
-    # --------------------------------------------------------------- scoring
+    implementation = t.implementation
+    return {
+        "positional.positional_encoding": [
+            implementation(MIRROR + "PositionalEncoding", positional)],
+        "positional.rotary_embedding": [implementation(MIRROR + "rotary_embedding", rotary)],
+        "positional.relative_position_buckets": [
+            implementation(MIRROR + "relative_position_buckets", buckets)],
+        "positional.relative_position_bias": [
+            implementation("torch.nn.functional.embedding", bias_table)],
+    }
+
+
+def _attend(module, case: Case, i: dict) -> dict:
+    """One of the mirror's attention modules called as the book calls it, with the case's masks:
+    ``{"output", "weights"}``."""
+    output, weights = module(i["queries"], i["keys"], i["values"], i.get("valid_lens"),
+                             mask=i.get("mask"), is_causal=bool(case.config.get("is_causal")))
+    return {"output": output, "weights": weights}
+
+
+def _no_score_bias(name: str):
+    def reason(case: Case) -> str | None:
+        if "bias" in case.inputs:
+            return f"{name}, as the book's, takes no score bias"
+        return None
+
+    return reason
+
+
+def _scoring(t: _Torch) -> dict[str, list[Implementation]]:
+    """Scaled dot-product attention (the built-in and the mirror) and additive attention."""
+    torch, tm = t.torch, t.tm
 
     def sdpa(case, i, p):
         q, k, v = i["queries"], i["keys"], i["values"]
@@ -117,31 +177,47 @@ def make_torch_target(dtype: str) -> Target:
             bias = i["bias"]
             attn_mask = bias if attn_mask is None else torch.where(
                 attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
-        return {"output": F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                         is_causal=is_causal)}
+        return {"output": torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal)}
 
     def dot_mirror(case, i, p):
-        output, weights = tm.DotProductAttention().eval()(
-            i["queries"], i["keys"], i["values"], i.get("valid_lens"), mask=i.get("mask"),
-            is_causal=bool(case.config.get("is_causal", False)))
-        return {"output": output, "weights": weights}
-
-    def no_score_bias(name):
-        def reason(case):
-            if "bias" in case.inputs:
-                return f"{name}, as the book's, takes no score bias"
-            return None
-
-        return reason
+        return _attend(tm.DotProductAttention().eval(), case, i)
 
     def additive(case, i, p):
         (q, h), k = p["W_q"].shape, p["W_k"].shape[0]
-        module = loaded(tm.AdditiveAttention(q, k, h), state(p, "additive_attention"))
-        output, weights = module(i["queries"], i["keys"], i["values"], i.get("valid_lens"),
-                                 mask=i.get("mask"), is_causal=bool(case.config.get("is_causal")))
-        return {"output": output, "weights": weights}
+        module = t.loaded(tm.AdditiveAttention(q, k, h), t.state(p, "additive_attention"))
+        return _attend(module, case, i)
 
-    # --------------------------------------------------------------- multi-head
+    implementation = t.implementation
+    return {
+        "scoring.dot_product_attention": [
+            implementation("torch.nn.functional.scaled_dot_product_attention", sdpa),
+            implementation(MIRROR + "DotProductAttention", dot_mirror,
+                           _no_score_bias(MIRROR + "DotProductAttention"))],
+        "scoring.additive_attention": [implementation(MIRROR + "AdditiveAttention", additive)],
+    }
+
+
+def _mha_sizes_reason(case: Case) -> str | None:
+    W_q, W_o = case.params["W_q"], case.params["W_o"]
+    if W_q.shape[0] != W_q.shape[1] or W_o.shape[0] != W_o.shape[1]:
+        return (f"torch.nn.MultiheadAttention takes queries of size embed_dim and returns "
+                f"embed_dim: W_q {W_q.shape}, W_o {W_o.shape} do not fit")
+    return None
+
+
+def _mha_builtin_reason(case: Case) -> str | None:
+    if "fully_masked_row" in case.tags:
+        return ("known difference: torch.nn.MultiheadAttention with need_weights=True (its "
+                "default) returns NaN for a query that may attend no key "
+                "(pytorch/pytorch#160064); ours gives zero weights and the output b_o, as "
+                "it does with need_weights=False (next row)")
+    return _mha_sizes_reason(case)
+
+
+def _multihead(t: _Torch) -> dict[str, list[Implementation]]:
+    """``torch.nn.MultiheadAttention`` (with and without weights) and the mirror."""
+    torch, tm = t.torch, t.tm
 
     def mha_builtin(case, i, p, need_weights=True):
         N = case.config["num_heads"]
@@ -149,8 +225,8 @@ def make_torch_target(dtype: str) -> Target:
         has_bias = "b_q" in p
         module = torch.nn.MultiheadAttention(D, N, bias=has_bias, batch_first=True,
                                              kdim=p["W_k"].shape[0], vdim=p["W_v"].shape[0])
-        module = loaded(module, to_torch(p, "torch.nn.MultiheadAttention", dtype=torch_dtype,
-                                         bias=has_bias))
+        module = t.loaded(module, t.to_torch(p, "torch.nn.MultiheadAttention", dtype=t.dtype,
+                                             bias=has_bias))
         q = i["queries"]
         T, S = q.shape[1], i["keys"].shape[1]
         lens = i.get("valid_lens")
@@ -173,44 +249,37 @@ def make_torch_target(dtype: str) -> Target:
     def mha_builtin_unweighted(case, i, p):
         return mha_builtin(case, i, p, need_weights=False)
 
-    def mha_sizes_reason(case: Case) -> str | None:
-        W_q, W_o = case.params["W_q"], case.params["W_o"]
-        if W_q.shape[0] != W_q.shape[1] or W_o.shape[0] != W_o.shape[1]:
-            return (f"torch.nn.MultiheadAttention takes queries of size embed_dim and returns "
-                    f"embed_dim: W_q {W_q.shape}, W_o {W_o.shape} do not fit")
-        return None
-
-    def mha_builtin_reason(case: Case) -> str | None:
-        if "fully_masked_row" in case.tags:
-            return ("known difference: torch.nn.MultiheadAttention with need_weights=True (its "
-                    "default) returns NaN for a query that may attend no key "
-                    "(pytorch/pytorch#160064); ours gives zero weights and the output b_o, as "
-                    "it does with need_weights=False (next row)")
-        return mha_sizes_reason(case)
-
     def mha_mirror(case, i, p):
         D = p["W_q"].shape[1]
         module = tm.MultiHeadAttention(D, case.config["num_heads"], bias="b_q" in p,
                                        query_size=p["W_q"].shape[0], key_size=p["W_k"].shape[0],
                                        value_size=p["W_v"].shape[0])
-        module = loaded(module, state(p, "multihead"))
-        output, weights = module(i["queries"], i["keys"], i["values"], i.get("valid_lens"),
-                                 mask=i.get("mask"), is_causal=bool(case.config.get("is_causal")))
-        return {"output": output, "weights": weights}
+        module = t.loaded(module, t.state(p, "multihead"))
+        return _attend(module, case, i)
 
-    # --------------------------------------------------------------- Bahdanau
+    implementation = t.implementation
+    return {"multihead.multi_head_attention": [
+        implementation("torch.nn.MultiheadAttention", mha_builtin, _mha_builtin_reason),
+        implementation("torch.nn.MultiheadAttention(need_weights=False)",
+                       mha_builtin_unweighted, _mha_sizes_reason),
+        implementation(MIRROR + "MultiHeadAttention", mha_mirror)]}
+
+
+def _bahdanau(t: _Torch) -> dict[str, list[Implementation]]:
+    """``torch.nn.GRU``, the encoder and the Bahdanau seq2seq model (and its loss)."""
+    torch, tm = t.torch, t.tm
 
     def gru(case, i, p):
         L, (I, g) = len(p), p["layer_0"]["W_x"].shape
-        module = loaded(torch.nn.GRU(I, g // 3, L, batch_first=True), state(p, "gru"))
+        module = t.loaded(torch.nn.GRU(I, g // 3, L, batch_first=True), t.state(p, "gru"))
         outputs, final = module(i["inputs"], i.get("state"))
         return {"outputs": outputs, "state": final}
 
     def encoder(case, i, p):
         (V, E), h, L = p["embedding"].shape, p["gru"]["layer_0"]["W_h"].shape[0], len(p["gru"])
         state_dict = {"embedding.weight": torch.from_numpy(p["embedding"]),
-                      **prefixed("rnn.", state(p["gru"], "gru"))}
-        module = loaded(tm.Seq2SeqEncoder(V, E, h, L), state_dict)
+                      **_prefixed("rnn.", t.state(p["gru"], "gru"))}
+        module = t.loaded(tm.Seq2SeqEncoder(V, E, h, L), state_dict)
         outputs, final = module(i["src"])
         return {"outputs": outputs, "state": final}
 
@@ -219,7 +288,7 @@ def make_torch_target(dtype: str) -> Target:
         model = tm.BahdanauSeq2Seq(enc["embedding"].shape[0], dec["embedding"].shape[0],
                                    enc["embedding"].shape[1], dec["attention"]["W_q"].shape[0],
                                    len(enc["gru"]))
-        return loaded(model, state(p, "bahdanau"))
+        return t.loaded(model, t.state(p, "bahdanau"))
 
     def seq2seq(case, i, p):
         model = bahdanau_model(p)
@@ -232,32 +301,44 @@ def make_torch_target(dtype: str) -> Target:
         return {"loss": bahdanau_model(p).loss(i["src"], i["src_valid_len"], i["tgt"],
                                                i["tgt_valid_len"], case.config["bos_id"])}
 
-    # --------------------------------------------------------------- Transformer
+    implementation = t.implementation
+    return {
+        "bahdanau.gru": [implementation("torch.nn.GRU", gru)],
+        "bahdanau.encoder": [implementation(MIRROR + "Seq2SeqEncoder", encoder)],
+        "bahdanau.seq2seq": [implementation(MIRROR + "BahdanauSeq2Seq", seq2seq)],
+        "bahdanau.teacher_forcing_loss": [
+            implementation(MIRROR + "BahdanauSeq2Seq.loss", bahdanau_loss)],
+    }
+
+
+def _transformer_parts(t: _Torch) -> dict[str, list[Implementation]]:
+    """The FFN, ``torch.nn.LayerNorm``, add & norm and the two blocks."""
+    torch, tm = t.torch, t.tm
 
     def ffn(case, i, p):
-        module = loaded(tm.PositionWiseFFN(*p["W_1"].shape), state(p, "ffn"))
+        module = t.loaded(tm.PositionWiseFFN(*p["W_1"].shape), t.state(p, "ffn"))
         return {"output": module(i["X"])}
 
     def layer_norm(case, i, p):
-        module = loaded(torch.nn.LayerNorm(p["gamma"].shape[0], eps=1e-5),
-                        state(p, "layer_norm"))
+        module = t.loaded(torch.nn.LayerNorm(p["gamma"].shape[0], eps=1e-5),
+                          t.state(p, "layer_norm"))
         return {"output": module(i["X"])}
 
     def add_norm(case, i, p):
-        module = loaded(tm.AddNorm(p["gamma"].shape[0]),
-                        prefixed("ln.", state(p, "layer_norm")))
+        module = t.loaded(tm.AddNorm(p["gamma"].shape[0]),
+                          _prefixed("ln.", t.state(p, "layer_norm")))
         return {"output": module(i["X"], i["Y"])}
 
     def block_state(p, parts):
         """A block's state_dict under the book's names, from its parts' conversions."""
         state_dict = {}
         for ours, book, component in parts:
-            state_dict.update(prefixed(book, state(p[ours], component)))
+            state_dict.update(_prefixed(book, t.state(p[ours], component)))
         return state_dict
 
     def encoder_block(case, i, p):
         module = tm.TransformerEncoderBlock(*p["ffn"]["W_1"].shape, case.config["num_heads"])
-        module = loaded(module, block_state(p, [
+        module = t.loaded(module, block_state(p, [
             ("attention", "attention.", "multihead"), ("addnorm_1", "addnorm1.ln.", "layer_norm"),
             ("ffn", "ffn.", "ffn"), ("addnorm_2", "addnorm2.ln.", "layer_norm")]))
         output, weights = module(i["X"], i["src_valid_len"])
@@ -265,7 +346,7 @@ def make_torch_target(dtype: str) -> Target:
 
     def decoder_block(case, i, p):
         module = tm.TransformerDecoderBlock(*p["ffn"]["W_1"].shape, case.config["num_heads"])
-        module = loaded(module, block_state(p, [
+        module = t.loaded(module, block_state(p, [
             ("self_attention", "attention1.", "multihead"),
             ("addnorm_1", "addnorm1.ln.", "layer_norm"),
             ("cross_attention", "attention2.", "multihead"),
@@ -274,62 +355,55 @@ def make_torch_target(dtype: str) -> Target:
         output, self_weights, cross_weights = module(i["X"], i["enc_outputs"], i["src_valid_len"])
         return {"output": output, "self_weights": self_weights, "cross_weights": cross_weights}
 
-    def transformer_model(case, p):
+    implementation = t.implementation
+    return {
+        "transformer.position_wise_ffn": [implementation(MIRROR + "PositionWiseFFN", ffn)],
+        "transformer.layer_norm": [implementation("torch.nn.LayerNorm", layer_norm)],
+        "transformer.add_norm": [implementation(MIRROR + "AddNorm", add_norm)],
+        "transformer.encoder_block": [
+            implementation(MIRROR + "TransformerEncoderBlock", encoder_block)],
+        "transformer.decoder_block": [
+            implementation(MIRROR + "TransformerDecoderBlock", decoder_block)],
+    }
+
+
+def _transformer_model(t: _Torch) -> dict[str, list[Implementation]]:
+    """The Transformer seq2seq model (and its loss)."""
+
+    def model(case, p):
         enc, dec = p["encoder"], p["decoder"]
-        D, F_ = enc["blocks"]["block_0"]["ffn"]["W_1"].shape
-        model = tm.TransformerSeq2Seq(enc["embedding"].shape[0], dec["embedding"].shape[0], D, F_,
+        D, F = enc["blocks"]["block_0"]["ffn"]["W_1"].shape
+        net = t.tm.TransformerSeq2Seq(enc["embedding"].shape[0], dec["embedding"].shape[0], D, F,
                                       case.config["num_heads"], len(enc["blocks"]))
-        return loaded(model, state(p, "transformer"))
+        return t.loaded(net, t.state(p, "transformer"))
 
     def transformer(case, i, p):
-        logits, weights = transformer_model(case, p).forward_with_weights(
+        logits, weights = model(case, p).forward_with_weights(
             i["src"], i["src_valid_len"], i["dec_input"])
         return {"logits": logits, **weights}
 
     def transformer_loss(case, i, p):
-        return {"loss": transformer_model(case, p).loss(
+        return {"loss": model(case, p).loss(
             i["src"], i["src_valid_len"], i["tgt"], i["tgt_valid_len"], case.config["bos_id"])}
 
-    mirror = "torch_models."  # jax_attention.interop.torch_models, the book's PyTorch code
-    implementations = {
-        "masking.sequence_mask": [implementation(mirror + "sequence_mask", sequence_mask)],
-        "masking.masked_softmax": [implementation(mirror + "masked_softmax", masked_softmax)],
-        "attention_pooling.nadaraya_watson": [
-            implementation(mirror + "nadaraya_watson", nadaraya_watson)],
-        "scoring.dot_product_attention": [
-            implementation("torch.nn.functional.scaled_dot_product_attention", sdpa),
-            implementation(mirror + "DotProductAttention", dot_mirror,
-                           no_score_bias(mirror + "DotProductAttention"))],
-        "scoring.additive_attention": [implementation(mirror + "AdditiveAttention", additive)],
-        "multihead.multi_head_attention": [
-            implementation("torch.nn.MultiheadAttention", mha_builtin, mha_builtin_reason),
-            implementation("torch.nn.MultiheadAttention(need_weights=False)",
-                           mha_builtin_unweighted, mha_sizes_reason),
-            implementation(mirror + "MultiHeadAttention", mha_mirror)],
-        "positional.positional_encoding": [
-            implementation(mirror + "PositionalEncoding", positional)],
-        "positional.rotary_embedding": [implementation(mirror + "rotary_embedding", rotary)],
-        "positional.relative_position_buckets": [
-            implementation(mirror + "relative_position_buckets", buckets)],
-        "positional.relative_position_bias": [
-            implementation("torch.nn.functional.embedding", bias_table)],
-        "bahdanau.gru": [implementation("torch.nn.GRU", gru)],
-        "bahdanau.encoder": [implementation(mirror + "Seq2SeqEncoder", encoder)],
-        "bahdanau.seq2seq": [implementation(mirror + "BahdanauSeq2Seq", seq2seq)],
-        "bahdanau.teacher_forcing_loss": [
-            implementation(mirror + "BahdanauSeq2Seq.loss", bahdanau_loss)],
-        "transformer.position_wise_ffn": [implementation(mirror + "PositionWiseFFN", ffn)],
-        "transformer.layer_norm": [implementation("torch.nn.LayerNorm", layer_norm)],
-        "transformer.add_norm": [implementation(mirror + "AddNorm", add_norm)],
-        "transformer.encoder_block": [
-            implementation(mirror + "TransformerEncoderBlock", encoder_block)],
-        "transformer.decoder_block": [
-            implementation(mirror + "TransformerDecoderBlock", decoder_block)],
+    return {
         "transformer.transformer": [
-            implementation(mirror + "TransformerSeq2Seq", transformer)],
+            t.implementation(MIRROR + "TransformerSeq2Seq", transformer)],
         "transformer.teacher_forcing_loss": [
-            implementation(mirror + "TransformerSeq2Seq.loss", transformer_loss)],
+            t.implementation(MIRROR + "TransformerSeq2Seq.loss", transformer_loss)],
     }
+
+
+def make_torch_target(dtype: str) -> Target:
+    torch = _import_torch()
+    from jax_attention.interop import to_torch
+    from jax_attention.interop import torch_models as tm
+
+    t = _Torch(torch, tm, to_torch, {"float64": torch.float64, "float32": torch.float32}[dtype])
+    implementations = {}
+    for build in (_masking_and_pooling, _scoring, _multihead, _positional, _bahdanau,
+                  _transformer_parts, _transformer_model):
+        implementations.update(build(t))
     environment = {
         "platform": f"PyTorch on the CPU ({torch.get_num_threads()} threads); eval mode, no_grad",
         "precision": f"torch float32 matmul precision {torch.get_float32_matmul_precision()!r}",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.functions import FUNCTIONS
-from jax_attention.conformance.runner import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target
 from jax_attention.conformance.targets._common import jax_setup
 
 

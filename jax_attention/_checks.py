@@ -1,0 +1,328 @@
+"""Argument validators shared by the modules of the package (a private module: its names are
+public within ``jax_attention``, not to users).
+
+Twin of :mod:`reference_numpy._checks`: the same names wherever both packages need them, so the
+two files read side by side. Every validator raises ``ValueError``/``TypeError`` naming the
+argument, the value or shape received and what was expected; the messages are part of the
+package's behaviour (tests match them).
+
+Checking values under ``jit``: shapes and dtypes are static and always checked (under ``jit``
+and ``vmap`` alike). The *values* that only the data can show — valid lengths, token ids
+(``[0, V)``), table indices, decoding positions — are checked whenever they are concrete (eager
+calls, and constants closed over by a jitted function): :func:`check_values_in` raises
+``ValueError``. When they are traced (arguments of a jitted or vmapped function) they cannot be
+inspected; they are then *clipped* into their range (:func:`clip_values`), so the result stays
+defined and finite — never the NaN of an out-of-bounds ``jnp.take``, never the wrap-around of a
+negative NumPy index. Lengths are not clipped but compared: the mask ``s < valid_len`` acts as if
+they were clipped to ``[0, S]`` (a negative length masks the whole row, with zero weights; a
+length above ``S`` keeps all keys). Empty axes (``B``, ``T`` or ``S`` of size 0) give empty
+results, and ``S = 0`` gives the zero output of a fully masked row.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+# --------------------------------------------------------------------------- static scalars
+
+
+def check_int(name: str, value, minimum: int, *, static: bool = False) -> int:
+    """``value`` as a Python int ``>= minimum``: ``ValueError`` ``"{name} must be an integer >=
+    {minimum}, got {value!r}"`` otherwise (bools refused); ``static`` adds ``" (static)"`` after
+    the bound, for the arguments that fix a compiled shape (decoding steps, beams)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        static_text = " (static)" if static else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{static_text}, got {value!r}")
+    return int(value)
+
+
+def check_size(name: str, value) -> int:
+    """A static size that must be positive (a width, a vocabulary, a number of layers)."""
+    return check_int(name, value, 1)
+
+
+def check_count(name: str, value) -> int:
+    """A static size that may be 0 (a sequence length), as a Python int."""
+    return check_int(name, value, 0)
+
+
+def check_numbered(name: str, mapping, prefix: str) -> int:
+    """The count ``L`` of a mapping that must hold exactly ``{prefix}_0 ... {prefix}_{L-1}``
+    (GRU layers, Transformer blocks); ``ValueError`` naming ``name`` otherwise."""
+    if not hasattr(mapping, "keys") or not mapping:
+        raise ValueError(f"{name} must be a mapping '{prefix}_0', '{prefix}_1', ..., got "
+                         f"{mapping!r}")
+    names = [f"{prefix}_{i}" for i in range(len(mapping))]
+    if sorted(mapping) != sorted(names):
+        raise ValueError(f"{name} must hold exactly {names}, got {sorted(mapping)}")
+    return len(names)
+
+
+def check_typed_int(name: str, value, minimum: int) -> int:
+    """``value`` as a Python int ``>= minimum`` (anything with ``__index__``), the positional
+    encodings' rule: ``TypeError`` for a bool, a float or another non-integer, ``ValueError``
+    ``"{name} must be >= {minimum}"`` for a smaller one."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_dropout(dropout) -> float:
+    """A dropout rate in ``[0, 1)`` (1 would drop everything and divide by zero)."""
+    return check_rate("dropout", dropout)
+
+
+def check_id(name: str, value) -> int:
+    """A special token id (``bos_id``, ``eos_id``, ``pad_id``): a static integer ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
+    return int(value)
+
+
+def check_max_len(max_len) -> int:
+    """The number of decoding steps: a static integer ``>= 1``."""
+    return check_int("max_len", max_len, 1, static=True)
+
+
+def check_max_len_fits(max_len, max_positions: int) -> int:
+    """Decoding steps that fit a positional table of ``max_positions`` rows (the Transformer)."""
+    max_len = check_size("max_len", max_len)
+    if max_len > max_positions:
+        raise ValueError(f"max_len = {max_len} decoding steps exceed the positional table's "
+                         f"max_positions = {max_positions}")
+    return max_len
+
+
+def check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
+    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
+    max_positions = check_int("max_positions", max_positions, 1)
+    if length > max_positions:
+        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
+        raise ValueError(f"{name} has {length} positions, more than the positional table's "
+                         f"max_positions = {max_positions}{of_shape}")
+
+
+def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
+    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
+    width comes from) is added to the message."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    if num_hiddens is not None and num_hiddens % num_heads:
+        raise ValueError(
+            f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
+            f"num_heads={num_heads}" + (f" ({context})" if context else "")
+        )
+
+
+# --------------------------------------------------------------------------- values of arrays
+
+
+def _concrete(x):
+    """``x`` as a NumPy array when its values are known now, else ``None`` (traced under jit/vmap)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def as_array_like(x):
+    """Lists and tuples as NumPy arrays, so their shape and dtype can be checked; arrays as they are."""
+    return np.asarray(x) if isinstance(x, (list, tuple)) else x
+
+
+def is_integer_dtype(dtype) -> bool:
+    """An integer dtype, bool excluded."""
+    return jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
+
+
+def check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
+    """The package's check of values only the data can show (lengths, token ids, indices).
+
+    Concrete ``x`` (eager calls, constants closed over by a jitted function): ``ValueError``
+    unless every value lies in ``[lower, upper]``, naming ``name``, the ``interval`` (e.g.
+    ``"[0, V) = [0, 7)"``), the values found and the shape. Traced ``x``: nothing can be checked;
+    the caller clips the values with :func:`clip_values` (or, for lengths, compares them so
+    that they act clipped) and documents it. See the module docstring.
+    """
+    values = _concrete(x)
+    if values is not None and values.size and (values.min() < lower or values.max() > upper):
+        raise ValueError(
+            f"{name} must lie in {interval}, got values from {values.min()} to {values.max()} "
+            f"(shape {values.shape})"
+        )
+
+
+def clip_values(x, lower: int, upper: int) -> jax.Array:
+    """``x`` as int32 clipped to ``[lower, upper]``: the defined result for traced values.
+
+    A no-op for values that passed :func:`check_values_in`. It replaces what a gather would do
+    with an index out of range: ``jnp.take`` fills floats with NaN, ``x[i]`` wraps negative ``i``
+    around to the end and clamps the rest.
+    """
+    return jnp.clip(jnp.asarray(x).astype(jnp.int32), lower, upper)
+
+
+def check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> jax.Array:
+    """One length per sequence: integers ``(B,)`` in ``[0, maximum]`` (values checked when
+    concrete, see :func:`check_values_in`), as int32."""
+    lengths = as_array_like(lengths)
+    shape, dtype = jnp.shape(lengths), jnp.result_type(lengths)
+    if not is_integer_dtype(dtype) or shape != (batch,):
+        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype {dtype} "
+                         f"with shape {shape}")
+    check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
+    return jnp.asarray(lengths).astype(jnp.int32)
+
+
+def check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> jax.Array:
+    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``) as int32."""
+    valid_lens = as_array_like(valid_lens)
+    shape, dtype = jnp.shape(valid_lens), jnp.result_type(valid_lens)
+    if not is_integer_dtype(dtype):
+        raise ValueError(f"valid_lens must hold integers, got dtype {dtype} with shape {shape}")
+    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
+                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
+    if batch is None and len(shape) in (1, 2):
+        batch = shape[0]
+    if shape not in ((batch,), (batch, num_queries)):
+        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
+    check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
+    # One index dtype whatever the caller passed, so comparisons never promote (x64 on or off).
+    return jnp.asarray(valid_lens).astype(jnp.int32)
+
+
+def check_mask(mask, shape) -> jax.Array:
+    """A boolean ``mask`` (True = attend) broadcastable to the scores' ``shape`` ``(B, ..., T, S)``."""
+    mask = as_array_like(mask)
+    mask_shape, mask_dtype = jnp.shape(mask), jnp.result_type(mask)
+    if mask_dtype != jnp.bool_:
+        raise TypeError(
+            f"mask must be boolean (True = attend), got dtype {mask_dtype} with shape {mask_shape}"
+        )
+    try:
+        if np.broadcast_shapes(mask_shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
+            f"got shape {mask_shape}"
+        ) from None
+    return jnp.asarray(mask)
+
+
+def check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
+    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)``, as int32 — the package's rule for ids.
+
+    The dtype and shape are checked always (``ValueError``; ``batch``, when given, fixes ``B``).
+    Values outside ``[0, V)`` raise ``ValueError`` when concrete; traced ones (under ``jit`` or
+    ``vmap``) are clipped to ``[0, V - 1]``, so an embedding lookup never wraps a negative id
+    around to the end of the table nor gives NaN (see the module docstring).
+    """
+    tokens = jnp.asarray(tokens)
+    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
+        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
+    if (tokens.ndim != ndim or not is_integer_dtype(tokens.dtype)
+            or (batch is not None and tokens.shape[0] != batch)):
+        raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
+                         f"{tokens.dtype} with shape {tokens.shape}")
+    check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
+    return clip_values(tokens, 0, vocab_size - 1)
+
+
+# --------------------------------------------------------------------------- attention inputs
+
+
+def check_attention_inputs(queries, keys, values=None, *, same_depth: bool):
+    """Queries ``(B, ..., T, q)``, keys ``(B, ..., S, k)`` and values ``(B, ..., S, v)`` of the
+    scoring functions: shapes, and one float dtype (integers become floats); returns the list of
+    float arrays. ``same_depth``: dot-product scores, which need ``q == k >= 1``."""
+    arrays = {"queries": queries, "keys": keys}
+    if values is not None:
+        arrays["values"] = values
+    arrays = {name: jnp.asarray(a) for name, a in arrays.items()}
+    for name, a in arrays.items():
+        if a.ndim < 3:
+            raise ValueError(f"{name} must have shape (B, ..., len, size), got {a.shape}")
+        if not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
+            raise TypeError(f"{name} must be numeric, got dtype {a.dtype} with shape {a.shape}")
+    q, k = arrays["queries"], arrays["keys"]
+    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2]:
+        raise ValueError(
+            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes, "
+            f"got queries {q.shape} and keys {k.shape}"
+        )
+    if same_depth and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same size for dot-product scores, got queries "
+            f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
+        )
+    if same_depth and q.shape[-1] == 0:
+        # The scores would be 0 / sqrt(0): NaN weights rather than an error.
+        raise ValueError(
+            f"queries and keys must have a size d >= 1 for scaled dot-product scores, got queries "
+            f"{q.shape} and keys {k.shape}"
+        )
+    if values is not None:
+        v = arrays["values"]
+        if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
+            raise ValueError(
+                f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
+                f"length S, got keys {k.shape} and values {v.shape}"
+            )
+    arrays = [a if jnp.issubdtype(a.dtype, jnp.floating) else a.astype(jnp.result_type(float))
+              for a in arrays.values()]
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
+        raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
+    return arrays
+
+
+# --------------------------------------------------------------------------- settings
+# The rules of the run settings (jax_attention.configs), by the name a config field's metadata
+# gives: ("int", minimum), ("int_or_none", minimum), ("rate",), ("positive_float",), ("bool",).
+
+
+def check_rate(name: str, value) -> float:
+    """A rate in ``[0, 1)`` (dropout, a held-out fraction), as a Python float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number with 0 <= {name} < 1, got {value!r}")
+    return float(value)
+
+
+def check_positive_float(name: str, value) -> float:
+    """A finite number ``> 0`` (a learning rate), as a Python float."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not (np.isfinite(value) and value > 0)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_setting(name: str, value, rule: tuple):
+    """``value`` checked by ``rule`` (see above) and normalised (a Python int, float or bool);
+    raises ``ValueError`` naming ``name``."""
+    kind, *arguments = rule
+    if kind == "int_or_none":
+        return None if value is None else check_int(name, value, *arguments)
+    checks = {"int": check_int, "rate": check_rate, "positive_float": check_positive_float,
+              "bool": check_bool}
+    if kind not in checks:
+        raise ValueError(f"unknown setting rule {rule!r} for {name}")
+    return checks[kind](name, value, *arguments)

@@ -1,0 +1,216 @@
+"""What the ``jax-attention`` commands share: argument types, output paths and their checks, the
+long-run and device argument groups, the exit statuses, and the reporting of written files.
+
+A check takes ``(args, parser)`` and fails through ``parser.error`` (exit status 2) before any
+work starts, not after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from jax_attention import provenance
+
+__all__ = ["int_at_least", "positive_int", "positive_float", "dropout_rate",
+           "add_output_arguments", "check_output_arguments", "check_json_argument",
+           "check_checkpoint_argument", "check_data_argument", "EXIT_NONFINITE",
+           "EXIT_INTERRUPTED", "LONG_RUNS_EPILOG", "add_long_run_arguments",
+           "add_device_arguments", "check_long_run_arguments",
+           "write_json_report", "finish_outputs"]
+
+# --------------------------------------------------------------------------- argument types
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def dropout_rate(text: str) -> float:
+    """argparse type: a number ``0 <= p < 1`` (a dropout rate, a held-out fraction)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR``, ``--json FILE`` and ``--no-progress``, shared by the long-running commands."""
+    parser.add_argument("--out", metavar="DIR", type=Path, default=None,
+                        help="write the plots (PNG) into DIR (created if missing)")
+    parser.add_argument("--json", metavar="FILE", type=Path, default=None,
+                        help="write the run's figures (losses, parameters, metrics, versions) "
+                             "to FILE as JSON")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="do not show a progress bar")
+
+
+def check_json_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail when ``--json`` names a directory."""
+    if args.json is not None and args.json.is_dir():
+        parser.error(f"argument --json: {str(args.json)!r} is a directory, expected a file path")
+
+
+def check_output_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before the work starts, not after, when ``--out`` or ``--json`` cannot be used."""
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"argument --out: {str(args.out)!r} exists and is not a directory")
+    check_json_argument(args, parser)
+
+
+def check_checkpoint_argument(path: Path, parser: argparse.ArgumentParser) -> None:
+    """Fail before training, not after, when the trained model cannot be written to ``path``."""
+    if path.exists() and not path.is_dir():
+        parser.error(f"argument --checkpoint: {str(path)!r} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        parser.error(f"argument --checkpoint: {str(path)!r} is a non-empty directory that holds "
+                     "no checkpoint; choose another")
+
+
+def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before compiling anything when the English–French data of ``--data`` (or the default
+    places) cannot be found: a missing file is a usage error."""
+    from jax_attention.data import find_data
+
+    try:
+        find_data(args.data)
+    except FileNotFoundError as error:
+        parser.error(str(error))
+
+
+# --------------------------------------------------------------------------- long runs, devices
+
+# Exit statuses of the train commands besides 0 (done) and argparse's 2 (bad usage, a checkpoint
+# that cannot be resumed): see LONG_RUNS_EPILOG.
+EXIT_NONFINITE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program stopped by Ctrl-C
+
+LONG_RUNS_EPILOG = (
+    "Long runs: with --checkpoint-dir DIR, training checkpoints (parameters, optimizer state, "
+    "dropout stream, step, data position and loss history; Orbax, written atomically) are saved "
+    "every --checkpoint-every steps (default: every epoch), at the end and on Ctrl-C; the newest "
+    "--keep are kept. --resume continues the run from the newest readable one (a damaged one is "
+    "reported, moved aside and the one before it used) and returns what the uninterrupted run "
+    "would have, bit for bit on CPU; a checkpoint of another configuration is refused (only "
+    "--epochs may grow). A NaN or Inf loss, gradient or update stops training (no checkpoint of "
+    "that state is written) unless --skip-nonfinite skips the step. Exit status: 0 done, 2 bad "
+    f"arguments or a checkpoint that cannot be resumed, {EXIT_NONFINITE} stopped on a non-finite "
+    f"step, {EXIT_INTERRUPTED} interrupted by Ctrl-C (SIGINT; checkpoint saved with "
+    "--checkpoint-dir).")
+
+
+def add_long_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint-dir``, ``--checkpoint-every``, ``--keep``, ``--resume``, ``--skip-nonfinite``:
+    training checkpoints, resumption and non-finite steps, shared by the seq2seq train commands;
+    sets the parser's epilog to :data:`LONG_RUNS_EPILOG`."""
+    from jax_attention.checkpointing import DEFAULT_KEEP
+
+    group = parser.add_argument_group(
+        "long runs", "training checkpoints, resumption, Ctrl-C and non-finite steps")
+    group.add_argument("--checkpoint-dir", metavar="DIR", type=Path, default=None,
+                       help="write training checkpoints into DIR (one subdirectory per step); "
+                            "not the trained model of --checkpoint")
+    group.add_argument("--checkpoint-every", metavar="N", type=positive_int, default=None,
+                       help="save a training checkpoint every N steps (batches), counted over "
+                            "the run (default: at the end of every epoch); needs "
+                            "--checkpoint-dir")
+    group.add_argument("--keep", metavar="K", type=positive_int, default=DEFAULT_KEEP,
+                       help="keep the newest K training checkpoints (default: %(default)s)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue from the newest readable training checkpoint in "
+                            "--checkpoint-dir (start afresh when there is none); the settings "
+                            "must be the run's own, --epochs may grow")
+    group.add_argument("--skip-nonfinite", action="store_true",
+                       help="skip a step whose loss, gradient or update is NaN or Inf (and count "
+                            "it) instead of stopping with exit status "
+                            f"{EXIT_NONFINITE}")
+    parser.epilog = LONG_RUNS_EPILOG
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, *, tensor_parallel: bool) -> None:
+    """``--devices`` (and, with ``tensor_parallel``, ``--model-parallel``): the device mesh of a
+    train command."""
+    group = parser.add_argument_group(
+        "devices", "data parallelism over devices and processes (jax.sharding); a multi-process "
+                   "run starts when JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+                   "JAX_PROCESS_ID are set (see the README, 'Many devices and hosts')")
+    group.add_argument("--devices", metavar="N", type=positive_int, default=None,
+                       help="train on N devices: the state replicated, each batch split over "
+                            "them; --batch-size must divide by N (default: every device JAX "
+                            "sees)")
+    if tensor_parallel:
+        group.add_argument("--model-parallel", metavar="M", type=positive_int, default=1,
+                           help="split each attention's heads and each FFN's width over M of "
+                                "the devices (tensor parallelism; the mesh is N/M x M); "
+                                "--num-heads and --ffn-num-hiddens must divide by M (default: "
+                                "%(default)s)")
+
+
+def check_long_run_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before training when the training-checkpoint arguments cannot work together."""
+    if args.checkpoint_dir is None:
+        if args.checkpoint_every is not None:
+            parser.error("argument --checkpoint-every: needs --checkpoint-dir")
+        if args.resume:
+            parser.error("argument --resume: needs --checkpoint-dir")
+        return
+    if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        parser.error(f"argument --checkpoint-dir: {str(args.checkpoint_dir)!r} exists and is not "
+                     "a directory")
+    if args.checkpoint_dir.absolute() == args.checkpoint.absolute():
+        parser.error("argument --checkpoint-dir: must differ from --checkpoint (the trained "
+                     "model is written there)")
+
+
+def write_json_report(path: Path, record: dict) -> None:
+    """Write ``record`` to ``path`` (:func:`jax_attention.provenance.write_json`) and say so."""
+    print(f"wrote {provenance.write_json(path, record)}")
+
+
+def finish_outputs(args: argparse.Namespace, command: str, record: Mapping,
+                   plots: Mapping[str, Path], environment: Mapping | None = None) -> int:
+    """Say which plots were written, then write ``--json`` (when given) as ``{"command": ...,
+    **record, **environment, "plots": {name: path}}``; returns the exit status 0.
+
+    ``environment`` defaults to :func:`jax_attention.provenance.environment`.
+    """
+    for path in plots.values():
+        print(f"wrote {path}")
+    if args.json is not None:
+        environment = provenance.environment() if environment is None else environment
+        write_json_report(args.json, {"command": command, **record, **environment,
+                                      "plots": {name: str(path) for name, path in plots.items()}})
+    return 0

@@ -1,0 +1,329 @@
+"""``jax-attention bench attention | memory | train | decode``: benchmarks against named peers, in
+one run on this machine (see :mod:`jax_attention.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from jax_attention.cli.arguments import (check_data_argument, check_json_argument, int_at_least,
+                                         positive_float, positive_int, write_json_report)
+from jax_attention.cli.registry import register, register_group
+
+__all__ = ["run_bench_attention", "run_bench_memory", "run_bench_train", "run_bench_decode"]
+
+register_group("bench", help="benchmarks against named peers, in one run on this machine (JSON)")
+
+
+def _add_json_and_progress(parser: argparse.ArgumentParser, progress_help: str) -> None:
+    """``--json FILE`` and ``--no-progress``, shared by the ``bench`` commands."""
+    parser.add_argument("--json", metavar="FILE", type=Path, default=None,
+                        help="write every figure, the settings and the environment to FILE")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help=progress_help)
+
+
+def _finish(args: argparse.Namespace, table: str, record: dict) -> int:
+    """Print a benchmark's table, write its ``record`` to ``--json`` when given; status 0."""
+    print(table)
+    if args.json is not None:
+        write_json_report(args.json, record)
+    return 0
+
+
+def _bench_progress(args: argparse.Namespace):
+    """Progress lines on stderr, so that stdout holds only the table; none with --no-progress."""
+    return (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress else None
+
+
+# --------------------------------------------------------------------------- bench attention, memory
+
+
+def _bench_shape(text: str) -> tuple[int, int, int, int]:
+    """argparse type: ``B,N,T,H`` — batch, heads, sequence length (T = S), head size."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected B,N,T,H: four positive integers such as 8,8,128,64, got {text!r}")
+    return shape
+
+
+@register("bench attention",
+          help="dot-product attention, forward and forward+backward, against jax.nn, Flax, "
+               "torch SDPA and the NumPy reference",
+          description="Time our scaled dot-product attention (jax_attention.scoring) and the "
+                      "memory-efficient one (jax_attention.efficient), forward and "
+                      "forward+backward, against jax.nn.dot_product_attention, "
+                      "flax.nnx.dot_product_attention, torch.nn.functional."
+                      "scaled_dot_product_attention and the float64 NumPy reference (forward "
+                      "only), interleaved in one run, with and without a padding mask (~25%% of "
+                      "the keys). Prints the environment and a table: median ms, effective "
+                      "GFLOP/s (4·B·N·T·S·H forward, 3× with backward), %% of a float32 GEMM "
+                      "ceiling measured in the same run, time ratios to jax.nn and torch, and "
+                      "the largest error against float64.")
+def _bench_attention(parser: argparse.ArgumentParser) -> None:
+    from jax_attention.bench.attention import DEFAULT_SHAPES, DTYPES, MASKS, PEERS
+
+    parser.add_argument("--shapes", metavar="B,N,T,H", type=_bench_shape, nargs="+",
+                        default=list(DEFAULT_SHAPES),
+                        help="batch, heads, sequence length (T = S), head size (default: "
+                             + " ".join(",".join(map(str, s)) for s in DEFAULT_SHAPES) + ")")
+    parser.add_argument("--peers", metavar="PEER", nargs="+", choices=PEERS, default=list(PEERS),
+                        help=f"the implementations to run, among {', '.join(PEERS)} (default: all)")
+    parser.add_argument("--mask", choices=("both",) + MASKS, default="both",
+                        help="without a mask, with a padding mask (valid key lengths, ~25%% "
+                             "padding) or both (default: %(default)s)")
+    parser.add_argument("--no-mask", dest="mask", action="store_const", const="none",
+                        help="same as --mask none")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="dtype of every peer but NumPy, which is float64 "
+                             "(default: %(default)s)")
+    parser.add_argument("--repeats", metavar="N", type=int_at_least(5), default=7,
+                        help="timed rounds; medians are reported (>= 5, default: %(default)s)")
+    parser.add_argument("--warmup", metavar="N", type=int_at_least(0), default=1,
+                        help="untimed rounds after the compiling calls (default: %(default)s)")
+    parser.add_argument("--budget", metavar="SECONDS", type=positive_float, default=60.0,
+                        help="a peer whose rounds at a shape would take longer is measured for "
+                             "its error only and reported as skipped (default: %(default)s)")
+    parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
+                        help="n of the n³ float32 GEMM that sets the ceiling (default: %(default)s)")
+    parser.add_argument("--query-chunk-size", metavar="N", type=positive_int, default=None,
+                        help="query chunk of ours_efficient (default: the library's)")
+    parser.add_argument("--key-chunk-size", metavar="N", type=positive_int, default=None,
+                        help="key chunk of ours_efficient (default: the library's)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the inputs and the padding (default: %(default)s)")
+    _add_json_and_progress(parser, "do not print a line per case on stderr")
+    parser.set_defaults(handler=run_bench_attention)
+
+
+def run_bench_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``bench attention``; see its ``--help``."""
+    check_json_argument(args, parser)
+    from jax_attention.bench.attention import MASKS, bench_attention, format_attention
+
+    chunks = {name: value for name, value in (("query_chunk_size", args.query_chunk_size),
+                                              ("key_chunk_size", args.key_chunk_size))
+              if value is not None}
+    record = bench_attention(args.shapes, peers=args.peers,
+                             masks=MASKS if args.mask == "both" else (args.mask,),
+                             dtype=args.dtype, repeats=args.repeats, warmup=args.warmup,
+                             budget_s=args.budget, gemm_size=args.gemm_size, seed=args.seed,
+                             efficient_chunks=chunks, log=_bench_progress(args))
+    return _finish(args, format_attention(record), record)
+
+
+@register("bench memory",
+          help="peak RSS of plain and memory-efficient attention, forward+backward, per length",
+          description="For each sequence length N and each of plain (jax_attention.scoring) and "
+                      "memory-efficient (jax_attention.efficient) attention, run one jitted "
+                      "forward+backward at (B, heads, T = S, H) = (1, 1, N, 64) in a fresh "
+                      "process and report its peak resident set size, next to a baseline "
+                      "process that only imports and allocates the inputs. Plain attention is "
+                      "skipped where 3·itemsize·N² bytes would exceed --cap-gib.")
+def _bench_memory(parser: argparse.ArgumentParser) -> None:
+    from jax_attention.bench.memory import DEFAULT_CAP_BYTES, DEFAULT_SIZES, VARIANTS
+
+    parser.add_argument("--sizes", metavar="N", type=positive_int, nargs="+",
+                        default=list(DEFAULT_SIZES),
+                        help="sequence lengths T = S (default: "
+                             + " ".join(map(str, DEFAULT_SIZES)) + ")")
+    parser.add_argument("--variants", metavar="VARIANT", nargs="+", choices=VARIANTS,
+                        default=list(VARIANTS),
+                        help=f"among {', '.join(VARIANTS)} (default: both)")
+    parser.add_argument("--head-size", metavar="H", type=positive_int, default=64,
+                        help="per-head size (default: %(default)s)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="(default: %(default)s)")
+    parser.add_argument("--cap-gib", metavar="GIB", type=positive_float,
+                        default=DEFAULT_CAP_BYTES / 2**30,
+                        help="skip plain attention where 3·itemsize·N² bytes exceed this "
+                             "(default: %(default)s)")
+    parser.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=3600.0,
+                        help="per child process; a slower one is reported as failed "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the inputs (default: %(default)s)")
+    _add_json_and_progress(parser, "do not print a line per child process on stderr")
+    parser.set_defaults(handler=run_bench_memory)
+
+
+def run_bench_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``bench memory``; see its ``--help``."""
+    check_json_argument(args, parser)
+    from jax_attention.bench.memory import bench_memory, format_memory
+
+    record = bench_memory(args.sizes, variants=args.variants, head_size=args.head_size,
+                          dtype=args.dtype, cap_bytes=int(args.cap_gib * 2**30),
+                          timeout_s=args.timeout, seed=args.seed, log=_bench_progress(args))
+    return _finish(args, format_memory(record), record)
+
+
+# --------------------------------------------------------------------------- bench train, decode
+
+
+def _add_bench_common(parser: argparse.ArgumentParser, *, repeats: int) -> None:
+    parser.add_argument("--repeats", metavar="N", type=int_at_least(5), default=repeats,
+                        help="timed rounds, interleaved; medians are reported (>= 5, default: "
+                             "%(default)s)")
+    parser.add_argument("--warmup", metavar="N", type=int_at_least(0), default=1,
+                        help="untimed rounds after the first (compiling) call (default: "
+                             "%(default)s)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the batch order, the weights and dropout (default: "
+                             "%(default)s)")
+    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
+                        help="the English–French data (default: as 'train bahdanau')")
+    _add_json_and_progress(parser, "do not print progress lines on stderr")
+
+
+def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    check_json_argument(args, parser)
+    check_data_argument(args, parser)
+
+
+@register("bench train",
+          help="tokens/s of our compiled training vs the book's PyTorch training of the same "
+               "model, same data, weights and batches",
+          description="Train the book's model (--model bahdanau: d2l §11.4; transformer: §11.7) "
+                      "with the book's settings, ours (the compiled training step of 'jax-"
+                      "attention train', several steps per call) and the PyTorch mirror trained "
+                      "the book's way (eager, one step per batch: loss.sum(), backward, gradient "
+                      "clipping, Adam), from the same initial weights on the same batches, "
+                      "interleaved. Prints target tokens/s and step time (medians), the model "
+                      "FLOPs per step (XLA's cost analysis), the fraction of a float32 GEMM "
+                      "ceiling measured in the same run, both peers' losses after the timed "
+                      "steps and the ratio ours/torch. PyTorch runs with the faster of 1 thread "
+                      "and its default unless --torch-threads is given. With --devices 1,2,4 it "
+                      "measures how our training scales over devices instead: one fresh process "
+                      "per device count, each training on a mesh of that many devices (state "
+                      "replicated, each batch split over them) with XLA_FLAGS=--xla_force_host_"
+                      "platform_device_count=N, so that a CPU gets N host devices (which share "
+                      "its cores); it prints step time, tokens/s and the speed-up per count.")
+def _bench_train(parser: argparse.ArgumentParser) -> None:
+    from jax_attention.bench.train import MODELS
+
+    parser.add_argument("--model", choices=MODELS, default="bahdanau",
+                        help="the model to train (default: %(default)s)")
+    parser.add_argument("--steps", metavar="N", type=positive_int, default=20,
+                        help="training steps per timed round, batches in training order "
+                             "(default: %(default)s, two epochs of the 600 pairs)")
+    parser.add_argument("--torch-threads", metavar="N", type=positive_int, default=None,
+                        help="PyTorch's intra-op threads (default: the faster of 1 and "
+                             "PyTorch's default, measured on an untimed round)")
+    parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
+                        help="n of the n³ float32 GEMM that sets the ceiling (default: "
+                             "%(default)s)")
+    parser.add_argument("--devices", metavar="N,N,...", type=_device_counts, default=None,
+                        help="time our training on each of these device counts instead, one "
+                             "fresh process each (forced host devices on CPU; on a machine "
+                             "with accelerators JAX_PLATFORMS=cpu asks for host devices); no "
+                             "PyTorch peer or GEMM ceiling then")
+    _add_bench_common(parser, repeats=7)
+    parser.set_defaults(handler=run_bench_train)
+
+
+def _device_counts(text: str) -> list[int]:
+    """argparse type: ``1,2,4`` — device counts, each >= 1."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected device counts such as 1,2,4 (integers >= 1), got {text!r}")
+    return counts
+
+
+def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``bench train``; see its ``--help``."""
+    _check_bench_paths(args, parser)
+    from jax_attention.bench.train import (bench_train, bench_train_devices, format_train,
+                                           format_train_devices)
+
+    if args.devices is not None:
+        if args.torch_threads is not None:
+            parser.error("argument --torch-threads: not with --devices (no PyTorch peer runs)")
+        try:
+            record = bench_train_devices(args.model, args.devices, steps=args.steps,
+                                         repeats=args.repeats, warmup=args.warmup,
+                                         seed=args.seed, data=args.data,
+                                         log=_bench_progress(args))
+        except ValueError as error:  # a device count that does not divide the batch
+            parser.error(f"argument --devices: {error}")
+        table = format_train_devices(record)
+    else:
+        record = bench_train(args.model, steps=args.steps, repeats=args.repeats,
+                             warmup=args.warmup, seed=args.seed, torch_threads=args.torch_threads,
+                             gemm_size=args.gemm_size, data=args.data, log=_bench_progress(args))
+        table = format_train(record)
+    return _finish(args, table, {"command": "bench train", **record})
+
+
+def _checkpoint_or_default(path: Path | None, default: Path) -> Path | None:
+    """``path``, or ``default`` when it holds a checkpoint (the train commands write there)."""
+    if path is not None:
+        return path
+    return default if (default / "config.json").is_file() else None
+
+
+@register("bench decode",
+          help="sentences/s of greedy translation of the 600 training sources: batched and "
+               "compiled (with and without the key/value cache) vs one sentence at a time",
+          description="Translate the book's training sources greedily with the trained models: "
+                      "every source in one batch, one compiled call (Transformer: with the "
+                      "key/value cache, and recomputing the prefix at every step), against the "
+                      "book's predict_seq2seq loop, one sentence and one token at a time (our "
+                      "functions un-jitted, and the PyTorch mirror), on an evenly spaced subset. "
+                      "Then both batched Transformer decoders at --long-steps output steps. "
+                      "Weights: the given checkpoints, else runs/transformer and runs/bahdanau "
+                      "when they hold one (the train commands' default), else a model trained "
+                      "here with the book's settings.")
+def _bench_decode(parser: argparse.ArgumentParser) -> None:
+    from jax_attention.bench.decode import MODELS
+
+    parser.add_argument("--models", metavar="MODEL", nargs="+", choices=MODELS,
+                        default=list(MODELS), help="among transformer, bahdanau (default: both)")
+    parser.add_argument("--transformer-checkpoint", metavar="DIR", type=Path, default=None,
+                        help="a 'train transformer' checkpoint (default: runs/transformer if "
+                             "there is one, else train here)")
+    parser.add_argument("--bahdanau-checkpoint", metavar="DIR", type=Path, default=None,
+                        help="a 'train bahdanau' checkpoint (default: runs/bahdanau if there "
+                             "is one, else train here)")
+    parser.add_argument("--epochs", metavar="N", type=positive_int, default=None,
+                        help="epochs of a model trained here (default: the book's)")
+    parser.add_argument("--long-steps", metavar="N", type=positive_int, default=50,
+                        help="output steps of the cache vs recompute comparison (default: "
+                             "%(default)s)")
+    parser.add_argument("--eager-sentences", metavar="N", type=positive_int, default=30,
+                        help="sources translated by the one-at-a-time loops, evenly spaced "
+                             "(default: %(default)s)")
+    parser.add_argument("--torch-threads", metavar="N", type=positive_int, default=1,
+                        help="PyTorch's threads for its loop (default: %(default)s)")
+    _add_bench_common(parser, repeats=5)
+    parser.set_defaults(handler=run_bench_decode)
+
+
+def run_bench_decode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``bench decode``; see its ``--help``."""
+    _check_bench_paths(args, parser)
+    from jax_attention.bench.decode import bench_decode, format_decode
+
+    checkpoints = {
+        "transformer": _checkpoint_or_default(args.transformer_checkpoint,
+                                              Path("runs/transformer")),
+        "bahdanau": _checkpoint_or_default(args.bahdanau_checkpoint, Path("runs/bahdanau")),
+    }
+    try:
+        record = bench_decode(args.models, checkpoints=checkpoints, epochs=args.epochs,
+                              seed=args.seed, data=args.data, long_steps=args.long_steps,
+                              eager_sentences=args.eager_sentences, repeats=args.repeats,
+                              warmup=args.warmup, torch_threads=args.torch_threads,
+                              log=_bench_progress(args))
+    except (FileNotFoundError, ValueError) as error:  # an unusable checkpoint
+        parser.error(str(error))
+    return _finish(args, format_decode(record), {"command": "bench decode", **record})

@@ -1,0 +1,235 @@
+"""``jax-attention train kernel-regression | bahdanau | transformer``.
+
+The seq2seq commands are one per model of the registry (:data:`jax_attention.models.MODELS`), their
+flags built from the fields of the configs (:mod:`jax_attention.configs`); the run, the report
+and the outputs are written once below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from jax_attention import provenance
+from jax_attention.cli.arguments import (EXIT_INTERRUPTED, EXIT_NONFINITE, add_device_arguments,
+                                         add_long_run_arguments, add_output_arguments,
+                                         check_checkpoint_argument, check_data_argument,
+                                         check_long_run_arguments, check_output_arguments,
+                                         dropout_rate, finish_outputs, int_at_least,
+                                         positive_float, positive_int)
+from jax_attention.cli.registry import register, register_group
+from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
+from jax_attention.models import MODELS
+
+__all__ = ["config_flags", "run_train_kernel_regression", "run_train_seq2seq",
+           "run_train_bahdanau", "run_train_transformer"]
+
+register_group("train", help="train a model of the chapter and report its figures")
+
+
+# --------------------------------------------------------------------------- kernel regression
+
+
+@register("train kernel-regression",
+          help="Nadaraya–Watson regression with a learnable kernel width (d2l §11.2.3)",
+          description="Train Nadaraya–Watson kernel regression with a learnable inverse width w, "
+                      "as in d2l §11.2.3: leave-one-out keys and values, summed squared error, "
+                      "full-batch SGD. Prints the loss of each epoch, the learned w and the test "
+                      "MSE of average pooling, the Gaussian kernel (w = 1) and the learned kernel.")
+def _train_kernel_regression(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epochs", metavar="N", type=positive_int, default=5,
+                        help="full-batch SGD steps (default: %(default)s, as the book)")
+    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+                        help="seeds the data and the initial w; the same seed gives the same "
+                             "losses bit for bit on CPU (default: %(default)s)")
+    parser.add_argument("--lr", metavar="LR", type=positive_float, default=0.5,
+                        help="learning rate (default: %(default)s)")
+    parser.add_argument("--n-train", metavar="N", type=int_at_least(2), default=50,
+                        help="number of training points (default: %(default)s)")
+    add_output_arguments(parser)
+    parser.set_defaults(handler=run_train_kernel_regression)
+
+
+def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``train kernel-regression``; see its ``--help``."""
+    check_output_arguments(args, parser)
+    from jax_attention.train import train_kernel_regression
+
+    result = train_kernel_regression(seed=args.seed, epochs=args.epochs, lr=args.lr,
+                                     n_train=args.n_train, progress=args.progress)
+    mse = result.test_mse
+    print(f"learned w = {result.w:.6f} (initial {result.w_init:.6f})")
+    print("test MSE:")
+    print(f"  average pooling         {mse['average_pooling']:.6f}")
+    print(f"  Gaussian kernel (w = 1) {mse['gaussian_kernel']:.6f}")
+    print(f"  learned kernel          {mse['learned_kernel']:.6f}")
+    print(f"wall time {result.wall_time_s:.2f} s")
+
+    plots = {}
+    if args.out is not None:
+        from jax_attention.plotting import plot_kernel_regression, show_heatmaps
+
+        data = result.data
+        plots["fit"] = args.out / "kernel_regression_fit.png"
+        plot_kernel_regression(data["x_train"], data["y_train"], data["x_test"], data["y_truth"],
+                               result.y_hat, path=plots["fit"],
+                               title=f"learned kernel, w = {result.w:.2f}")
+        plots["attention"] = args.out / "kernel_regression_attention.png"
+        show_heatmaps(result.weights[None, None], xlabel="Sorted training inputs",
+                      ylabel="Sorted testing inputs", path=plots["attention"])
+    return finish_outputs(args, "train kernel-regression", result.figures(), plots)
+
+
+# --------------------------------------------------------------------------- seq2seq models
+# One command per registered model (jax_attention.models.MODELS); its flags are the fields of
+# the model's config and of TrainConfig (jax_attention.configs: help, metavar and check in each
+# field's metadata), then the run's own options and the long-run and device groups.
+
+_ARGUMENT_TYPES = {"int": int_at_least, "rate": lambda: dropout_rate,
+                   "positive_float": lambda: positive_float}
+
+
+def config_flags(config_class, defaults=None) -> list[tuple[str, dict]]:
+    """``(flag, add_argument keywords)`` for each field of a config dataclass that is a flag,
+    in field order: ``--embed-size E`` for ``embed_size``, typed and checked by the field's rule,
+    its help with the default (``defaults`` overrides the dataclass's)."""
+    flags = []
+    for field in dataclasses.fields(config_class):
+        if not field.metadata.get("flag"):
+            continue
+        kind, *arguments = field.metadata["check"]
+        default = (defaults or {}).get(field.name, field.default)
+        flags.append((f"--{field.name.replace('_', '-')}", {
+            "dest": field.name, "metavar": field.metadata["metavar"],
+            "type": _ARGUMENT_TYPES[kind](*arguments), "default": default,
+            "help": f"{field.metadata['help']} (default: %(default)s)"}))
+    return flags
+
+
+def _configure_seq2seq(spec, parser: argparse.ArgumentParser) -> None:
+    for config_class, defaults in ((spec.config_class, None),
+                                   (TrainConfig, {"epochs": spec.default_epochs})):
+        for flag, options in config_flags(config_class, defaults):
+            parser.add_argument(flag, **options)
+    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
+                        help="the English–French data: fra-eng.zip, a folder or fra.txt "
+                             "(default: $JAX_ATTENTION_DATA, then ../shared/data/fra-eng.zip "
+                             "beside the checkout, then the user cache)")
+    parser.add_argument("--checkpoint", metavar="DIR", type=Path,
+                        default=Path(f"runs/{spec.name}"),
+                        help="write the trained model here (default: %(default)s)")
+    parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
+                        help="print the loss every N epochs (default: %(default)s)")
+    add_output_arguments(parser)
+    add_long_run_arguments(parser)
+    add_device_arguments(parser, tensor_parallel=spec.tensor_parallel)
+    parser.set_defaults(handler=functools.partial(run_train_seq2seq, spec))
+
+
+for _spec in MODELS.values():
+    register(f"train {_spec.name}", help=_spec.summary, description=_spec.description)(
+        functools.partial(_configure_seq2seq, _spec))
+del _spec
+
+
+def _from_args(config_class, args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The config of ``config_class`` from the parsed flags named as its fields; an invalid
+    combination (e.g. heads that do not divide the width) is a usage error."""
+    names = [field.name for field in dataclasses.fields(config_class)]
+    try:
+        return config_class(**{name: getattr(args, name) for name in names
+                               if hasattr(args, name)})
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``train MODEL`` for every registered model; see its ``--help``."""
+    check_output_arguments(args, parser)
+    check_checkpoint_argument(args.checkpoint, parser)
+    check_long_run_arguments(args, parser)
+    configs = [_from_args(config_class, args, parser) for config_class in
+               (spec.config_class, TrainConfig, LongRunConfig, DeviceConfig)]
+    from jax_attention.train import train_seq2seq
+
+    check_data_argument(args, parser)
+    # A ValueError (e.g. a --val-fraction that leaves no training pair) is a usage error.
+    result, status = _run_training(functools.partial(train_seq2seq, spec, *configs), {
+        "data": args.data, "checkpoint": args.checkpoint, "progress": args.progress,
+        "log_every": args.log_every}, parser, checkpoint_dir=args.checkpoint_dir)
+    if status is not None:
+        return status
+    from jax_attention.distributed import is_main_process
+
+    if not is_main_process():
+        return 0  # process 0 of a multi-process run reports and writes the files
+    environment = provenance.environment()
+    _print_seq2seq_summary(result, environment["backend"])
+    plots = {}
+    if args.out is not None:
+        from jax_attention.plotting import plot_curve
+
+        plots["loss"] = args.out / f"{spec.name}_loss.png"
+        plot_curve(result.losses, ylabel="loss", path=plots["loss"],
+                   title=f"{spec.title}, training loss")
+        # The book's figures: the weights of the last sentence, keys cut to its source tokens.
+        plots.update(spec.attention_plots(result.translations[-1][1], args.out))
+    return finish_outputs(args, f"train {spec.name}", result.figures(), plots, environment)
+
+
+run_train_bahdanau = functools.partial(run_train_seq2seq, MODELS["bahdanau"])
+run_train_transformer = functools.partial(run_train_seq2seq, MODELS["transformer"])
+
+
+def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParser, *,
+                  checkpoint_dir=None):
+    """``train(**options)`` -> ``(result, None)``, or ``(None, exit status)`` when it stopped.
+
+    A non-finite step: its message on stderr, status 3. Ctrl-C: the message (where the
+    checkpoint went, or that none was saved: no ``--checkpoint-dir``, or a Ctrl-C before or after
+    the training steps) on stderr, status 130. A ``ValueError`` (e.g. a configuration that
+    cannot resume the checkpoint), a directory of another run's checkpoints (``FileExistsError``)
+    or no readable checkpoint (``FileNotFoundError``): a usage error, status 2.
+    """
+    from jax_attention.train import NonFiniteLossError, TrainingInterrupted
+
+    try:
+        return train(**options), None
+    except NonFiniteLossError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return None, EXIT_NONFINITE
+    except TrainingInterrupted as stop:
+        print(f"{parser.prog}: {stop}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # without --checkpoint-dir, or outside the training steps
+        hint = ("" if checkpoint_dir is not None
+                else " (--checkpoint-dir DIR keeps training checkpoints)")
+        print(f"{parser.prog}: interrupted (SIGINT); no checkpoint saved{hint}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+    except (ValueError, FileExistsError, FileNotFoundError) as error:
+        parser.error(str(error))
+
+
+def _print_seq2seq_summary(result, backend: str) -> None:
+    # The book's summary line: its loss is the cross-entropy per token divided by num_steps.
+    print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
+          f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
+          f"{backend}")
+    for (reference, translation), score in zip(result.translations, result.bleu):
+        print(f"{translation.source} => {translation.translation}, bleu {score:.3f}")
+    validation = getattr(result, "validation", None)
+    if validation is not None:
+        print(f"held-out: {validation['num_pairs']} pairs, corpus BLEU (k = 4) "
+              f"{validation['corpus_bleu']:.3f}, mean sentence BLEU "
+              f"{validation['mean_sentence_bleu']:.3f}")
+    if result.resumed_from_step is not None:
+        print(f"resumed from training checkpoint {result.resumed_from_step} in "
+              f"{result.checkpoint_dir}")
+    if result.skipped_steps:
+        print(f"skipped {result.skipped_steps} step(s) with a non-finite loss, gradient or update")
+    print(f"wall time {result.wall_time_s:.2f} s")
+    print(f"wrote checkpoint {result.checkpoint}")

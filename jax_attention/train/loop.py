@@ -1,0 +1,640 @@
+"""The teacher-forced training loop of the seq2seq models, in reusable pieces.
+
+- the step: :func:`loss_and_grads`, :func:`pure_step` (a pure function of the split
+  ``(model, optimizer)`` state), :func:`guarded_step` (refuses a non-finite update on the device),
+  :func:`train_steps` (several steps in one compiled ``lax.scan``) and :func:`train_step` (one
+  step in place);
+- the data of an epoch: :func:`pad_batch`, :func:`epoch_batches`;
+- run control: :class:`Schedule` (where a step is, where a compiled call ends, when a training
+  checkpoint is due), :class:`Progress` (the bookkeeping a resumed run needs),
+  :func:`sigint_requests`, :func:`training_mesh`, :class:`ProgressLog` (bar and log lines),
+  :func:`nonfinite_error`, :func:`open_checkpoints` (start or resume a run's training
+  checkpoints);
+- :func:`train_epochs`: the whole loop, for any registered seq2seq model.
+
+The loop is the book's ``train_seq2seq`` (d2l §9.7): teacher forcing, the per-sequence masked
+cross-entropy summed over the batch, gradients clipped to global norm 1, Adam. On CPU the same
+seed gives the same losses bit for bit, whether the run was interrupted and resumed or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax import lax
+from tqdm import tqdm
+
+from jax_attention import distributed
+from jax_attention.configs import LongRunConfig
+from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
+
+__all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
+           "pure_step", "guarded_step", "jit_step", "train_steps", "train_step", "pad_batch",
+           "epoch_batches", "Schedule", "Progress", "ProgressLog", "EpochsResult",
+           "sigint_requests", "training_mesh", "nonfinite_error", "open_checkpoints",
+           "train_epochs"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training step's loss, gradient or parameter update was NaN or Inf; training stopped.
+
+    The model keeps the state before that step (the last good state); no checkpoint of the bad
+    state is written. The CLI prints the message and exits with status 3.
+
+    Attributes:
+      step: the 1-based step that was not finite.
+      epoch, batch: where it is (1-based).
+      checkpoint: the newest training checkpoint's directory, or ``None``.
+    """
+
+    def __init__(self, message: str, *, step: int, epoch: int, batch: int,
+                 checkpoint: Path | None = None):
+        super().__init__(message)
+        self.step, self.epoch, self.batch, self.checkpoint = step, epoch, batch, checkpoint
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) stopped training after a completed step, and the state was saved.
+
+    A subclass of :class:`KeyboardInterrupt`, so that code that handles Ctrl-C handles it too; the
+    CLI prints its message and exits with status 130 (128 + SIGINT, the shell's convention).
+
+    Attributes:
+      step: the steps done, which is the step of the checkpoint.
+      checkpoint: the training checkpoint's directory.
+    """
+
+    def __init__(self, message: str, *, step: int, checkpoint: Path):
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
+# --------------------------------------------------------------------------- the step
+
+
+@functools.lru_cache(maxsize=None)
+def clipped_adam(lr: float, clip_global_norm: float = 1.0) -> optax.GradientTransformation:
+    """``clip_by_global_norm(clip_global_norm)`` then ``adam(lr)``; one object per setting.
+
+    The optimizer's transformation is part of the compiled step's static structure: a fresh one
+    per run would recompile the step on every training run in a process.
+    """
+    return optax.chain(optax.clip_by_global_norm(clip_global_norm), optax.adam(lr))
+
+
+def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len):
+    """``sum`` of the per-sequence teacher-forced losses over the batch, and its gradient.
+
+    The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
+    gradient is clipped to norm 1 before Adam.
+    """
+
+    def loss_fn(model):
+        logits = model(src, src_valid_len, dec_input)
+        return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len))
+
+    return nnx.value_and_grad(loss_fn)(model)
+
+
+def _apply_gradients(model, optimizer: nnx.Optimizer, grads) -> None:
+    """``optimizer.update(model, grads)`` (clipping, then Adam), in place."""
+    # optax's Adam computes its bias correction as `decay ** count`, a Python float to the power
+    # of an int32 count, which strict dtype promotion (the tests' setting) rejects; our own code
+    # above stays strict.
+    with jax.numpy_dtype_promotion("standard"):
+        optimizer.update(model, grads)
+
+
+def pure_step(graphdef, state, batch):
+    """One teacher-forced Adam step as a pure function of the split ``(model, optimizer)`` state.
+
+    ``batch = (src, src_valid_len, dec_input, tgt, tgt_valid_len)``. The state holds the
+    parameters, Adam's moments and step count, and the model's dropout stream (key and count), so
+    that a step advances the dropout stream exactly as a call of the model does.
+
+    Returns:
+      ``(state, loss)``: the new state and the batch's summed loss.
+    """
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = loss_and_grads(model, *batch)
+    _apply_gradients(model, optimizer, grads)
+    return nnx.state((model, optimizer)), loss
+
+
+def _all_finite(tree) -> jax.Array:
+    """A boolean scalar: no floating-point leaf of ``tree`` holds NaN or Inf."""
+    finite = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
+              if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return functools.reduce(jnp.logical_and, finite, jnp.asarray(True))
+
+
+def _select(variable, old, take):
+    """``variable``'s new value where ``take``, else ``old`` (typed keys through their data)."""
+    new = variable.get_value()
+    if jnp.issubdtype(new.dtype, jax.dtypes.prng_key):  # `where` takes the raw key data
+        chosen = jnp.where(take, jax.random.key_data(new), jax.random.key_data(old))
+        return variable.replace(jax.random.wrap_key_data(chosen, impl=jax.random.key_impl(new)))
+    return variable.replace(jnp.where(take, new, old))
+
+
+def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
+    """:func:`pure_step` that refuses a non-finite update, decided on the device (no host sync).
+
+    A step is *rejected* when its loss, a gradient or an updated parameter is NaN or Inf (a huge
+    learning rate can turn finite gradients into infinite parameters). A rejected step leaves the
+    parameters and the optimizer's state as they were, so the state never holds NaN:
+
+    - ``skip_nonfinite`` False (stop): the first rejected step sets ``halted``, and every later
+      step of the same compiled call is rejected too (dropout stream included), so the state that
+      comes back is the one before the bad step — the last good state, for the host to report.
+    - ``skip_nonfinite`` True (skip): only the bad step is rejected; the dropout stream still
+      advances, so that every later step draws the key it draws in a run without the bad step.
+
+    A step that is not rejected computes exactly what :func:`pure_step` computes.
+
+    Args:
+      batch: ``(src, src_valid_len, dec_input, tgt, tgt_valid_len)``.
+      halted: a boolean scalar, True once a step of this call was rejected.
+      skip_nonfinite: a boolean scalar (traced: both modes share one compilation).
+
+    Returns:
+      ``(state, loss, halted)``: ``loss`` is the step's summed loss, or NaN for a rejected step.
+    """
+
+    def is_variable(x):
+        return isinstance(x, nnx.Variable)
+
+    # The values before the step: the merged model and optimizer share `state`'s Variables, which
+    # the update rebinds in place.
+    before = [variable.get_value() for variable in jax.tree.leaves(state, is_leaf=is_variable)]
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = loss_and_grads(model, *batch)
+    _apply_gradients(model, optimizer, grads)
+    ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(nnx.state(model, nnx.Param))
+    accept = ok & (skip_nonfinite | ~halted)
+
+    def choose(variable, old):
+        # Skip mode moves the dropout stream on even past a rejected step.
+        take = (accept | skip_nonfinite) if isinstance(variable, nnx.RngState) else accept
+        return _select(variable, old, take)
+
+    after, treedef = jax.tree.flatten(nnx.state((model, optimizer)), is_leaf=is_variable)
+    state = jax.tree.unflatten(treedef, [choose(v, old) for v, old in zip(after, before,
+                                                                          strict=True)])
+    return state, jnp.where(accept, loss, jnp.nan), halted | ~ok
+
+
+#: :func:`pure_step` compiled, the graph definition static: every run with the same model
+#: structure and optimizer (same shapes) reuses one compilation. The state is donated: it is
+#: replaced by the returned one, and XLA may update the parameters and moments in place.
+jit_step = jax.jit(pure_step, static_argnums=0, donate_argnums=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=1)
+def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False):
+    """Several training steps in one compiled call: ``lax.scan`` of :func:`guarded_step`.
+
+    ``batches = (src, src_valid_len, tgt, tgt_valid_len)``, each stacked along a leading steps
+    axis (``(K, B, T)`` and ``(K, B)``). Step ``k`` trains on batch ``k``, in order, with the
+    dropout key that the ``k``-th call of the model would draw: the same updates as ``K`` calls
+    of :func:`train_step`, without ``K`` dispatches from Python and ``K`` round trips of the
+    whole state. The decoder inputs (``<bos>`` + target) are built here, on the device.
+
+    A step whose loss, gradient or update is not finite is rejected (:func:`guarded_step`): with
+    ``skip_nonfinite`` False it and every later step of the call leave the state unchanged;
+    with ``skip_nonfinite`` True only that step does (a traced boolean: one compilation serves
+    both). Its loss comes back as NaN, so the host finds it in the losses it reads anyway.
+    Scanning the ``K`` steps in several calls (``K1`` then ``K - K1`` batches) gives the same
+    state and losses, bit for bit on CPU.
+
+    Returns:
+      ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss (NaN
+      for a rejected step).
+    """
+
+    def body(carry, batch):
+        state, halted = carry
+        src, src_valid_len, tgt, tgt_valid_len = batch
+        dec_input = teacher_forcing_inputs(tgt, bos_id)
+        state, loss, halted = guarded_step(
+            graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len), halted,
+            skip_nonfinite)
+        return (state, halted), loss
+
+    (state, _), losses = lax.scan(body, (state, jnp.asarray(False)), batches)
+    return state, losses
+
+
+def train_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
+               tgt_valid_len):
+    """One training step of a seq2seq model in place (:func:`jit_step`); returns the loss.
+
+    Splits the model and optimizer, runs the compiled pure step and writes the new state back:
+    the step of :func:`train_steps`, one batch at a time.
+    """
+    graphdef, state = nnx.split((model, optimizer))
+    state, loss = jit_step(graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len))
+    nnx.update((model, optimizer), state)
+    return loss
+
+
+# --------------------------------------------------------------------------- the data
+
+
+def pad_batch(batch, batch_size: int, src_pad: int, tgt_pad: int):
+    """The last, smaller batch filled up to ``batch_size`` with rows of target valid length 0.
+
+    Their masked loss is exactly 0, and so are their gradients, so the step computes the book's
+    loss and gradient of the smaller batch — with one compiled shape instead of two.
+    """
+    src, src_valid_len, tgt, tgt_valid_len = batch
+    missing = batch_size - src.shape[0]
+    if missing == 0:
+        return batch
+    return (np.concatenate([src, np.full((missing, src.shape[1]), src_pad, src.dtype)]),
+            np.concatenate([src_valid_len, np.ones(missing, src_valid_len.dtype)]),
+            np.concatenate([tgt, np.full((missing, tgt.shape[1]), tgt_pad, tgt.dtype)]),
+            np.concatenate([tgt_valid_len, np.zeros(missing, tgt_valid_len.dtype)]))
+
+
+def epoch_batches(nmt, epoch: int):
+    """The batches of ``epoch`` (0-based), padded (:func:`pad_batch`) and stacked along a steps axis.
+
+    Returns:
+      ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, T)``
+      and ``(K, B)`` for the epoch's ``K`` batches, in :meth:`~jax_attention.data.
+      TranslationData.batches` order, and the number of target tokens (the valid lengths' sum).
+    """
+    src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
+    padded = [pad_batch(batch, nmt.batch_size, src_pad, tgt_pad) for batch in nmt.batches(epoch)]
+    stacked = tuple(np.stack(arrays) for arrays in zip(*padded))
+    return stacked, int(stacked[3].sum())
+
+
+# --------------------------------------------------------------------------- run control
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The steps of a run: ``epochs`` epochs of ``steps_per_epoch`` steps, compiled calls that
+    end at every epoch and at every multiple of ``checkpoint_every`` steps (counted over the run).
+    """
+
+    epochs: int
+    steps_per_epoch: int
+    checkpoint_every: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def position(self, step: int) -> str:
+        """Where step ``step + 1`` is, in words."""
+        if step == self.total:
+            return f"all {self.total} steps done"
+        epoch, batch = divmod(step, self.steps_per_epoch)
+        return f"epoch {epoch + 1}, batch {batch + 1} of {self.steps_per_epoch}"
+
+    def call_end(self, step: int) -> int:
+        """The batch (exclusive, within ``step``'s epoch) where the compiled call from ``step``
+        ends: the end of the epoch or the next checkpoint boundary."""
+        epoch = step // self.steps_per_epoch
+        end = self.steps_per_epoch
+        if self.checkpoint_every is not None:
+            boundary = (step // self.checkpoint_every + 1) * self.checkpoint_every
+            end = min(end, boundary - epoch * self.steps_per_epoch)
+        return end
+
+    def checkpoint_due(self, step: int, *, stopping: bool = False) -> bool:
+        """Whether a training checkpoint is due after ``step`` steps: at the end, on a stop
+        request, every ``checkpoint_every`` steps (default: at the end of every epoch)."""
+        every = self.checkpoint_every or self.steps_per_epoch
+        return step == self.total or stopping or step % every == 0
+
+
+@dataclass
+class Progress:
+    """Where a seq2seq training run stands, besides its NNX state: what a resumed run needs to
+    return what the uninterrupted run returns (stored as a training checkpoint's JSON record).
+
+    ``step`` counts the steps done; the epoch in progress is ``step // steps_per_epoch`` and its
+    next batch ``step % steps_per_epoch``. ``epoch_loss_sum`` sums that epoch's batch losses so
+    far in float64, in batch order (JSON keeps a float exactly), so that its loss comes out the
+    same bit for bit whether or not the run stopped within it.
+    """
+
+    step: int = 0
+    losses: list = field(default_factory=list)
+    tokens_per_sec: list = field(default_factory=list)
+    epoch_loss_sum: float = 0.0
+    epoch_tokens: int = 0
+    epoch_seconds: float = 0.0
+    skipped_steps: int = 0
+
+    def add(self, losses: np.ndarray, tokens: np.ndarray) -> None:
+        """Count steps with these summed ``losses`` (NaN: rejected) and target ``tokens``."""
+        for loss, count in zip(losses, tokens):
+            if np.isfinite(loss):
+                self.epoch_loss_sum += float(loss)
+                self.epoch_tokens += int(count)
+            else:
+                self.skipped_steps += 1
+        self.step += len(losses)
+
+    def end_epoch(self) -> None:
+        """Record the finished epoch's loss per target token and tokens/s."""
+        tokens = self.epoch_tokens
+        self.losses.append(self.epoch_loss_sum / tokens if tokens else math.nan)
+        self.tokens_per_sec.append(tokens / self.epoch_seconds if self.epoch_seconds else 0.0)
+        self.epoch_loss_sum, self.epoch_tokens, self.epoch_seconds = 0.0, 0, 0.0
+
+    def record(self, steps_per_epoch: int) -> dict:
+        """The JSON-ready record of a training checkpoint."""
+        return {**asdict(self), "epoch": self.step // steps_per_epoch,
+                "batch": self.step % steps_per_epoch, "steps_per_epoch": steps_per_epoch}
+
+    @classmethod
+    def from_record(cls, record: dict, steps_per_epoch: int, where: str) -> Progress:
+        """The inverse of :meth:`record`, checked against this run's ``steps_per_epoch``."""
+        from jax_attention.checkpointing import CheckpointMismatchError
+
+        missing = [name for name in cls.__dataclass_fields__ if name not in record]
+        if missing:
+            raise CheckpointMismatchError(f"cannot resume from {where}: its progress record "
+                                          f"lacks {missing} (another format?)")
+        if record.get("steps_per_epoch") != steps_per_epoch:
+            raise CheckpointMismatchError(
+                f"cannot resume from {where}: it has {record.get('steps_per_epoch')!r} steps per "
+                f"epoch, this run {steps_per_epoch} (different data?)")
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class EpochsResult:
+    """What :func:`train_epochs` returns: per-epoch losses per target token and tokens/s, the
+    skipped steps and the training checkpoint's step the run resumed from (or ``None``)."""
+
+    losses: list
+    tokens_per_sec: list
+    skipped_steps: int
+    resumed_from_step: int | None
+
+
+class ProgressLog:
+    """A tqdm bar over the epochs (stderr, only on a terminal) and log lines that do not garble
+    it. A context manager; :meth:`emit` logs a line, :meth:`epoch_done` moves the bar."""
+
+    def __init__(self, epochs: int, *, desc: str, progress: bool, log, initial: int = 0):
+        # Updated by hand, not by iterating: tqdm's iterator syncs its count only when it
+        # redraws, so a bar redrawn after a log line would show a stale epoch.
+        self.bar = tqdm(total=epochs, initial=initial, desc=desc, unit="epoch",
+                        disable=None if progress else True, leave=False)
+        self.log = log
+
+    def __enter__(self) -> ProgressLog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.bar.close()
+
+    def emit(self, line: str) -> None:
+        if self.log is None:
+            return
+        if self.bar.disable:
+            self.log(line)
+        else:
+            with tqdm.external_write_mode():
+                self.log(line)
+
+    def epoch_done(self, **postfix) -> None:
+        self.bar.set_postfix(refresh=False, **postfix)
+        self.bar.update(1)
+
+
+@contextlib.contextmanager
+def sigint_requests(enabled: bool):
+    """Turn the first SIGINT (Ctrl-C) into a request, checked between compiled calls.
+
+    Yields an event that the first SIGINT sets. That handler then puts the previous one back, so
+    that a second Ctrl-C interrupts at once (a half-written checkpoint is never a checkpoint:
+    Orbax renames a step's directory only when it is complete). Nothing is installed when not
+    ``enabled``, off the main thread (Python runs signal handlers there only), or when SIGINT is
+    ignored (``nohup``, a background job): the previous behaviour stays.
+    """
+    requested = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if (not enabled or threading.current_thread() is not threading.main_thread()
+            or previous in (signal.SIG_IGN, None)):
+        yield requested
+        return
+
+    def handler(signum, frame):
+        requested.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def training_mesh(devices, batch_size: int, checkpoint_dir, *, model: int = 1):
+    """The device mesh of a training run (:func:`jax_attention.distributed.make_mesh`), after
+    starting the multi-process runtime when the environment asks for it; checks that the batch
+    splits over the ``data`` axis.
+
+    Raises:
+      ValueError: see :func:`~jax_attention.distributed.make_mesh` and
+        :func:`~jax_attention.distributed.check_batch_size`; ``checkpoint_dir`` in a
+        multi-process run, whose training checkpoints would need every process to write its
+        part of one Orbax checkpoint together (not implemented).
+    """
+    distributed.initialize_from_env()  # before anything starts JAX's backends
+    if checkpoint_dir is not None and jax.process_count() > 1:
+        raise ValueError(f"checkpoint_dir (--checkpoint-dir) is not supported in a multi-process "
+                         f"run ({jax.process_count()} processes); train without it, or in one "
+                         f"process")
+    mesh = distributed.make_mesh(devices, model=model)
+    distributed.check_batch_size(batch_size, mesh)
+    return mesh
+
+
+def nonfinite_error(done: Progress, schedule: Schedule, checkpoints) -> NonFiniteLossError:
+    """The error for a rejected step right after the ``done.step`` good ones (stop mode)."""
+    latest = checkpoints.steps[-1] if checkpoints and checkpoints.steps else None
+    kept = (f"the last training checkpoint is step {latest} in {checkpoints.directory}"
+            if latest is not None else "no training checkpoint was written")
+    epoch, batch = divmod(done.step, schedule.steps_per_epoch)
+    return NonFiniteLossError(
+        f"non-finite loss, gradient or parameter update (NaN or Inf) at step {done.step + 1} "
+        f"({schedule.position(done.step)}); training stopped, {kept}. A lower learning rate may "
+        "avoid it; --skip-nonfinite (skip_nonfinite=True) skips such steps",
+        step=done.step + 1, epoch=epoch + 1, batch=batch + 1,
+        checkpoint=None if latest is None else checkpoints.step_path(latest))
+
+
+def open_checkpoints(long_run: LongRunConfig, config: dict, state, schedule: Schedule):
+    """Start (or, with ``long_run.resume``, resume) a run's training checkpoints.
+
+    Returns:
+      ``(checkpoints, state, done, resumed_from, lines)``: the
+      :class:`~jax_attention.checkpointing.TrainingCheckpoints` (``None`` without a
+      ``checkpoint_dir``), the state (restored when resumed), the :class:`Progress`, the step
+      resumed from (or ``None``) and the lines to log.
+
+    Raises:
+      FileExistsError: the directory holds checkpoints and ``resume`` is False.
+      ValueError: the checkpoint resumed from is past this run's end (fewer ``epochs``).
+    """
+    done, lines = Progress(), []
+    if long_run.checkpoint_dir is None:
+        return None, state, done, None, lines
+    from jax_attention.checkpointing import TrainingCheckpoints
+
+    checkpoints = TrainingCheckpoints(long_run.checkpoint_dir, config=config, keep=long_run.keep)
+    try:
+        if not long_run.resume and checkpoints.steps:
+            raise FileExistsError(
+                f"{checkpoints.directory} holds training checkpoints already (steps "
+                f"{checkpoints.steps}); resume that run (resume=True, --resume) or choose "
+                "another directory")
+        restored = checkpoints.restore(state) if long_run.resume else None
+        if restored is None:
+            if long_run.resume:
+                lines.append(f"no training checkpoint in {checkpoints.directory} yet; starting "
+                             "from step 0")
+            return checkpoints, state, done, None, lines
+        state, record = restored
+        where = f"training checkpoint {record['step']} in {checkpoints.directory}"
+        done = Progress.from_record(record, schedule.steps_per_epoch, where)
+        if done.step > schedule.total:
+            raise ValueError(f"epochs = {schedule.epochs} ({schedule.total} steps) is fewer than "
+                             f"the {done.step} steps of the checkpoint resumed from; pass at "
+                             f"least {-(-done.step // schedule.steps_per_epoch)}")
+    except BaseException:
+        checkpoints.close()
+        raise
+    lines.append(f"resumed from training checkpoint {done.step} in {checkpoints.directory} "
+                 f"(next: {schedule.position(done.step)})")
+    return checkpoints, state, done, done.step, lines
+
+
+def _report_rejected(losses: np.ndarray, done: Progress, tokens: np.ndarray, schedule: Schedule,
+                     checkpoints, skip_nonfinite: bool, bar: ProgressLog) -> None:
+    """Stop (raise) on a rejected step, or log the skipped ones; before ``done.add``."""
+    rejected = ~np.isfinite(losses)
+    if not rejected.any():
+        return
+    if not skip_nonfinite:
+        # The state is the one before the bad step (guarded_step); nothing saved.
+        first = int(np.argmax(rejected))
+        done.add(losses[:first], tokens[:first])
+        raise nonfinite_error(done, schedule, checkpoints)
+    numbers = [done.step + 1 + int(k) for k in np.flatnonzero(rejected)]
+    bar.emit(f"skipped {len(numbers)} step(s) with a non-finite loss, gradient or update: step "
+             f"{', '.join(map(str, numbers[:5]))}" + (", ..." if len(numbers) > 5 else ""))
+
+
+def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every: int) -> None:
+    """Close the epoch when the call ended one: its loss, the bar, the periodic log line."""
+    if done.step % schedule.steps_per_epoch:
+        return
+    done.end_epoch()
+    bar.epoch_done(loss=f"{done.losses[-1]:.4f}", tok_s=f"{done.tokens_per_sec[-1]:.0f}")
+    finished = len(done.losses)
+    if finished % log_every == 0 or finished == schedule.epochs:
+        bar.emit(f"epoch {finished}, loss {done.losses[-1]:.4f}, "
+                 f"{done.tokens_per_sec[-1]:.1f} tokens/sec")
+
+
+def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
+                 log, log_every: int, config: dict, long_run: LongRunConfig | None = None,
+                 mesh=None) -> EpochsResult:
+    """The teacher-forced epochs of any seq2seq model (``model(src, src_valid_len, dec_input)
+    -> logits``), with training checkpoints; the per-epoch loss per target token, tokens/sec,
+    the skipped steps and the step resumed from.
+
+    The model and optimizer are split once; the steps run in compiled calls of
+    :func:`train_steps` over stacked batches, one device sync (their losses) per call: the steps
+    of :func:`train_step` batch after batch — same batches, order, dropout keys and updates —
+    without a Python dispatch, an NNX split/merge and a host round trip per step. Without
+    training checkpoints each epoch is one call; with ``checkpoint_every = N`` a call also ends
+    at every multiple of ``N`` steps, where a checkpoint is saved — which changes no result:
+    scanning an epoch in pieces is bit-identical on CPU. The model and optimizer get the trained
+    state back at the end, in a ``finally`` block.
+
+    ``long_run`` (:class:`~jax_attention.configs.LongRunConfig`): with a ``checkpoint_dir``, a
+    training checkpoint is written every ``checkpoint_every`` steps (``None``: every epoch), at
+    the end, and on SIGINT (then :class:`TrainingInterrupted` is raised); ``resume`` continues
+    from the newest one. A non-finite step stops training with :class:`NonFiniteLossError`, or
+    with ``skip_nonfinite`` is skipped and counted (left out of its epoch's loss).
+
+    ``mesh`` (:func:`jax_attention.distributed.make_mesh`; ``None``: one device) places the
+    state and splits every batch over its ``data`` axis; the compiled step is the same.
+    """
+    long_run = LongRunConfig() if long_run is None else long_run
+    mesh = distributed.make_mesh(1) if mesh is None else mesh
+    bos_id = nmt.tgt_vocab["<bos>"]
+    schedule = Schedule(epochs, nmt.num_batches, long_run.checkpoint_every)
+    graphdef, state = nnx.split((model, optimizer))
+    checkpoints = None
+    try:
+        checkpoints, state, done, resumed_from, lines = open_checkpoints(
+            long_run, config, state, schedule)
+        saved = done.step if resumed_from is not None else None
+        state = distributed.place_state(state, mesh)  # after the restore (one device's arrays)
+        with sigint_requests(checkpoints is not None) as stop_requested, \
+                ProgressLog(epochs, desc=desc, progress=progress, log=log,
+                            initial=len(done.losses)) as bar:
+            for line in lines:
+                bar.emit(line)
+            loaded_epoch = None
+            while done.step < schedule.total:
+                start = time.perf_counter()
+                epoch, batch = divmod(done.step, schedule.steps_per_epoch)
+                if loaded_epoch != epoch:
+                    batches, _ = epoch_batches(nmt, epoch)
+                    batch_tokens, loaded_epoch = batches[3].sum(axis=1), epoch
+                end = schedule.call_end(done.step)
+                chunk = batches if (batch, end) == (0, schedule.steps_per_epoch) else tuple(
+                    array[batch:end] for array in batches)
+                chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
+                state, losses = train_steps(graphdef, state, chunk, bos_id,
+                                            long_run.skip_nonfinite)
+                losses = distributed.to_host(losses)  # the call's one device sync
+                done.epoch_seconds += time.perf_counter() - start
+                _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
+                                 long_run.skip_nonfinite, bar)
+                done.add(losses, batch_tokens[batch:end])
+                _after_call(done, schedule, bar, log_every)
+                stopping = stop_requested.is_set()
+                if (checkpoints is not None and saved != done.step
+                        and schedule.checkpoint_due(done.step, stopping=stopping)):
+                    checkpoints.save(done.step, distributed.to_local(state),
+                                     done.record(schedule.steps_per_epoch))
+                    saved = done.step
+                if stopping and done.step < schedule.total:
+                    raise TrainingInterrupted(
+                        f"interrupted (SIGINT) after step {done.step} (next: "
+                        f"{schedule.position(done.step)}); saved training checkpoint "
+                        f"{done.step} in {checkpoints.directory}; resume with --resume "
+                        "(resume=True)", step=done.step, checkpoint=checkpoints.step_path(done.step))
+    finally:
+        nnx.update((model, optimizer), distributed.to_local(state))
+        if checkpoints is not None:
+            checkpoints.close()
+    return EpochsResult(losses=done.losses, tokens_per_sec=done.tokens_per_sec,
+                        skipped_steps=done.skipped_steps, resumed_from_step=resumed_from)

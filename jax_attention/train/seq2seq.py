@@ -1,0 +1,369 @@
+"""One trainer for every registered seq2seq model — d2l's ``train_seq2seq`` (§9.7, §11.4.3, §11.7.6).
+
+:func:`train_seq2seq` takes a model's name (or :class:`~jax_attention.models.ModelSpec`) and the
+run's config objects (:mod:`jax_attention.configs`): it loads the data, builds the model from its
+config, trains it (:func:`jax_attention.train.loop.train_epochs`), translates the book's four
+sentences, scores held-out pairs, and exports the model (:func:`jax_attention.export.save_model`).
+:func:`train_bahdanau` and :func:`train_transformer` are the same with keyword arguments.
+
+Deterministic from ``seed``: it seeds the batch order (the data's ``seed``), the parameters
+(``jax.random.key(seed)``) and the dropout masks (``jax.random.key(seed, impl="rbg")``); on CPU
+the same seed gives the same losses bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jax_attention import distributed
+from jax_attention._checks import check_int
+from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
+from jax_attention.models import MODELS, ModelSpec, get_model
+from jax_attention.train.loop import clipped_adam, train_epochs, training_mesh
+
+__all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
+           "train_seq2seq", "train_bahdanau", "train_transformer", "evaluate_translations",
+           "score_held_out", "evaluate_held_out"]
+
+#: The book's test sentences and references (d2l §10.7.6 and §11.4.3).
+BOOK_PAIRS = (
+    ("go .", "va !"),
+    ("i lost .", "j'ai perdu ."),
+    ("he's calm .", "il est calme ."),
+    ("i'm home .", "je suis chez moi ."),
+)
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class Seq2SeqResult:
+    """What :func:`train_seq2seq` trained and measured.
+
+    Attributes:
+      losses: the book's loss of each epoch: ``sum`` of the per-sequence losses (masked
+        cross-entropy summed over steps, divided by ``num_steps``) over the epoch's batches,
+        divided by the number of target tokens — the cross-entropy per token divided by
+        ``num_steps``, which is what the book prints (``loss 0.020``).
+      cross_entropy: the cross-entropy per target token of each epoch (``losses * num_steps``).
+      tokens_per_sec: target tokens per second of each epoch (the first includes compilation).
+      model: the trained NNX model, in eval mode.
+      params: its parameters as the nested dict of NumPy arrays.
+      src_vocab, tgt_vocab: the vocabularies of the data.
+      config: the model's sizes and the training settings (JSON-ready; stored in checkpoints
+        and exports): ``{"model": name, **model_config.record(), "training": {...}}``.
+      translations: ``(reference, translation)`` for each of the book's sentences.
+      bleu: the BLEU (``k = 2``) of each translation against its reference.
+      wall_time_s: seconds for the whole run (data, compilation, training, translation).
+      checkpoint: where the trained model was exported, or ``None``.
+      skipped_steps: steps skipped for a non-finite loss, gradient or update
+        (``skip_nonfinite``); 0 otherwise.
+      resumed_from_step: the training checkpoint's step this run resumed from, or ``None``.
+      checkpoint_dir: the directory of the training checkpoints, or ``None``.
+      validation: ``None``, or the held-out evaluation (:func:`score_held_out`):
+        ``{"num_pairs", "corpus_bleu" (k = 4), "mean_sentence_bleu" (k = 4), "examples"}``.
+      model_config, train_config: the run's config objects (vocabulary sizes filled in).
+    """
+
+    losses: list[float]
+    cross_entropy: list[float]
+    tokens_per_sec: list[float]
+    model: object
+    params: dict
+    src_vocab: object
+    tgt_vocab: object
+    config: dict
+    translations: list
+    bleu: list[float]
+    wall_time_s: float
+    checkpoint: Path | None
+    skipped_steps: int = 0
+    resumed_from_step: int | None = None
+    checkpoint_dir: Path | None = None
+    validation: dict | None = None
+    model_config: object = None
+    train_config: TrainConfig | None = None
+
+    def figures(self) -> dict:
+        """The results as JSON-ready Python values (no arrays)."""
+        return {
+            "final_loss": self.losses[-1],
+            "final_cross_entropy": self.cross_entropy[-1],
+            "tokens_per_sec": self.tokens_per_sec[-1],
+            "losses": list(self.losses),
+            "cross_entropy": list(self.cross_entropy),
+            "tokens_per_sec_per_epoch": list(self.tokens_per_sec),
+            "translations": [
+                {"source": t.source, "translation": t.translation, "reference": reference,
+                 "bleu": score}
+                for (reference, t), score in zip(self.translations, self.bleu)
+            ],
+            "num_bleu_1": sum(score == 1.0 for score in self.bleu),
+            "config": self.config,
+            "wall_time_s": self.wall_time_s,
+            "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+            "skipped_steps": self.skipped_steps,
+            "resumed_from_step": self.resumed_from_step,
+            "checkpoint_dir": None if self.checkpoint_dir is None else str(self.checkpoint_dir),
+            "validation": self.validation,
+        }
+
+
+#: The result of :func:`train_bahdanau` and :func:`train_transformer` (one type for every model).
+BahdanauResult = TransformerResult = Seq2SeqResult
+
+
+def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BOOK_PAIRS, *,
+                          k: int = 2, translate: Callable | None = None):
+    """Translate each ``(source, reference)`` of ``pairs`` and score it with BLEU (``k``).
+
+    ``translate(params, sentences, src_vocab, tgt_vocab, num_steps)`` defaults to
+    :func:`jax_attention.bahdanau.translate`.
+
+    Returns:
+      ``(translations, scores)``: ``[(reference, translation)]`` and the BLEU of each.
+    """
+    from jax_attention.metrics import bleu
+
+    if translate is None:
+        from jax_attention.bahdanau import translate
+
+    pairs = list(pairs)
+    results = translate(params, [source for source, _ in pairs], src_vocab, tgt_vocab, num_steps)
+    scores = [bleu(t.translation, reference, k) for (_, reference), t in zip(pairs, results)]
+    return [(reference, t) for (_, reference), t in zip(pairs, results)], scores
+
+
+def score_held_out(spec, params, config, split, src_vocab, tgt_vocab, *, batch_size: int = 256,
+                   num_examples_shown: int = 5) -> dict:
+    """Greedy translations of held-out pairs scored with corpus and sentence BLEU (k = 4), for
+    any registered model (``spec``, its :attr:`~jax_attention.models.ModelSpec.decode` with
+    ``params`` and ``config``): :func:`jax_attention.translation.evaluate_held_out`.
+
+    Args:
+      split: a :class:`jax_attention.data.TranslationArrays` (``TranslationData.val``).
+
+    Returns:
+      ``{"num_pairs", "corpus_bleu", "mean_sentence_bleu", "examples": [{"source", "translation",
+      "reference", "bleu"}, ...]}``.
+    """
+    from jax_attention.translation import evaluate_held_out as evaluate
+
+    spec = get_model(spec)
+
+    def decode(src, src_valid_len, **ids):
+        return spec.decode(params, src, src_valid_len, config, **ids)
+
+    return evaluate(decode, split, src_vocab, tgt_vocab, max_len=config.num_steps,
+                    batch_size=batch_size, num_examples_shown=num_examples_shown)
+
+
+def evaluate_held_out(params, split, src_vocab, tgt_vocab, *, num_heads: int, num_steps: int,
+                      max_positions: int, batch_size: int = 256, num_examples_shown: int = 5
+                      ) -> dict:
+    """:func:`score_held_out` for a Transformer given by its sizes (the signature of earlier
+    versions; :func:`score_held_out` serves every registered model)."""
+    spec = MODELS["transformer"]
+    blocks = params["encoder"]["blocks"]
+    config = spec.model_config(
+        num_hiddens=int(np.shape(params["encoder"]["embedding"])[1]),
+        ffn_num_hiddens=int(np.shape(blocks["block_0"]["ffn"]["W_1"])[1]),
+        num_heads=num_heads, num_layers=len(blocks), dropout=0.0, num_steps=num_steps,
+        max_positions=max_positions, src_vocab_size=len(src_vocab),
+        tgt_vocab_size=len(tgt_vocab))
+    return score_held_out(spec, params, config, split, src_vocab, tgt_vocab,
+                          batch_size=batch_size, num_examples_shown=num_examples_shown)
+
+
+def setup(spec, model_config, train_config: TrainConfig, *, data=None):
+    """The data, the model's config with the vocabulary sizes, the model (training mode) and the
+    optimizer of a run, before its first step: ``(nmt, model_config, model, optimizer)``."""
+    from jax_attention.data import load_data_nmt
+
+    spec = get_model(spec)
+    t = train_config
+    nmt = load_data_nmt(t.batch_size, model_config.num_steps, t.num_examples, data=data,
+                        seed=t.seed, val_fraction=t.val_fraction)
+    model_config = dataclasses.replace(model_config, src_vocab_size=len(nmt.src_vocab),
+                                       tgt_vocab_size=len(nmt.tgt_vocab))
+    # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
+    # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
+    # are deterministic on a given backend.
+    rngs = nnx.Rngs(params=jax.random.key(t.seed), dropout=jax.random.key(t.seed, impl="rbg"))
+    model = spec.build(model_config, rngs)
+    model.train()
+    optimizer = nnx.Optimizer(model, clipped_adam(t.lr, t.clip_global_norm), wrt=nnx.Param)
+    return nmt, model_config, model, optimizer
+
+
+def _run_record(spec: ModelSpec, model_config, train_config: TrainConfig) -> dict:
+    """The run's configuration as checkpoints and exports store it."""
+    return {"model": spec.name, **model_config.record(), "training": train_config.record()}
+
+
+def _evaluate(spec: ModelSpec, model, model_config, nmt):
+    """The trained model's parameters (NumPy), the book's sentences translated and scored, and
+    the held-out evaluation (``None`` without held-out pairs)."""
+    model.eval()
+    params = jax.tree.map(np.asarray, model.params_dict())
+
+    def translate(params, sentences, src_vocab, tgt_vocab, num_steps):
+        return spec.translate(params, sentences, src_vocab, tgt_vocab, model_config)
+
+    translations, scores = evaluate_translations(params, nmt.src_vocab, nmt.tgt_vocab,
+                                                 model_config.num_steps, translate=translate)
+    validation = (score_held_out(spec, params, model_config, nmt.val, nmt.src_vocab,
+                                 nmt.tgt_vocab) if len(nmt.val) else None)
+    return params, translations, scores, validation
+
+
+def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = None,
+                  long_run: LongRunConfig | None = None, devices: DeviceConfig | None = None, *,
+                  data: str | os.PathLike | None = None,
+                  checkpoint: str | os.PathLike | None = None, progress: bool = True,
+                  log: Callable[[str], object] | None = print,
+                  log_every: int = 10) -> Seq2SeqResult:
+    """Train a registered seq2seq model on English–French — the book's ``train_seq2seq``.
+
+    The recipe: the first ``num_examples`` pairs (:func:`jax_attention.data.load_data_nmt`),
+    shuffled mini-batches; decoder inputs ``<bos>`` + target[:-1] (teacher forcing); the
+    per-sequence masked cross-entropy summed over the batch; its gradient clipped to global norm
+    1, then Adam. Dropout is on during training and off for the final translations. The last,
+    smaller batch of an epoch is filled up with rows of target length 0, which add exactly
+    nothing to the loss and gradient. With ``val_fraction > 0`` the last pairs are held out and
+    translated greedily after training (:func:`score_held_out`).
+
+    Args:
+      model: a name of :data:`jax_attention.models.MODELS` (``"bahdanau"``, ``"transformer"``)
+        or its :class:`~jax_attention.models.ModelSpec`.
+      model_config: the model's config (default: the book's); vocabulary sizes come from the data.
+      train_config: the data and optimisation (default: the book's, this model's epochs).
+      long_run: training checkpoints, resumption, non-finite steps
+        (:class:`~jax_attention.configs.LongRunConfig`; default: none).
+      devices: the device mesh (:class:`~jax_attention.configs.DeviceConfig`; default: every
+        device, data parallel; in a multi-process run process 0 alone logs and exports).
+      data: where the English–French data is (``--data``); ``None`` looks in the usual places.
+      checkpoint: a directory to export the trained model into
+        (:func:`jax_attention.export.save_model`), or ``None``.
+      progress: show a progress bar over the epochs (stderr, only on a terminal).
+      log: called with ``"epoch {e}, loss {loss:.4f}, {tokens/sec:.1f} tokens/sec"`` every
+        ``log_every`` epochs (and after the last), or ``None``.
+
+    Returns:
+      A :class:`Seq2SeqResult`, with the book's four sentences translated and scored.
+
+    Raises:
+      NonFiniteLossError: a step was not finite (and ``skip_nonfinite`` is False).
+      TrainingInterrupted: SIGINT, with a ``checkpoint_dir`` (without it Ctrl-C raises a plain
+        :class:`KeyboardInterrupt`).
+      FileExistsError: ``checkpoint_dir`` holds training checkpoints and ``resume`` is False.
+    """
+    spec = get_model(model)
+    model_config = spec.model_config() if model_config is None else model_config
+    if not isinstance(model_config, spec.config_class):
+        raise TypeError(f"model_config must be a {spec.config_class.__name__} for the "
+                        f"{spec.name} model, got {type(model_config).__name__}")
+    train_config = spec.train_config() if train_config is None else train_config
+    long_run = LongRunConfig() if long_run is None else long_run
+    devices = DeviceConfig() if devices is None else devices
+    check_int("log_every", log_every, 1)
+    if devices.model_parallel != 1 and not spec.tensor_parallel:
+        raise ValueError(f"model_parallel = {devices.model_parallel}: the {spec.name} model "
+                         "has no tensor-parallel layout; use 1")
+    mesh = training_mesh(devices.devices, train_config.batch_size, long_run.checkpoint_dir,
+                         model=devices.model_parallel)
+    spec.check_mesh(model_config, mesh)
+    if not distributed.is_main_process():
+        progress, log = False, None
+
+    start = time.perf_counter()
+    nmt, model_config, module, optimizer = setup(spec, model_config, train_config, data=data)
+    config = _run_record(spec, model_config, train_config)
+    trained = train_epochs(module, optimizer, nmt, epochs=train_config.epochs, desc=spec.name,
+                           progress=progress, log=log, log_every=log_every, config=config,
+                           long_run=long_run, mesh=mesh)
+    params, translations, scores, validation = _evaluate(spec, module, model_config, nmt)
+    written = None
+    if checkpoint is not None and distributed.is_main_process():
+        from jax_attention.export import save_model
+
+        written = save_model(checkpoint, params, nmt.src_vocab, nmt.tgt_vocab, model_config,
+                             training=train_config)
+    return Seq2SeqResult(
+        losses=trained.losses,
+        cross_entropy=[loss * model_config.num_steps for loss in trained.losses],
+        tokens_per_sec=trained.tokens_per_sec, model=module, params=params,
+        src_vocab=nmt.src_vocab, tgt_vocab=nmt.tgt_vocab, config=config,
+        translations=translations, bleu=scores, wall_time_s=time.perf_counter() - start,
+        checkpoint=written, skipped_steps=trained.skipped_steps,
+        resumed_from_step=trained.resumed_from_step,
+        checkpoint_dir=long_run.directory, validation=validation,
+        model_config=model_config, train_config=train_config)
+
+
+def _train_by_name(name: str, settings: dict) -> Seq2SeqResult:
+    """:func:`train_seq2seq` with every setting as a keyword argument (the configs' field names,
+    the :class:`~jax_attention.configs.LongRunConfig` and :class:`~jax_attention.configs.
+    DeviceConfig` ones, and :func:`train_seq2seq`'s own keywords)."""
+    spec = MODELS[name]
+    model_settings, train_settings, rest = spec.split_settings(settings)
+    groups = {}
+    for config_class in (LongRunConfig, DeviceConfig):
+        names = {field.name for field in dataclasses.fields(config_class)}
+        groups[config_class] = config_class(**{k: rest.pop(k) for k in list(rest) if k in names})
+    if not spec.tensor_parallel and "model_parallel" in settings:
+        raise TypeError(f"train_{name}() got an unexpected keyword argument 'model_parallel'")
+    unknown = sorted(set(rest) - {"data", "checkpoint", "progress", "log", "log_every"})
+    if unknown:
+        raise TypeError(f"train_{name}() got an unexpected keyword argument {unknown[0]!r}")
+    return train_seq2seq(spec, spec.model_config(**model_settings),
+                         spec.train_config(**train_settings), groups[LongRunConfig],
+                         groups[DeviceConfig], **rest)
+
+
+def train_bahdanau(**settings) -> Seq2SeqResult:
+    """Train seq2seq with Bahdanau attention on English–French — d2l §11.4.3 (``train_seq2seq``).
+
+    :func:`train_seq2seq` of the ``"bahdanau"`` model with every setting a keyword argument:
+
+    - the model (:class:`~jax_attention.configs.BahdanauConfig`): ``embed_size``,
+      ``num_hiddens``, ``num_layers``, ``dropout``, ``num_steps`` (book: 32, 32, 2, 0.1, 10);
+    - the training (:class:`~jax_attention.configs.TrainConfig`): ``batch_size``, ``lr``,
+      ``epochs``, ``num_examples``, ``val_fraction``, ``seed`` (book: 64, 0.005, 250, 600, 0, 0);
+    - long runs (:class:`~jax_attention.configs.LongRunConfig`): ``checkpoint_dir``,
+      ``checkpoint_every``, ``keep``, ``resume``, ``skip_nonfinite``; ``devices``;
+    - ``data``, ``checkpoint``, ``progress``, ``log``, ``log_every``: as :func:`train_seq2seq`.
+
+    Returns:
+      A :class:`Seq2SeqResult`.
+    """
+    return _train_by_name("bahdanau", settings)
+
+
+def train_transformer(**settings) -> Seq2SeqResult:
+    """Train the Transformer on English–French — d2l §11.7.6, the book's ``train_seq2seq``.
+
+    :func:`train_seq2seq` of the ``"transformer"`` model with every setting a keyword argument:
+
+    - the model (:class:`~jax_attention.configs.TransformerConfig`): ``num_hiddens``,
+      ``ffn_num_hiddens``, ``num_heads``, ``num_layers``, ``dropout``, ``num_steps``,
+      ``max_positions`` (book: 32, 64, 4, 2, 0.1, 10, 1000);
+    - the training (:class:`~jax_attention.configs.TrainConfig`): ``batch_size``, ``lr``,
+      ``epochs``, ``num_examples``, ``val_fraction``, ``seed`` (book: 64, 0.005, 200, 600, 0, 0);
+    - long runs (:class:`~jax_attention.configs.LongRunConfig`): ``checkpoint_dir``,
+      ``checkpoint_every``, ``keep``, ``resume``, ``skip_nonfinite``; ``devices`` and
+      ``model_parallel`` (each attention's heads and each FFN's width split over ``M`` devices:
+      :data:`jax_attention.distributed.TENSOR_PARALLEL_SPECS`);
+    - ``data``, ``checkpoint``, ``progress``, ``log``, ``log_every``: as :func:`train_seq2seq`.
+
+    Returns:
+      A :class:`Seq2SeqResult`.
+    """
+    return _train_by_name("transformer", settings)

@@ -1,0 +1,196 @@
+"""Incremental decoding of the Transformer with a fixed-size key/value cache — d2l §11.7.6.
+
+At prediction time the decoder sees one token per step. Instead of recomputing the whole prefix,
+each block keeps the keys and values of the steps decoded so far in a cache of ``max_len`` slots
+(fixed shapes, written with ``lax.dynamic_update_slice``, so a decoding loop compiles once), and
+the encoder outputs are projected for the encoder–decoder attention once, before step 0.
+:func:`init_decoder_state` builds that state, :func:`decoder_step` runs one step; the logits equal
+those of :func:`jax_attention.transformer.decoder` on the whole prefix (the tests check it).
+:func:`jax_attention.transformer.greedy_decode` and :func:`~jax_attention.transformer.beam_decode`
+run these steps under ``jit``; both functions are re-exported by :mod:`jax_attention.transformer`.
+
+Shape letters: ``B`` batch, ``S`` source length, ``L`` blocks, ``N`` heads, ``H = D / N``,
+``D`` model width, ``V`` vocabulary, ``M`` the cache length (``max_len`` decoding steps).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_attention._checks import (
+    check_lengths,
+    check_num_heads,
+    check_positions,
+    check_size,
+    check_tokens,
+    check_values_in,
+    clip_values,
+    is_integer_dtype,
+)
+from jax_attention.multihead import combine_heads
+from jax_attention.transformer_layers import (
+    MAX_POSITIONS,
+    add_norm,
+    attend,
+    check_width,
+    dense,
+    embed,
+    num_blocks,
+    position_wise_ffn,
+    project_one,
+)
+
+__all__ = ["init_decoder_state", "decoder_step"]
+
+
+def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, max_len: int):
+    """The decoder's state before step 0: empty key/value caches of ``max_len`` steps.
+
+    Every leaf has the batch as its leading axis (beam search repeats and reorders the state
+    along axis 0):
+
+    * ``position (B,) int32``: the step about to be decoded (its position in ``P`` and the cache
+      slot it writes);
+    * ``self_keys``, ``self_values`` ``(B, L, N, M, H)``: the self-attention cache, zeros;
+    * ``cross_keys``, ``cross_values`` ``(B, L, N, S, H)``: the encoder outputs projected once by
+      each block's ``W_k`` and ``W_v``;
+    * ``src_valid_len (B,) int32``.
+
+    Args:
+      params: the decoder's dict. enc_outputs: ``(B, S, D)``.
+      src_valid_len: ``(B,)`` integers in ``[0, S]`` (checked when concrete; act as clipped when
+        traced), or ``None`` for ``S``.
+      num_heads: ``N``. max_len: ``M``, the number of steps the cache holds.
+    """
+    enc_outputs = check_width("enc_outputs", enc_outputs, jnp.shape(params["embedding"])[1],
+                               "(B, S, D)")
+    B, S, D = enc_outputs.shape
+    check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
+    max_len = check_size("max_len", max_len)
+    L = num_blocks(params["blocks"])
+    H = D // num_heads
+    cross_keys = jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
+                                         enc_outputs, "W_k", num_heads) for i in range(L)], axis=1)
+    cross_values = jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
+                                           enc_outputs, "W_v", num_heads) for i in range(L)],
+                             axis=1)
+    if src_valid_len is None:
+        src_valid_len = jnp.full((B,), S, jnp.int32)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, B, S, "S")
+    zeros = jnp.zeros((B, L, num_heads, max_len, H), enc_outputs.dtype)
+    return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": zeros,
+            "cross_keys": cross_keys, "cross_values": cross_values,
+            "src_valid_len": src_valid_len.astype(jnp.int32)}
+
+
+_STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N, M, H)",
+                 "self_values": "(B, L, N, M, H)", "cross_keys": "(B, L, N, S, H)",
+                 "cross_values": "(B, L, N, S, H)", "src_valid_len": "(B,)"}
+
+
+def _check_decoder_state(state, L: int, N: int, H: int):
+    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads of size ``H``;
+    returns ``(B, M, S)``."""
+    if not hasattr(state, "keys") or set(state) != set(_STATE_SHAPES):
+        raise ValueError(f"state must be the dict of init_decoder_state with keys "
+                         f"{sorted(_STATE_SHAPES)}, got "
+                         f"{sorted(state) if hasattr(state, 'keys') else type(state).__name__}")
+    shapes = {name: jnp.shape(value) for name, value in state.items()}
+    B = shapes["position"][0] if len(shapes["position"]) == 1 else None
+    self_shape = shapes["self_keys"]
+    M = self_shape[3] if len(self_shape) == 5 else None
+    cross_shape = shapes["cross_keys"]
+    S = cross_shape[3] if len(cross_shape) == 5 else None
+    expected = {"position": (B,), "self_keys": (B, L, N, M, H), "self_values": (B, L, N, M, H),
+                "cross_keys": (B, L, N, S, H), "cross_values": (B, L, N, S, H),
+                "src_valid_len": (B,)}
+    for name, shape in expected.items():
+        if None in shape or shapes[name] != shape:
+            letters = _STATE_SHAPES[name]
+            raise ValueError(
+                f"state[{name!r}] must have shape {letters} with L = {L} blocks, N = {N} heads "
+                f"(num_heads) and H = {H}, got {shapes[name]} (state['position'] "
+                f"{shapes['position']}, state['self_keys'] {self_shape}, state['cross_keys'] "
+                f"{cross_shape})")
+    for name in ("position", "src_valid_len"):
+        if not is_integer_dtype(jnp.result_type(state[name])):
+            raise ValueError(f"state[{name!r}] must hold integers, got dtype "
+                             f"{jnp.result_type(state[name])} with shape {shapes[name]}")
+    return B, M, S
+
+
+def _write_cache(cache, new, position):
+    """``cache (B, N, M, H)`` with ``new (B, N, 1, H)`` written at each row's ``position``."""
+    def write(c, n, p):
+        return lax.dynamic_update_slice(c, n, (jnp.zeros((), jnp.int32), p,
+                                               jnp.zeros((), jnp.int32)))
+    return jax.vmap(write)(cache, new, position)
+
+
+def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = MAX_POSITIONS):
+    """One incremental decoder step with the key/value cache (no dropout: decoding only).
+
+    The token of each row gets ``P[position]``; each block projects it once, writes its key and
+    value into the cache at ``position`` (``lax.dynamic_update_slice``, fixed shapes) and
+    attends cache slots ``<= position`` — the causal self-attention of the full forward pass, so
+    that the logits equal those of :func:`decoder` on the whole prefix.
+
+    Positions: the token of step ``t`` gets ``P[t]``. (The book's 0.17 ``predict_seq2seq`` feeds
+    one token at a time through ``PositionalEncoding``, which adds ``P[0]`` to every new token —
+    a known bug that we do not reproduce.)
+
+    Values follow the package's rule (:mod:`jax_attention.masking`): ``tokens`` outside
+    ``[0, V)`` and positions outside ``[0, M)`` (a step past the cache) raise ``ValueError`` when
+    concrete; traced ones are clipped — tokens to ``[0, V - 1]``, positions to ``[0, M - 1]``
+    (a step past the cache overwrites its last slot instead of writing nowhere).
+
+    Args:
+      params: the decoder's dict. state: see :func:`init_decoder_state`. tokens: ``(B,)`` ids.
+
+    Returns:
+      ``(logits (B, V), state, weights)`` with ``weights = {"decoder_self": (L, B, N, M),
+      "encoder_decoder": (L, B, N, S)}`` of this step (slots past ``position`` have weight 0).
+    """
+    embedding_rows, D = jnp.shape(params["embedding"])
+    check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
+    L = num_blocks(params["blocks"])
+    B, M, S = _check_decoder_state(state, L, num_heads, D // num_heads)
+    tokens = check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
+    check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
+                     jnp.shape(state["self_keys"]))
+    check_values_in("state['position']", state["position"], 0, M - 1,
+                     f"[0, M) = [0, {M}) (the cache's steps)")
+    position = clip_values(state["position"], 0, M - 1)
+    dtype = state["self_keys"].dtype
+    X = embed(params, tokens, position, max_positions, dtype)[:, None, :]  # (B, 1, D)
+    self_keep = (jnp.arange(M, dtype=jnp.int32).reshape(1, M) <= position.reshape(-1, 1))
+    self_keep = self_keep[:, None, None, :]  # (B, 1, 1, M)
+    cross_keep = (jnp.arange(S, dtype=jnp.int32).reshape(1, S)
+                  < state["src_valid_len"].reshape(-1, 1))[:, None, None, :]
+    self_keys, self_values = [], []
+    self_weights, cross_weights = [], []
+    for i in range(num_blocks(params["blocks"])):
+        block = params["blocks"][f"block_{i}"]
+        q = project_one(block["self_attention"], X, "W_q", num_heads)
+        k = _write_cache(state["self_keys"][:, i], project_one(block["self_attention"], X, "W_k",
+                                                                 num_heads), position)
+        v = _write_cache(state["self_values"][:, i], project_one(block["self_attention"], X,
+                                                                   "W_v", num_heads), position)
+        self_keys.append(k)
+        self_values.append(v)
+        heads, w_self = attend(q, k, v, self_keep, 0.0, None)
+        Y = add_norm(block["addnorm_1"], X, combine_heads(block["self_attention"], heads))
+        q = project_one(block["cross_attention"], Y, "W_q", num_heads)
+        heads, w_cross = attend(q, state["cross_keys"][:, i], state["cross_values"][:, i],
+                                 cross_keep, 0.0, None)
+        Z = add_norm(block["addnorm_2"], Y, combine_heads(block["cross_attention"], heads))
+        X = add_norm(block["addnorm_3"], Z, position_wise_ffn(block["ffn"], Z))
+        self_weights.append(w_self[:, :, 0])
+        cross_weights.append(w_cross[:, :, 0])
+    logits = dense(params["dense"], X[:, 0], "W", "b")
+    new_state = dict(state, position=position + 1, self_keys=jnp.stack(self_keys, axis=1),
+                     self_values=jnp.stack(self_values, axis=1))
+    return logits, new_state, {"decoder_self": jnp.stack(self_weights),
+                               "encoder_decoder": jnp.stack(cross_weights)}

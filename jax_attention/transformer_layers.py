@@ -1,0 +1,194 @@
+"""The Transformer's layers — d2l §11.7.2–3 (and §11.5's attention with dropout), in JAX.
+
+The sublayers every block of :mod:`jax_attention.transformer` is made of: multi-head attention
+without biases and with dropout on its weights (:func:`attention`), the position-wise
+feed-forward network (:func:`position_wise_ffn`), layer normalisation and the residual
+connection (:func:`layer_norm`, :func:`add_norm`), and the token embedding with its positions.
+They open :mod:`reference_numpy.transformer`, which holds the same functions with the same names
+and einsum strings; :mod:`jax_attention.transformer` (which re-exports them) continues it with the
+blocks, the encoder and the decoder, and :mod:`jax_attention.transformer_cache` decodes with a
+key/value cache from the same pieces.
+
+Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, ``H = D / N``,
+``D`` model width, ``F`` the FFN's hidden width.
+
+The helpers without an underscore (:func:`dense`, :func:`check_width`, :func:`project_one`,
+:func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`) are the building blocks the
+other Transformer modules share; the public functions are those of ``__all__``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax_attention._checks import check_dropout, check_numbered
+from jax_attention.multihead import combine_heads, mask_inputs, project_heads
+from jax_attention.positional import positional_encoding
+from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
+from jax_attention.seq2seq_module import dropout as _dropout
+
+__all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "position_wise_ffn", "layer_norm", "add_norm",
+           "attention"]
+
+#: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
+MAX_POSITIONS = 1000
+LAYER_NORM_EPS = 1e-5
+
+# The same strings as in reference_numpy/transformer.py.
+DENSE = "...i,io->...o"
+
+
+def fold_rng(dropout_rng, index: int):
+    """The key of part ``index`` of a layer (``fold_in``), or ``None`` without dropout."""
+    return None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+
+
+def dense(params, X, kernel: str, bias: str | None):
+    """``X params[kernel] + params[bias]`` (no bias when ``bias`` is ``None``), in ``X``'s dtype."""
+    W = jnp.asarray(params[kernel]).astype(X.dtype)
+    out = jnp.einsum(DENSE, X, W)
+    if bias is None:
+        return out
+    b = jnp.asarray(params[bias]).astype(X.dtype)
+    return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
+
+
+def _check_params(params, expected: dict) -> None:
+    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
+    if not hasattr(params, "keys"):
+        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
+                         f"{type(params).__name__}")
+    missing = [name for name in expected if name not in params]
+    if missing:
+        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
+    for name, shape in expected.items():
+        got = jnp.shape(params[name])
+        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
+            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
+
+
+def check_width(name: str, X, D: int, what: str = "(B, T, D)"):
+    """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
+    the model width ``D``."""
+    X = jnp.asarray(X)
+    rank_ok = X.ndim >= 1 if what.startswith("(...") else X.ndim == what.count(",") + 1
+    if not rank_ok or X.shape[-1] != D:
+        raise ValueError(f"{name} must have shape {what} with D = {D} (the parameters' width), "
+                         f"got {X.shape}")
+    return X
+
+
+def position_wise_ffn(params, X):
+    """The position-wise feed-forward network — d2l §11.7.2: ``relu(X W_1 + b_1) W_2 + b_2``.
+
+    Args:
+      params: ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}``.
+      X: ``(B, T, D)`` (any leading axes ``(..., D)``).
+
+    Returns:
+      ``(B, T, D)``.
+    """
+    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
+    D, F = jnp.shape(params["W_1"])
+    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    X = check_width("X", X, D, "(..., D)")
+    return dense(params, jax.nn.relu(dense(params, X, "W_1", "b_1")), "W_2", "b_2")
+
+
+def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
+    """Layer normalisation over the last axis (``nn.LayerNorm(D)``, biased variance, eps ``1e-5``).
+
+    Args:
+      params: ``{"gamma": (D,), "beta": (D,)}``. X: ``(..., D)`` with ``D >= 1``.
+    """
+    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
+    D = jnp.shape(params["gamma"])[0]
+    _check_params(params, {"beta": (D,)})
+    X = check_width("X", X, D, "(..., D)")
+    if D == 0:
+        # The mean and variance of no feature are 0 / 0.
+        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
+    mean = jnp.mean(X, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
+    shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
+    gamma = jnp.asarray(params["gamma"]).astype(X.dtype).reshape(shape)
+    beta = jnp.asarray(params["beta"]).astype(X.dtype).reshape(shape)
+    return (X - mean) / jnp.sqrt(variance + eps) * gamma + beta
+
+
+def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
+    """Residual connection and layer normalisation — d2l §11.7.3: ``LayerNorm(dropout(Y) + X)``.
+
+    Args:
+      params: ``{"gamma", "beta"}``. X: the residual ``(B, T, D)``. Y: the sublayer's output,
+        of ``X``'s shape.
+      dropout, dropout_rng: the rate and a key (``None``: no dropout).
+    """
+    X, Y = jnp.asarray(X), jnp.asarray(Y)
+    if X.shape != Y.shape:
+        raise ValueError(f"X (the residual) and Y (the sublayer's output) must have the same "
+                         f"shape, got X {X.shape} and Y {Y.shape}")
+    return layer_norm(params, _dropout(Y, check_dropout(dropout), dropout_rng) + X)
+
+
+def project_one(params, X, name: str, num_heads: int):
+    """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)``."""
+    B, T, _ = X.shape
+    out = jnp.einsum(DENSE, X, jnp.asarray(params[name]).astype(X.dtype))
+    # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
+    return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
+
+
+def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
+    """Scaled dot-product attention of projected heads; dropout acts on the weights only."""
+    weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
+    dropped = _dropout(weights, dropout, dropout_rng)
+    return jnp.einsum(WEIGHTED_SUM, dropped, heads_v), weights
+
+
+def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
+              is_causal: bool = False, dropout: float = 0.0, dropout_rng=None):
+    """Multi-head attention of the Transformer (no biases) with dropout on its weights — d2l §11.5.
+
+    The same computation as :func:`jax_attention.multihead.multi_head_attention` (its masking,
+    projections and head split), plus the book's dropout on the attention weights.
+
+    Args:
+      params: ``{"W_q", "W_k", "W_v", "W_o"}``, each ``(D, D)``.
+      queries: ``(B, T, D)``. keys_values: ``(B, S, D)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      num_heads: ``N``. is_causal: add the causal mask.
+      dropout, dropout_rng: on the weights (``None``: no dropout).
+
+    Returns:
+      ``(output (B, T, D), weights (B, N, T, S))``; the weights are those before dropout.
+    """
+    D = jnp.shape(params["W_q"])[0] if "W_q" in params else None
+    if D is not None:
+        queries = check_width("queries", queries, D)
+        keys_values = check_width("keys_values", keys_values, D, "(B, S, D)")
+    check_dropout(dropout)
+    keep, queries, keys, values = mask_inputs(queries, keys_values, keys_values, valid_lens,
+                                               None, is_causal, num_heads)
+    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
+    heads, weights = attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
+    return combine_heads(params, heads), weights
+
+
+def num_blocks(blocks) -> int:
+    """The number of blocks of ``{"block_0": ..., "block_{L-1}": ...}``, checked."""
+    return check_numbered("blocks", blocks, "block")
+
+
+def embed(params, tokens, offset_positions, max_positions: int, dtype):
+    """``embedding[tokens] * sqrt(D) + P[positions]`` (d2l: the embedding scaled before adding P)."""
+    embedding = jnp.asarray(params["embedding"]).astype(dtype)
+    D = embedding.shape[1]
+    P = positional_encoding(max_positions, D, dtype=dtype)
+    positional = P[offset_positions]
+    positional = positional.reshape((1,) * (tokens.ndim + 1 - positional.ndim) + positional.shape)
+    return embedding[tokens] * math.sqrt(D) + positional

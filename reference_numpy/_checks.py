@@ -1,0 +1,231 @@
+"""Argument validators shared by the modules of the NumPy reference (a private module).
+
+Twin of :mod:`jax_attention._checks`: the same names, arguments and messages wherever both
+packages need them, so the two files read side by side; NumPy only (no JAX here). Every validator
+raises ``ValueError``/``TypeError`` naming the argument, the value or shape received and what was
+expected.
+
+Values that only the data can show (valid lengths, token ids, table indices) are always concrete
+here, so :func:`check_values_in` always checks them; the JAX twin raises the same error for
+concrete values and clips traced ones (see :mod:`jax_attention._checks`).
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import numpy as np
+
+
+# --------------------------------------------------------------------------- static scalars
+
+
+def check_int(name: str, value, minimum: int, *, static: bool = False) -> int:
+    """``value`` as a Python int ``>= minimum``: ``ValueError`` ``"{name} must be an integer >=
+    {minimum}, got {value!r}"`` otherwise (bools refused); ``static`` adds ``" (static)"`` after
+    the bound, as in the JAX twin."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        static_text = " (static)" if static else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{static_text}, got {value!r}")
+    return int(value)
+
+
+def check_count(name: str, value) -> int:
+    """A static size that may be 0 (a sequence length), as a Python int."""
+    return check_int(name, value, 0)
+
+
+def check_numbered(name: str, mapping, prefix: str) -> int:
+    """The count ``L`` of a mapping that must hold exactly ``{prefix}_0 ... {prefix}_{L-1}``
+    (GRU layers, Transformer blocks); ``ValueError`` naming ``name`` otherwise."""
+    if not hasattr(mapping, "keys") or not mapping:
+        raise ValueError(f"{name} must be a mapping '{prefix}_0', '{prefix}_1', ..., got "
+                         f"{mapping!r}")
+    names = [f"{prefix}_{i}" for i in range(len(mapping))]
+    if sorted(mapping) != sorted(names):
+        raise ValueError(f"{name} must hold exactly {names}, got {sorted(mapping)}")
+    return len(names)
+
+
+def check_typed_int(name: str, value, minimum: int) -> int:
+    """``value`` as a Python int ``>= minimum`` (anything with ``__index__``), the positional
+    encodings' rule: ``TypeError`` for a bool, a float or another non-integer, ``ValueError``
+    ``"{name} must be >= {minimum}"`` for a smaller one."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_id(name: str, value) -> int:
+    """A special token id (``bos_id``, ``eos_id``, ``pad_id``): a static integer ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
+    return int(value)
+
+
+def check_max_len(max_len) -> int:
+    """The number of decoding steps: a static integer ``>= 1``."""
+    return check_int("max_len", max_len, 1, static=True)
+
+
+def check_special_ids(batch: int, vocab_size: int, **ids) -> list[int]:
+    """``bos_id``, ``eos_id``, ``pad_id``: non-negative integers below ``V`` (as the JAX search)."""
+    ids = {name: check_id(name, value) for name, value in ids.items()}
+    for name, value in ids.items():
+        if value >= vocab_size:
+            raise ValueError(f"{name} must be a token id in [0, V) = [0, {vocab_size}) (V from the "
+                             f"decoder's logits of shape ({batch}, {vocab_size})), got {value}")
+    return list(ids.values())
+
+
+def check_positions(name: str, length: int, max_positions: int, shape=None) -> None:
+    """A sequence of ``length`` positions must fit the table of ``max_positions`` rows."""
+    max_positions = check_int("max_positions", max_positions, 1)
+    if length > max_positions:
+        of_shape = "" if shape is None else f" ({name} has shape {tuple(shape)})"
+        raise ValueError(f"{name} has {length} positions, more than the positional table's "
+                         f"max_positions = {max_positions}{of_shape}")
+
+
+def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
+    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
+    width comes from) is added to the message."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    if num_hiddens is not None and num_hiddens % num_heads:
+        raise ValueError(
+            f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
+            f"num_heads={num_heads}" + (f" ({context})" if context else "")
+        )
+
+
+# --------------------------------------------------------------------------- values of arrays
+
+
+def is_integer_dtype(dtype) -> bool:
+    """An integer dtype, bool excluded."""
+    return dtype != np.bool_ and np.issubdtype(dtype, np.integer)
+
+
+def check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None:
+    """``ValueError`` unless every value of ``x`` lies in ``[lower, upper]`` (the ``interval``,
+    e.g. ``"[0, V) = [0, 7)"``), naming ``name``, the values found and the shape. The JAX twin
+    raises the same error for concrete values and clips traced ones."""
+    x = np.asarray(x)
+    if x.size and (x.min() < lower or x.max() > upper):
+        raise ValueError(
+            f"{name} must lie in {interval}, got values from {x.min()} to {x.max()} "
+            f"(shape {x.shape})"
+        )
+
+
+def check_lengths(name: str, lengths, batch: int, maximum: int, letter: str) -> np.ndarray:
+    """One length per sequence: integers ``(B,)`` in ``[0, maximum]``."""
+    lengths = np.asarray(lengths)
+    if not is_integer_dtype(lengths.dtype) or lengths.shape != (batch,):
+        raise ValueError(f"{name} must hold integers of shape (B,) = ({batch},), got dtype "
+                         f"{lengths.dtype} with shape {lengths.shape}")
+    check_values_in(name, lengths, 0, maximum, f"[0, {letter}] = [0, {maximum}]")
+    return lengths
+
+
+def check_valid_lens(valid_lens, batch: int | None, num_queries: int, num_keys: int) -> np.ndarray:
+    """``valid_lens`` ``(B,)`` or ``(B, T)`` (any ``B`` when ``batch`` is ``None``)."""
+    valid_lens = np.asarray(valid_lens)
+    shape = valid_lens.shape
+    if not is_integer_dtype(valid_lens.dtype):
+        raise ValueError(f"valid_lens must hold integers, got dtype {valid_lens.dtype} with shape {shape}")
+    expected = (f"(B,) or (B, T) = (B, {num_queries})" if batch is None else
+                f"(B,) = ({batch},) or (B, T) = ({batch}, {num_queries})")
+    if batch is None and len(shape) in (1, 2):
+        batch = shape[0]
+    if shape not in ((batch,), (batch, num_queries)):
+        raise ValueError(f"valid_lens must have shape {expected}, got {shape}")
+    check_values_in("valid_lens", valid_lens, 0, num_keys, f"[0, S] = [0, {num_keys}]")
+    return valid_lens
+
+
+def check_mask(mask, shape) -> np.ndarray:
+    """A boolean ``mask`` (True = attend) broadcastable to the scores' ``shape`` ``(B, ..., T, S)``."""
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(
+            f"mask must be boolean (True = attend), got dtype {mask.dtype} with shape {mask.shape}"
+        )
+    try:
+        if np.broadcast_shapes(mask.shape, shape) != tuple(shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (B, ..., T, S) = {tuple(shape)}, "
+            f"got shape {mask.shape}"
+        ) from None
+    return mask
+
+
+def check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | None = None):
+    """Integer ids ``(B,)`` or ``(B, T)`` in ``[0, V)`` (``batch``, when given, fixes ``B``)."""
+    tokens = np.asarray(tokens)
+    expected = ("(B,)" if ndim == 1 else "(B, T)") if batch is None else (
+        f"(B,) = ({batch},)" if ndim == 1 else f"(B, T) = ({batch}, T)")
+    if (tokens.ndim != ndim or not is_integer_dtype(tokens.dtype)
+            or (batch is not None and tokens.shape[0] != batch)):
+        raise ValueError(f"{name} must be integer token ids of shape {expected}, got dtype "
+                         f"{tokens.dtype} with shape {tokens.shape}")
+    check_values_in(name, tokens, 0, vocab_size - 1, f"[0, V) = [0, {vocab_size})")
+    return tokens
+
+
+# --------------------------------------------------------------------------- attention inputs
+
+
+def check_attention_inputs(queries, keys, values=None, *, same_depth: bool):
+    """Queries ``(B, ..., T, q)``, keys ``(B, ..., S, k)`` and values ``(B, ..., S, v)`` of the
+    scoring functions: shapes, and one float dtype (integers become float64); returns the list of
+    float arrays. ``same_depth``: dot-product scores, which need ``q == k >= 1``."""
+    arrays = {"queries": queries, "keys": keys}
+    if values is not None:
+        arrays["values"] = values
+    arrays = {name: np.asarray(a) for name, a in arrays.items()}
+    for name, a in arrays.items():
+        if a.ndim < 3:
+            raise ValueError(f"{name} must have shape (B, ..., len, size), got {a.shape}")
+        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{name} must be numeric, got dtype {a.dtype} with shape {a.shape}")
+    q, k = arrays["queries"], arrays["keys"]
+    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2]:
+        raise ValueError(
+            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes, "
+            f"got queries {q.shape} and keys {k.shape}"
+        )
+    if same_depth and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same size for dot-product scores, got queries "
+            f"{q.shape} (size {q.shape[-1]}) and keys {k.shape} (size {k.shape[-1]})"
+        )
+    if same_depth and q.shape[-1] == 0:
+        # The scores would be 0 / sqrt(0): NaN weights rather than an error.
+        raise ValueError(
+            f"queries and keys must have a size d >= 1 for scaled dot-product scores, got queries "
+            f"{q.shape} and keys {k.shape}"
+        )
+    if values is not None:
+        v = arrays["values"]
+        if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
+            raise ValueError(
+                f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
+                f"length S, got keys {k.shape} and values {v.shape}"
+            )
+    arrays = [a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64) for a in arrays.values()]
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
+        raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
+    return arrays
