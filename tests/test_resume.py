@@ -491,3 +491,14 @@ def test_the_transformer_resumes_mid_epoch_bit_for_bit(tmp_path):
     assert_same_losses(resumed.losses, reference.losses)
     _assert_same_arrays(read_training_checkpoint(directory)[0],
                         read_training_checkpoint(tmp_path / "ref")[0])
+
+
+def test_a_setting_added_since_the_checkpoint_is_no_difference_at_its_old_value():
+    """Bahdanau runs record ``training.val_fraction`` since the configs of issue 14; a checkpoint
+    written before has none, which is what 0.0 does: it still resumes. Another value differs."""
+    old = {"model": "bahdanau", "training": {"lr": 0.005, "epochs": 2}}
+    same = {"model": "bahdanau", "training": {"lr": 0.005, "epochs": 4, "val_fraction": 0.0}}
+    assert checkpointing.config_differences(old, same) == []
+    other = {"model": "bahdanau", "training": {"lr": 0.005, "epochs": 2, "val_fraction": 0.1}}
+    assert checkpointing.config_differences(old, other) == [
+        "training.val_fraction: '<absent>' in the checkpoint, 0.1 in this run"]
