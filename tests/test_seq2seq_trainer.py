@@ -1,0 +1,72 @@
+"""train_seq2seq (jax_attention.train.seq2seq) for every registered model: the configs flow into
+the result, held-out pairs are scored for any model, the earlier Transformer-only
+evaluate_held_out gives the same figures, and bad settings are refused before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from jax_attention.data import load_data_nmt
+from jax_attention.models import MODELS
+from jax_attention.train import evaluate_held_out, score_held_out, train_seq2seq
+
+TINY = {"bahdanau": {"embed_size": 8, "num_hiddens": 8, "num_layers": 1, "num_steps": 6},
+        "transformer": {"num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2,
+                        "num_layers": 1, "num_steps": 6, "max_positions": 16}}
+TRAINING = {"epochs": 1, "num_examples": 64, "batch_size": 16, "val_fraction": 0.25}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def run(request, data_path):
+    spec = MODELS[request.param]
+    result = train_seq2seq(spec, spec.model_config(**TINY[spec.name]),
+                           spec.train_config(**TRAINING), data=data_path, progress=False,
+                           log=None)
+    return spec, result
+
+
+def test_the_configs_flow_into_the_result(run):
+    spec, result = run
+    assert result.model_config == spec.model_config(
+        **TINY[spec.name], src_vocab_size=len(result.src_vocab),
+        tgt_vocab_size=len(result.tgt_vocab))
+    assert result.train_config == spec.train_config(**TRAINING)
+    assert result.config == {"model": spec.name, **result.model_config.record(),
+                             "training": result.train_config.record()}
+    assert len(result.losses) == 1 and len(result.translations) == 4
+
+
+def test_held_out_pairs_are_scored_for_every_model(run, data_path):
+    spec, result = run
+    nmt = load_data_nmt(16, 6, 64, data=data_path, val_fraction=0.25)
+    assert result.validation["num_pairs"] == len(nmt.val) == 16
+    assert score_held_out(spec, result.params, result.model_config, nmt.val, result.src_vocab,
+                          result.tgt_vocab) == result.validation
+    if spec.name == "transformer":  # the earlier, Transformer-only signature
+        config = result.model_config
+        assert evaluate_held_out(result.params, nmt.val, result.src_vocab, result.tgt_vocab,
+                                 num_heads=config.num_heads, num_steps=config.num_steps,
+                                 max_positions=config.max_positions) == result.validation
+
+
+def test_a_config_of_another_model_is_refused():
+    with pytest.raises(TypeError, match="model_config must be a TransformerConfig"):
+        train_seq2seq("transformer", MODELS["bahdanau"].model_config())
+
+
+def test_an_unknown_model_is_refused():
+    with pytest.raises(ValueError, match=r"model must be one of \['bahdanau', 'transformer'\]"):
+        train_seq2seq("lstm")
+
+
+def test_model_parallel_needs_a_tensor_parallel_model():
+    from jax_attention.configs import DeviceConfig
+
+    with pytest.raises(ValueError, match="has no tensor-parallel layout"):
+        train_seq2seq("bahdanau", devices=DeviceConfig(model_parallel=2))
+    from jax_attention.train import train_bahdanau
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'model_parallel'"):
+        train_bahdanau(model_parallel=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'widht'"):
+        train_bahdanau(widht=2)
