@@ -68,7 +68,9 @@ class ExportedModel:
     train_config: TrainConfig | None
 
     def translate(self, sentences, *, max_len: int | None = None, beam_size: int = 1):
-        """Translate with this model (:attr:`ModelSpec.translate`)."""
+        """Translate with this model (:attr:`ModelSpec.translate`); ``ValueError`` for a
+        ``beam_size`` or ``max_len`` the model cannot take (:meth:`ModelSpec.check_translation`)."""
+        self.spec.check_translation(self.model_config, max_len=max_len, beam_size=beam_size)
         return self.spec.translate(self.params, sentences, self.src_vocab, self.tgt_vocab,
                                    self.model_config, max_len=max_len, beam_size=beam_size)
 

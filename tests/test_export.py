@@ -117,3 +117,10 @@ def test_an_export_without_model_key_is_a_bahdanau_one(tmp_path):
     np.testing.assert_array_equal(loaded.params["decoder"]["attention"]["w_v"],
                                   export.load_model(FIXTURES / "bahdanau").params["decoder"]
                                   ["attention"]["w_v"])
+
+
+def test_translate_refuses_what_the_model_cannot_do():
+    with pytest.raises(ValueError, match="beam search is not implemented for the bahdanau model"):
+        export.load_model(FIXTURES / "bahdanau").translate(SENTENCES, beam_size=2)
+    with pytest.raises(ValueError, match="exceeds the model's max_positions = 16"):
+        export.load_model(FIXTURES / "transformer").translate(SENTENCES, max_len=17)
