@@ -122,7 +122,7 @@ def test_train_functions_on_four_devices_train_as_on_one(model, run, request):
     _assert_trained_alike(many, one)
 
 
-# The loop-level runs below (the steps of _train_epochs spelled out around _train_steps, with
+# The loop-level runs below (the steps of train.loop.train_epochs spelled out around train_steps, with
 # what each device holds) check the placement itself; the user's path above checks the results.
 # Each costs a few subprocess compilations, so they run with `pytest -m slow`.
 

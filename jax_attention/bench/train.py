@@ -294,7 +294,7 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
 
     def ours() -> None:
         nonlocal state
-        # As train._train_epochs: stack on the host, one compiled call, one sync on the losses.
+        # As train.loop.train_epochs: stack on the host, one compiled call, one sync on the losses.
         batches = tuple(np.stack(arrays) for arrays in zip(*padded))
         state, step_losses = train_steps(graphdef, state, batches, bos_id)
         losses["ours"].append(float(sum(float(loss) for loss in np.asarray(step_losses))) / tokens)
