@@ -326,3 +326,29 @@ def check_setting(name: str, value, rule: tuple):
     if kind not in checks:
         raise ValueError(f"unknown setting rule {rule!r} for {name}")
     return checks[kind](name, value, *arguments)
+
+
+# --------------------------------------------------------------------------- implementation choice
+
+ATTENTION_IMPLEMENTATIONS = ("plain", "chunked")
+
+
+def check_implementation(implementation) -> str | None:
+    """``implementation=`` of ``scoring.dot_product_attention``: ``None`` (choose by size) or one
+    of :data:`ATTENTION_IMPLEMENTATIONS`; anything else raises ``ValueError`` naming it."""
+    if implementation is None or (isinstance(implementation, str)
+                                  and implementation in ATTENTION_IMPLEMENTATIONS):
+        return implementation
+    raise ValueError(f"implementation must be None, 'plain' or 'chunked', got {implementation!r}")
+
+
+# --------------------------------------------------------------------------- choices
+
+
+def check_choice(name: str, value, choices) -> str:
+    """``value`` one of the strings ``choices``; ``ValueError`` naming ``name`` and listing them
+    otherwise."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value

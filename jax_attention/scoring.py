@@ -25,10 +25,12 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from jax_attention import efficient
 from jax_attention._checks import (
     as_array_like,
     check_attention_inputs,
     check_dropout,
+    check_implementation,
     check_size,
     is_integer_dtype,
 )
@@ -132,9 +134,18 @@ def _softmax(scores, keep):
 
 
 def _dot_product_scores(queries, keys, bias):
+    """``Q K^T / sqrt(d) + bias``. In float32 and float64 the scale is applied to the ``T x d``
+    queries instead of the ``T x S`` scores: XLA:CPU runs it as a pass of its own over the scores
+    (and its transpose as another in the backward pass, with a ``T x S`` array of the constant),
+    which cost ~25% of a forward+backward at ``T = S = 512``. Both are exact when ``sqrt(d)`` is a
+    power of two (``d`` = 4, 16, 64, 256) and within one rounding otherwise. float16/bfloat16
+    scale the float32 scores, so that no extra rounding to the inputs' dtype comes in."""
+    scale = math.sqrt(queries.shape[-1])
+    if _half_scores_dtype(queries.dtype) is None:
+        return _add_bias(jnp.einsum(DOT_SCORES, queries / scale, keys), bias)
     scores = jnp.einsum(DOT_SCORES, queries, keys,
                         preferred_element_type=_half_scores_dtype(queries.dtype))
-    return _add_bias(scores / math.sqrt(queries.shape[-1]), bias)
+    return _add_bias(scores / scale, bias)
 
 
 def _dot_product_weights(queries, keys, keep, bias):
@@ -195,8 +206,43 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
     return _dot_product_weights(queries, keys, keep, bias)
 
 
+# implementation=None takes "chunked" when the scores (B, ..., T, S) hold at least
+# CHUNKED_MIN_SCORES numbers (16 MiB of float32) and S >= CHUNKED_MIN_KEYS, "plain" otherwise
+# (see dot_product_implementation). The plain attention writes several T x S temporaries to fresh
+# memory; the chunked one keeps (B, ..., 128..512, 128..512) blocks in cache
+# (jax_attention.efficient.auto_chunk_size) at the cost of its loops. Measured interleaved, float32,
+# H = 64, 2 cores, ms plain / chunked, forward and forward+backward:
+#   (1, 1, 1024) 1M scores: 3.3 / 2.9, 10.0 / 10.5     (1, 2, 1024) 2M: 7.1 / 6.9, 28.2 / 29.3
+#   (4, 8, 256)  2M:       12.0 / 14.6, 37.5 / 41.8    (8, 8, 256)  4M: 25.5 / 30.7, 99.6 / 95.2
+#   (4, 8, 384)  4.7M:     23.3 / 25.2, 105 / 89       (16, 8, 128) 2M: 12.9 / 14.3, 36.0 / 43.8
+#   (1, 4, 1024) 4M:       33.5 / 16.2, 92.8 / 49.3    (4, 8, 512)  8M: 65 / 35, 160 / 103
+#   (1, 8, 2048) 32M: chunked 1.3-1.6x faster          (1, 1, 8192) 64M: 1.3x.
+# Below 4M scores the two are within noise of each other; from 4M with S >= 512, chunked wins by
+# 1.5-2x. With S <= 384 the blocks are the whole key axis and chunking buys little.
+CHUNKED_MIN_SCORES = 1 << 22
+CHUNKED_MIN_KEYS = 512
+
+
+def dot_product_implementation(queries, keys, bias=None) -> str:
+    """The implementation ``dot_product_attention(..., implementation=None)`` takes for these
+    queries ``(B, ..., T, d)``, keys ``(B, ..., S, d)`` and ``bias``: ``"chunked"`` when the
+    scores ``(B, ..., T, S)`` hold at least :data:`CHUNKED_MIN_SCORES` numbers, ``S >=``
+    :data:`CHUNKED_MIN_KEYS`, there is no ``bias`` (the chunked kernel takes none) and the dtype
+    is float32 or float64 (float16/bfloat16 keep the plain path's rounding); else ``"plain"``.
+    Only shapes and dtypes decide, so the choice is static under ``jit``; arrays or anything with
+    ``shape`` and ``dtype`` (``jax.ShapeDtypeStruct``) will do."""
+    queries, keys = (x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x)
+                     for x in (queries, keys))
+    if (bias is None and jnp.issubdtype(queries.dtype, jnp.floating)
+            and jnp.finfo(queries.dtype).bits >= 32 and len(keys.shape) >= 2
+            and keys.shape[-2] >= CHUNKED_MIN_KEYS
+            and math.prod(queries.shape[:-1]) * keys.shape[-2] >= CHUNKED_MIN_SCORES):
+        return "chunked"
+    return "plain"
+
+
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                          bias=None):
+                          bias=None, implementation=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
     ``softmax(Q K^T / sqrt(d) + bias) V`` with masking (see :mod:`jax_attention.masking`).
@@ -209,18 +255,43 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores, broadcastable to ``(B, ..., T, S)``.
+      implementation: how the output is computed, equal to float rounding:
+
+        * ``"plain"``: the scores, weights and weighted sum as whole ``T x S`` arrays;
+        * ``"chunked"``: :func:`jax_attention.efficient.dot_product_attention` (query and key
+          chunks, online softmax, a recomputing backward pass); no ``bias``, and reverse-mode
+          derivatives only (``jax.jvp``, ``jax.hessian`` need ``"plain"``);
+        * ``None`` (default): :func:`dot_product_implementation` chooses by size — ``"chunked"``
+          from :data:`CHUNKED_MIN_SCORES` scores and :data:`CHUNKED_MIN_KEYS` keys on
+          (float32/float64, no bias), where it was measured faster, ``"plain"`` below.
+
+        Either way the weights are those of the plain path (:func:`dot_product_attention_weights`);
+        with ``"chunked"`` they are computed apart from the output, so under ``jit`` they cost
+        nothing when unused (XLA drops them), but an eager call computes them too.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
 
-    The values are those of :func:`~jax_attention.masking.masked_softmax` bit for bit; the
-    derivatives come from a custom JVP whose transpose needs fewer passes over the ``T x S``
-    scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff to
-    rounding, forward mode included).
+    The plain path's values are those of :func:`~jax_attention.masking.masked_softmax` (to the
+    rounding of applying ``1 / sqrt(d)`` to the queries, exact when ``sqrt(d)`` is a power of
+    two); its derivatives come from a custom JVP whose transpose needs fewer passes over the
+    ``T x S`` scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff
+    to rounding, forward mode included).
     """
-    keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                             same_depth=True)
-    return _softmax_pool(_dot_product_scores(queries, keys, bias), values, keep)
+    implementation = check_implementation(implementation)
+    if implementation == "chunked" and bias is not None:
+        raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
+                         "be T x S arrays); use implementation='plain' or None")
+    keep, (checked_queries, checked_keys, checked_values) = _prepare(
+        queries, keys, values, valid_lens, mask, is_causal, same_depth=True)
+    if implementation is None:
+        implementation = dot_product_implementation(checked_queries, checked_keys, bias)
+    if implementation == "plain":
+        return _softmax_pool(_dot_product_scores(checked_queries, checked_keys, bias),
+                             checked_values, keep)
+    output = efficient.dot_product_attention(queries, keys, values, valid_lens, mask=mask,
+                                             is_causal=is_causal)
+    return output, _dot_product_weights(checked_queries, checked_keys, keep, None)
 
 
 def _check_additive_params(params, queries, keys):

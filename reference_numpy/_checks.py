@@ -229,3 +229,17 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool):
         names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
         raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
     return arrays
+
+
+# --------------------------------------------------------------------------- implementation choice
+
+ATTENTION_IMPLEMENTATIONS = ("plain", "chunked")
+
+
+def check_implementation(implementation) -> str | None:
+    """``implementation=`` of ``scoring.dot_product_attention``: ``None`` (choose by size) or one
+    of :data:`ATTENTION_IMPLEMENTATIONS`; anything else raises ``ValueError`` naming it."""
+    if implementation is None or (isinstance(implementation, str)
+                                  and implementation in ATTENTION_IMPLEMENTATIONS):
+        return implementation
+    raise ValueError(f"implementation must be None, 'plain' or 'chunked', got {implementation!r}")

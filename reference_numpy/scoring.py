@@ -11,7 +11,11 @@ import math
 
 import numpy as np
 
-from reference_numpy._checks import check_attention_inputs, is_integer_dtype
+from reference_numpy._checks import (
+    check_attention_inputs,
+    check_implementation,
+    is_integer_dtype,
+)
 from reference_numpy.masking import attention_mask, masked_softmax
 
 __all__ = [
@@ -109,7 +113,7 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
 
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                          bias=None):
+                          bias=None, implementation=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
     ``softmax(Q K^T / sqrt(d) + bias) V`` with masking (see :mod:`reference_numpy.masking`).
@@ -122,10 +126,14 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores, broadcastable to ``(B, ..., T, S)``.
+      implementation: ``None``, ``"plain"`` or ``"chunked"``, checked and otherwise ignored: the
+        reference has one path (the whole ``T x S`` scores), against which both of
+        :func:`jax_attention.scoring.dot_product_attention`'s are tested.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
     """
+    check_implementation(implementation)
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
                                              same_depth=True)
     weights = _dot_product_weights(queries, keys, keep, bias)

@@ -796,3 +796,110 @@ def test_module_under_nnx_jit(kind):
     expected, _ = _functional(kind, module)(queries, keys, values, lens)
     chex.assert_trees_all_close(got, expected, rtol=1e-6, atol=1e-7)
     assert (np.asarray(got[1]) == 0).all()
+
+
+# --------------------------------------------------------------------------- implementation=
+
+
+def _uses_chunked_kernel(f, *args):
+    """Whether ``f(*args)`` runs the chunked kernel: its online softmax is a ``while`` loop under a
+    custom VJP, and the plain path has neither."""
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    return "custom_vjp_call" in jaxpr and "while" in jaxpr
+
+
+@pytest.mark.parametrize("shape, dtype, with_bias, expected", [
+    ((4, 8, 512, 64), jnp.float32, False, "chunked"),  # 8M scores, S = 512
+    ((1, 4, 1024, 64), jnp.float32, False, "chunked"),  # 4M scores: the threshold
+    ((1, 2, 1024, 64), jnp.float32, False, "plain"),  # 2M scores
+    ((64, 8, 128, 64), jnp.float32, False, "plain"),  # 8M scores but S = 128 < 512
+    ((4, 8, 512, 64), jnp.float32, True, "plain"),  # the chunked kernel takes no bias
+    ((4, 8, 512, 64), jnp.bfloat16, False, "plain"),  # half precision keeps the plain rounding
+    ((4, 8, 512, 64), jnp.float16, False, "plain"),
+])
+def test_dispatch_rule(shape, dtype, with_bias, expected):
+    """implementation=None follows dot_product_implementation's documented rule (shapes only)."""
+    T = shape[2]
+    queries = jax.ShapeDtypeStruct(shape, dtype)
+    bias = jnp.zeros((T, T), dtype) if with_bias else None
+    assert jax_scoring.dot_product_implementation(queries, queries, bias) == expected
+    assert jax_scoring.CHUNKED_MIN_SCORES == 1 << 22 and jax_scoring.CHUNKED_MIN_KEYS == 512
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dispatch_takes_the_path_the_rule_names(monkeypatch, with_bias):
+    """The default dispatch runs the path dot_product_implementation names (thresholds lowered so
+    that small arrays cross them), and implementation= forces either."""
+    monkeypatch.setattr(jax_scoring, "CHUNKED_MIN_SCORES", DIMS.B * DIMS.T * DIMS.S)
+    monkeypatch.setattr(jax_scoring, "CHUNKED_MIN_KEYS", DIMS.S)
+    queries, keys, values = _inputs("dot")
+    bias = _normal(DIMS["TS"], jnp.float32, 9) if with_bias else None
+    rule = jax_scoring.dot_product_implementation(queries, keys, bias)
+    assert rule == ("plain" if with_bias else "chunked")
+
+    def run(implementation):
+        return lambda q, k, v: jax_scoring.dot_product_attention(q, k, v, bias=bias,
+                                                                 implementation=implementation)
+
+    assert _uses_chunked_kernel(run(None), queries, keys, values) == (rule == "chunked")
+    assert not _uses_chunked_kernel(run("plain"), queries, keys, values)
+    if not with_bias:
+        assert _uses_chunked_kernel(run("chunked"), queries, keys, values)
+    # Below the thresholds: plain.
+    monkeypatch.setattr(jax_scoring, "CHUNKED_MIN_KEYS", DIMS.S + 1)
+    assert jax_scoring.dot_product_implementation(queries, keys) == "plain"
+    assert not _uses_chunked_kernel(run(None), queries, keys, values)
+
+
+@pytest.mark.parametrize("name, lens, mask, is_causal", [
+    ("lens B with an empty sequence", (0, 4), None, False),
+    ("lens BT with an empty row, mask, causal", ((1, 0, 3), (5, 2, 4)), "random", True),
+])
+def test_chunked_implementation_matches_plain_with_gradients(x64, name, lens, mask, is_causal):
+    """implementation="chunked" gives the plain path's output, weights and gradients (through
+    both) to float64 rounding, with NaN and Inf in padding; fully masked rows give zeros and
+    finite gradients."""
+    queries, keys, values = _inputs("dot", dtype=jnp.float64)
+    lens = _lens(lens)
+    if lens.ndim == 1:
+        padded = (jnp.arange(DIMS.S, dtype=jnp.int32)[None, :] >= lens[:, None])[:, :, None]
+        keys = jnp.where(padded, jnp.nan, keys)
+        values = jnp.where(padded, jnp.inf, values)
+    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    out_cotangent = _normal(DIMS["BTD"], jnp.float64, 10)
+    weights_cotangent = _normal(DIMS["BTS"], jnp.float64, 11)
+
+    def loss(implementation):
+        def f(q, k, v):
+            output, weights = jax_scoring.dot_product_attention(
+                q, k, v, lens, mask=mask, is_causal=is_causal, implementation=implementation)
+            return jnp.sum(output * out_cotangent) + jnp.sum(weights * weights_cotangent)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
+
+    plain, chunked = loss("plain")(queries, keys, values), loss("chunked")(queries, keys, values)
+    assert _all_finite(chunked)
+    chex.assert_trees_all_close(chunked, plain, rtol=1e-12, atol=1e-12)
+    output, weights = jax_scoring.dot_product_attention(queries, keys, values, lens, mask=mask,
+                                                        is_causal=is_causal,
+                                                        implementation="chunked")
+    keep = jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal)
+    empty = ~np.asarray(jnp.broadcast_to(keep, DIMS["BTS"])).any(axis=-1)
+    assert empty.any() and (np.asarray(output)[empty] == 0).all()
+    _assert_weights_valid(weights, keep)
+
+
+@pytest.mark.parametrize("implementation", ["fast", "PLAIN", "", 1, True, ("plain",)])
+def test_bad_implementation(implementation):
+    """A value that is neither None, 'plain' nor 'chunked' is a ValueError naming the argument, in
+    JAX and in the NumPy reference alike."""
+    queries, keys, values = _inputs("dot")
+    for attention in (jax_scoring.dot_product_attention, np_scoring.dot_product_attention):
+        with pytest.raises(ValueError, match="implementation must be None, 'plain' or 'chunked'"):
+            attention(queries, keys, values, implementation=implementation)
+
+
+def test_chunked_implementation_takes_no_bias():
+    queries, keys, values = _inputs("dot")
+    with pytest.raises(ValueError, match="implementation='chunked' takes no bias"):
+        jax_scoring.dot_product_attention(queries, keys, values, bias=jnp.zeros(DIMS["TS"]),
+                                          implementation="chunked")

@@ -2,10 +2,13 @@
 
 Peers, each fed its native layout (the transposes are made once, outside the timed calls):
 
-* ``ours`` — :func:`jax_attention.scoring.dot_product_attention`, heads-first ``(B, N, T, H)``,
+* ``ours`` — :func:`jax_attention.scoring.dot_product_attention` with its default dispatch
+  (``implementation=None``: plain or chunked by size, see
+  :func:`jax_attention.scoring.dot_product_implementation`), heads-first ``(B, N, T, H)``,
   padding as ``valid_lens``;
+* ``ours_plain`` — the same with ``implementation="plain"`` (whole ``T x S`` scores);
 * ``ours_efficient`` — :func:`jax_attention.efficient.dot_product_attention` (chunked,
-  online softmax), same layout and arguments;
+  online softmax: what ``implementation="chunked"`` runs), same layout and arguments;
 * ``jax.nn`` — :func:`jax.nn.dot_product_attention`, ``(B, T, N, H)``, padding as
   ``key_value_seq_lengths``;
 * ``flax.nnx`` — :func:`flax.nnx.dot_product_attention`, ``(B, T, N, H)``, padding as a boolean
@@ -48,7 +51,7 @@ from jax_attention.bench.common import (environment, format_environment, format_
 __all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "padding_lens",
            "forward_backward", "bench_attention", "format_attention", "format_sources"]
 
-PEERS = ("ours", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
+PEERS = ("ours", "ours_plain", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
 # (B, N, T = S, H), from many short sequences to one long one; B·N·T² is 1M, 8M, 32M, 64M.
 DEFAULT_SHAPES = ((8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (1, 1, 8192, 64))
 MASKS = ("none", "padding")
@@ -163,7 +166,18 @@ def _build_peers(names, arrays, lens, dtype_name, efficient_chunks):
             peers[name] = _jax_peer(
                 lambda q, k, v, lens: scoring.dot_product_attention(q, k, v, lens)[0],
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.scoring.dot_product_attention, (B, N, T, H), valid_lens")
+                note="jax_attention.scoring.dot_product_attention (implementation=None: "
+                     f"{scoring.dot_product_implementation(bnth[0], bnth[1])} here), "
+                     "(B, N, T, H), valid_lens")
+        elif name == "ours_plain":
+            from jax_attention import scoring
+
+            peers[name] = _jax_peer(
+                lambda q, k, v, lens: scoring.dot_product_attention(
+                    q, k, v, lens, implementation="plain")[0],
+                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
+                note="jax_attention.scoring.dot_product_attention(implementation='plain'), "
+                     "(B, N, T, H), valid_lens")
         elif name == "ours_efficient":
             from jax_attention import efficient
 

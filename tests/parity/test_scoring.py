@@ -93,17 +93,25 @@ def _additive_inputs(batch_axes, num_queries=T, num_keys=S):
 # --------------------------------------------------------------------------- dot product
 
 
+# Both implementations of jax_scoring.dot_product_attention against the one NumPy path (which
+# takes and ignores the argument); None is the default dispatch (plain at these sizes).
+IMPLEMENTATIONS = ["plain", "chunked", None]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("lens_kind, mask_kind, is_causal", MASKINGS, ids=MASKING_IDS)
-def test_dot_product_attention(backend, dtype, lens_kind, mask_kind, is_causal):
+def test_dot_product_attention(backend, dtype, lens_kind, mask_kind, is_causal, implementation):
     queries, keys, values = _dot_inputs((B,))
     lens, mask = _masking(lens_kind, mask_kind)
-    expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask, is_causal=is_causal)
+    expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask,
+                                                is_causal=is_causal, implementation=implementation)
     jax_lens, jax_mask = _to_jax(lens, mask)
     got = jax_scoring.dot_product_attention(
         *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
         jax_lens,
         mask=jax_mask,
         is_causal=is_causal,
+        implementation=implementation,
     )
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
@@ -125,7 +133,9 @@ def test_dot_product_attention_weights(backend, dtype, lens_kind, mask_kind, is_
     "lens_kind, mask_kind, is_causal",
     [("B", None, False), ("BT", None, False), ("B", "B1S", True), ("BT", "TS", False)],
 )
-def test_dot_product_attention_heads(backend, dtype, lens_kind, mask_kind, is_causal):
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS[:2])
+def test_dot_product_attention_heads(backend, dtype, lens_kind, mask_kind, is_causal,
+                                     implementation):
     queries, keys, values = _dot_inputs((B, N))
     lens, mask = _masking(lens_kind, mask_kind, heads=True)
     expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask, is_causal=is_causal)
@@ -135,17 +145,21 @@ def test_dot_product_attention_heads(backend, dtype, lens_kind, mask_kind, is_ca
         jax_lens,
         mask=jax_mask,
         is_causal=is_causal,
+        implementation=implementation,
     )
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
 
 @pytest.mark.parametrize("num_queries, num_keys", [(6, 3)])  # T > S; MASKINGS has T < S
-def test_dot_product_attention_causal_rectangular(backend, dtype, num_queries, num_keys):
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS[:2])
+def test_dot_product_attention_causal_rectangular(backend, dtype, num_queries, num_keys,
+                                                  implementation):
     queries, keys, values = _dot_inputs((B,), num_queries, num_keys)
     expected = np_scoring.dot_product_attention(queries, keys, values, is_causal=True)
     got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)), is_causal=True
+        *(jnp.asarray(a, dtype) for a in (queries, keys, values)), is_causal=True,
+        implementation=implementation,
     )
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
