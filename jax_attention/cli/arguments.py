@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -19,6 +21,7 @@ __all__ = ["int_at_least", "positive_int", "positive_float", "dropout_rate",
            "check_checkpoint_argument", "check_data_argument", "EXIT_NONFINITE",
            "EXIT_INTERRUPTED", "LONG_RUNS_EPILOG", "add_long_run_arguments",
            "add_device_arguments", "check_long_run_arguments",
+           "add_compilation_cache_argument", "start_compilation_cache",
            "write_json_report", "finish_outputs"]
 
 # --------------------------------------------------------------------------- argument types
@@ -62,6 +65,32 @@ def dropout_rate(text: str) -> float:
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
     return value
+
+
+# --------------------------------------------------------------------------- compilation cache
+
+
+def add_compilation_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-compilation-cache``: the commands that compile keep their programs in the user
+    cache (:mod:`jax_attention.compilation`) unless told not to."""
+    parser.add_argument("--no-compilation-cache", dest="compilation_cache", action="store_false",
+                        help="compile every program afresh instead of loading the ones an "
+                             "earlier run compiled from the cache (default: the cache in "
+                             "$XDG_CACHE_HOME/jax-attention/compilation or ~/.cache/...; "
+                             "JAX_ATTENTION_COMPILATION_CACHE=0 turns it off too)")
+
+
+def start_compilation_cache(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """Turn the compilation cache on as ``args`` say, before anything compiles; returns its
+    directory or ``None``. A cache that cannot be written is one warning line, not an error."""
+    from jax_attention.compilation import enable_compilation_cache
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        directory = enable_compilation_cache(args.compilation_cache)
+    for warning in caught:
+        print(f"{parser.prog}: warning: {warning.message}", file=sys.stderr)
+    return directory
 
 
 # --------------------------------------------------------------------------- output paths

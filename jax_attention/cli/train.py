@@ -15,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jax_attention import provenance
-from jax_attention.cli.arguments import (EXIT_INTERRUPTED, EXIT_NONFINITE, add_device_arguments,
+from jax_attention.cli.arguments import (EXIT_INTERRUPTED, EXIT_NONFINITE,
+                                         add_compilation_cache_argument, add_device_arguments,
                                          add_long_run_arguments, add_output_arguments,
                                          check_checkpoint_argument, check_data_argument,
                                          check_long_run_arguments, check_output_arguments,
                                          dropout_rate, finish_outputs, int_at_least,
-                                         positive_float, positive_int)
+                                         positive_float, positive_int, start_compilation_cache)
 from jax_attention.cli.registry import register, register_group
 from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models import MODELS
@@ -125,6 +126,7 @@ def _configure_seq2seq(spec, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", metavar="N", type=positive_int, default=10,
                         help="print the loss every N epochs (default: %(default)s)")
     add_output_arguments(parser)
+    add_compilation_cache_argument(parser)
     add_long_run_arguments(parser)
     add_device_arguments(parser, tensor_parallel=spec.tensor_parallel)
     parser.set_defaults(handler=functools.partial(run_train_seq2seq, spec))
@@ -157,6 +159,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     from jax_attention.train import train_seq2seq
 
     check_data_argument(args, parser)
+    cache = start_compilation_cache(args, parser)
     # A ValueError (e.g. a --val-fraction that leaves no training pair) is a usage error.
     result, status = _run_training(functools.partial(train_seq2seq, spec, *configs), {
         "data": args.data, "checkpoint": args.checkpoint, "progress": args.progress,
@@ -168,7 +171,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     if not is_main_process():
         return 0  # process 0 of a multi-process run reports and writes the files
     environment = provenance.environment()
-    _print_seq2seq_summary(result, environment["backend"])
+    _print_seq2seq_summary(result, environment["backend"], cache)
     plots = {}
     if args.out is not None:
         from jax_attention.plotting import plot_curve
@@ -178,7 +181,8 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
                    title=f"{spec.title}, training loss")
         # The book's figures: the weights of the last sentence, keys cut to its source tokens.
         plots.update(spec.attention_plots(result.translations[-1][1], args.out))
-    return finish_outputs(args, f"train {spec.name}", result.figures(), plots, environment)
+    figures = {**result.figures(), "compilation_cache": None if cache is None else str(cache)}
+    return finish_outputs(args, f"train {spec.name}", figures, plots, environment)
 
 
 run_train_bahdanau = functools.partial(run_train_seq2seq, MODELS["bahdanau"])
@@ -214,7 +218,7 @@ def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParse
         parser.error(str(error))
 
 
-def _print_seq2seq_summary(result, backend: str) -> None:
+def _print_seq2seq_summary(result, backend: str, cache) -> None:
     # The book's summary line: its loss is the cross-entropy per token divided by num_steps.
     print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
           f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
@@ -231,5 +235,12 @@ def _print_seq2seq_summary(result, backend: str) -> None:
               f"{result.checkpoint_dir}")
     if result.skipped_steps:
         print(f"skipped {result.skipped_steps} step(s) with a non-finite loss, gradient or update")
-    print(f"wall time {result.wall_time_s:.2f} s")
+    hits = result.timing["compile_cache_hits"]
+    where = ("no compilation cache" if cache is None else
+             f"{hits} program{'s' if hits != 1 else ''} loaded from the compilation cache {cache}")
+    print(f"wall time {result.wall_time_s:.2f} s, of which compilation "
+          f"{result.timing['compile_s']:.2f} s ({where})")
+    if result.steady_tokens_per_sec is not None:
+        print(f"steady {result.steady_tokens_per_sec:.1f} tokens/sec (the epochs after the "
+              "first, which compiles)")
     print(f"wrote checkpoint {result.checkpoint}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jax_attention.cli.arguments import check_output_arguments, finish_outputs, positive_int
+from jax_attention.cli.arguments import (add_compilation_cache_argument, check_output_arguments,
+                                         finish_outputs, positive_int, start_compilation_cache)
 from jax_attention.cli.registry import register
 from jax_attention.models import MODELS
 
@@ -37,6 +38,7 @@ def _translate(parser: argparse.ArgumentParser) -> None:
                              "(translation_1.png, ...)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the translations, notes and attention weights to FILE as JSON")
+    add_compilation_cache_argument(parser)
     parser.set_defaults(handler=run_translate)
 
 
@@ -51,6 +53,7 @@ def _record(result) -> dict:
 def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``translate``; see its ``--help``."""
     check_output_arguments(args, parser)
+    start_compilation_cache(args, parser)
     from jax_attention.export import load_model
 
     try:

@@ -140,20 +140,12 @@ def _all_finite(tree) -> jax.Array:
     return functools.reduce(jnp.logical_and, finite, jnp.asarray(True))
 
 
-def _select(variable, old, take):
-    """``variable``'s new value where ``take``, else ``old`` (typed keys through their data)."""
-    new = variable.get_value()
-    if jnp.issubdtype(new.dtype, jax.dtypes.prng_key):  # `where` takes the raw key data
-        chosen = jnp.where(take, jax.random.key_data(new), jax.random.key_data(old))
-        return variable.replace(jax.random.wrap_key_data(chosen, impl=jax.random.key_impl(new)))
-    return variable.replace(jnp.where(take, new, old))
-
-
 def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
     """:func:`pure_step` that refuses a non-finite update, decided on the device (no host sync).
 
     A step is *rejected* when its loss, a gradient or an updated parameter is NaN or Inf (a huge
-    learning rate can turn finite gradients into infinite parameters). A rejected step leaves the
+    learning rate can turn finite gradients into infinite parameters); the gradients are judged
+    by their global norm, so a norm beyond float32's range (~1.8e19) rejects the step too. A rejected step leaves the
     parameters and the optimizer's state as they were, so the state never holds NaN:
 
     - ``skip_nonfinite`` False (stop): the first rejected step sets ``halted``, and every later
@@ -182,17 +174,34 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = loss_and_grads(model, *batch)
     _apply_gradients(model, optimizer, grads)
-    ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(nnx.state(model, nnx.Param))
+    # The gradients are finite when their global norm is (the norm the clipping computes: XLA
+    # shares it); a norm that overflows float32 counts as not finite too (~1.8e19: the clipped
+    # update would be zero).
+    ok = (jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+          & _all_finite(nnx.state(model, nnx.Param)))
     accept = ok & (skip_nonfinite | ~halted)
-
-    def choose(variable, old):
-        # Skip mode moves the dropout stream on even past a rejected step.
-        take = (accept | skip_nonfinite) if isinstance(variable, nnx.RngState) else accept
-        return _select(variable, old, take)
+    # Skip mode moves the dropout stream on even past a rejected step.
+    advance = accept | skip_nonfinite
 
     after, treedef = jax.tree.flatten(nnx.state((model, optimizer)), is_leaf=is_variable)
-    state = jax.tree.unflatten(treedef, [choose(v, old) for v, old in zip(after, before,
-                                                                          strict=True)])
+    is_rng = [isinstance(variable, nnx.RngState) for variable in after]
+
+    new = [variable.get_value() for variable in after]
+
+    def choose(take, rng: bool):
+        """The new values of the leaves that are (``rng``) or are not the dropout stream where
+        ``take``, else their old values."""
+        def part(values):
+            return [value for value, r in zip(values, is_rng, strict=True) if r == rng]
+        return iter(lax.cond(take, lambda: part(new), lambda: part(before)))
+
+    # One conditional per decision chooses the new or the old values of all its leaves, not a
+    # `where` per leaf: XLA copied the computation of the decision (a chain over every leaf's
+    # flag) into each such `where`, which made the step's program three times larger and its
+    # compilation seconds longer. A conditional computes its predicate once.
+    chosen = {True: choose(advance, True), False: choose(accept, False)}
+    state = jax.tree.unflatten(treedef, [variable.replace(next(chosen[rng]))
+                                         for variable, rng in zip(after, is_rng, strict=True)])
     return state, jnp.where(accept, loss, jnp.nan), halted | ~ok
 
 
@@ -384,12 +393,15 @@ class Progress:
 @dataclass(frozen=True)
 class EpochsResult:
     """What :func:`train_epochs` returns: per-epoch losses per target token and tokens/s, the
-    skipped steps and the training checkpoint's step the run resumed from (or ``None``)."""
+    skipped steps and the training checkpoint's step the run resumed from (or ``None``), and
+    the steady rate: the median tokens/s of the epochs after the first one this call trained in
+    (which compiles; ``None`` without such epochs)."""
 
     losses: list
     tokens_per_sec: list
     skipped_steps: int
     resumed_from_step: int | None
+    steady_tokens_per_sec: float | None = None
 
 
 class ProgressLog:
@@ -636,5 +648,9 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
         nnx.update((model, optimizer), distributed.to_local(state))
         if checkpoints is not None:
             checkpoints.close()
+    # The steady rate: the epochs after the first one this call trained in (which compiles,
+    # and which a resumed run may have begun in another process).
+    steady = done.tokens_per_sec[(resumed_from or 0) // schedule.steps_per_epoch + 1:]
     return EpochsResult(losses=done.losses, tokens_per_sec=done.tokens_per_sec,
-                        skipped_steps=done.skipped_steps, resumed_from_step=resumed_from)
+                        skipped_steps=done.skipped_steps, resumed_from_step=resumed_from,
+                        steady_tokens_per_sec=float(np.median(steady)) if steady else None)

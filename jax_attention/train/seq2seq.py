@@ -13,6 +13,7 @@ the same seed gives the same losses bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -26,6 +27,7 @@ from flax import nnx
 
 from jax_attention import distributed
 from jax_attention._checks import check_int
+from jax_attention.compilation import CompileTimer
 from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models import MODELS, ModelSpec, get_model
 from jax_attention.train.loop import clipped_adam, train_epochs, training_mesh
@@ -70,6 +72,14 @@ class Seq2SeqResult:
       validation: ``None``, or the held-out evaluation (:func:`score_held_out`):
         ``{"num_pairs", "corpus_bleu" (k = 4), "mean_sentence_bleu" (k = 4), "examples"}``.
       model_config, train_config: the run's config objects (vocabulary sizes filled in).
+      steady_tokens_per_sec: the median tokens/s of the epochs after the first one this run
+        trained (which compiles), or ``None`` when it trained fewer than two.
+      timing: seconds by phase: ``setup_s`` (data, model), ``training_s`` (the epochs),
+        ``evaluation_s`` (translations, held-out pairs), ``export_s``, and ``compile_s``: the
+        compilation within them all (tracing, lowering and XLA, or loading from the persistent
+        compilation cache), of which ``training_compile_s`` in the epochs
+        (:class:`jax_attention.compilation.CompileTimer`); ``compile_cache_hits``: the programs
+        loaded from that cache.
     """
 
     losses: list[float]
@@ -90,6 +100,8 @@ class Seq2SeqResult:
     validation: dict | None = None
     model_config: object = None
     train_config: TrainConfig | None = None
+    steady_tokens_per_sec: float | None = None
+    timing: dict | None = None
 
     def figures(self) -> dict:
         """The results as JSON-ready Python values (no arrays)."""
@@ -100,6 +112,9 @@ class Seq2SeqResult:
             "losses": list(self.losses),
             "cross_entropy": list(self.cross_entropy),
             "tokens_per_sec_per_epoch": list(self.tokens_per_sec),
+            "steady_tokens_per_sec": self.steady_tokens_per_sec,
+            "compile_s": None if self.timing is None else self.timing["compile_s"],
+            "timing": self.timing,
             "translations": [
                 {"source": t.source, "translation": t.translation, "reference": reference,
                  "bleu": score}
@@ -284,18 +299,29 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         progress, log = False, None
 
     start = time.perf_counter()
-    nmt, model_config, module, optimizer = setup(spec, model_config, train_config, data=data)
-    config = _run_record(spec, model_config, train_config)
-    trained = train_epochs(module, optimizer, nmt, epochs=train_config.epochs, desc=spec.name,
-                           progress=progress, log=log, log_every=log_every, config=config,
-                           long_run=long_run, mesh=mesh)
-    params, translations, scores, validation = _evaluate(spec, module, model_config, nmt)
-    written = None
-    if checkpoint is not None and distributed.is_main_process():
-        from jax_attention.export import save_model
+    phases = _Phases()
+    with CompileTimer() as compiling:
+        with phases("setup_s"):
+            nmt, model_config, module, optimizer = setup(spec, model_config, train_config,
+                                                         data=data)
+        config = _run_record(spec, model_config, train_config)
+        with phases("training_s"), CompileTimer() as training_compile:
+            trained = train_epochs(module, optimizer, nmt, epochs=train_config.epochs,
+                                   desc=spec.name, progress=progress, log=log,
+                                   log_every=log_every, config=config, long_run=long_run,
+                                   mesh=mesh)
+        with phases("evaluation_s"):
+            params, translations, scores, validation = _evaluate(spec, module, model_config, nmt)
+        written = None
+        with phases("export_s"):
+            if checkpoint is not None and distributed.is_main_process():
+                from jax_attention.export import save_model
 
-        written = save_model(checkpoint, params, nmt.src_vocab, nmt.tgt_vocab, model_config,
-                             training=train_config)
+                written = save_model(checkpoint, params, nmt.src_vocab, nmt.tgt_vocab,
+                                     model_config, training=train_config)
+    timing = {**phases.seconds, "compile_s": compiling.seconds,
+              "training_compile_s": training_compile.seconds,
+              "compile_cache_hits": compiling.cache_hits}
     return Seq2SeqResult(
         losses=trained.losses,
         cross_entropy=[loss * model_config.num_steps for loss in trained.losses],
@@ -305,7 +331,23 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         checkpoint=written, skipped_steps=trained.skipped_steps,
         resumed_from_step=trained.resumed_from_step,
         checkpoint_dir=long_run.directory, validation=validation,
-        model_config=model_config, train_config=train_config)
+        model_config=model_config, train_config=train_config,
+        steady_tokens_per_sec=trained.steady_tokens_per_sec, timing=timing)
+
+
+class _Phases:
+    """Wall seconds by phase: ``with phases("training_s"): ...``; :attr:`seconds`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - start
 
 
 def _train_by_name(name: str, settings: dict) -> Seq2SeqResult:

@@ -1,0 +1,187 @@
+"""Compilation: JAX's persistent compilation cache for the commands, and the time spent compiling.
+
+:class:`CompileTimer` adds up the seconds JAX spends tracing, lowering and compiling (or loading
+from the cache) while it is open: the figure the training report gives as its compile time.
+
+The cache
+---------
+
+``jax-attention train`` and ``translate`` spend seconds compiling the same programs on every run
+(the training step's scan, the decoders). :func:`enable_compilation_cache` points JAX's
+persistent compilation cache at a directory of the user cache, so that a later run of the same
+command loads the compiled programs instead. A loaded program is the one XLA produced, so the
+results are bit for bit those of a run that compiled; the cache key covers the program, the
+compile options and flags, the device and the jax/jaxlib versions, so a change of any of them
+compiles afresh.
+
+Where, in order:
+
+1. nowhere when ``JAX_ATTENTION_COMPILATION_CACHE`` is ``0``/``off``/``false``/``no`` or the
+   command's ``--no-compilation-cache`` is given;
+2. the directory JAX itself was told (``JAX_COMPILATION_CACHE_DIR`` or
+   ``jax.config.update("jax_compilation_cache_dir", ...)``), left as it is;
+3. :func:`default_cache_dir`: ``$XDG_CACHE_HOME/jax-attention/compilation`` (else
+   ``~/.cache/...``).
+
+A directory that cannot be created or written leaves the cache off with one warning; the command
+runs on, compiling as usual. The cache grows by a few MB per model setting; deleting the directory
+is always safe.
+
+The library itself never turns the cache on: code that imports :mod:`jax_attention` keeps JAX's
+own settings. Call :func:`enable_compilation_cache` to opt in.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+__all__ = ["ENVIRONMENT_VARIABLE", "MIN_COMPILE_TIME_S", "default_cache_dir", "cache_disabled",
+           "enable_compilation_cache", "CompileTimer"]
+
+#: Set to ``0`` (or ``off``, ``false``, ``no``) to keep the commands from using the cache.
+ENVIRONMENT_VARIABLE = "JAX_ATTENTION_COMPILATION_CACHE"
+
+#: Programs that compile faster than this are not written (JAX's own default is 1 s): the
+#: decoders and the evaluation compile in 0.2–2 s each and are worth keeping, the many tiny
+#: programs of eager operations are not.
+MIN_COMPILE_TIME_S = 0.2
+
+_OFF = {"0", "off", "false", "no"}
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/jax-attention/compilation`` (else ``~/.cache/jax-attention/...``)."""
+    from jax_attention.data import cache_dir
+
+    return cache_dir() / "compilation"
+
+
+def cache_disabled() -> bool:
+    """True when ``JAX_ATTENTION_COMPILATION_CACHE`` turns the cache off."""
+    return os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() in _OFF
+
+
+def _writable(directory: Path) -> str | None:
+    """``None`` when ``directory`` exists (created if need be) and takes a file, else the reason."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
+
+
+def enable_compilation_cache(enabled: bool = True, directory: Path | str | None = None
+                             ) -> Path | None:
+    """Turn JAX's persistent compilation cache on for this process; returns its directory.
+
+    Call before the first compilation (JAX opens the cache at its first compile).
+
+    Args:
+      enabled: ``False`` (a command's ``--no-compilation-cache``) leaves the cache as JAX has it
+        and returns ``None``; so does ``JAX_ATTENTION_COMPILATION_CACHE=0``.
+      directory: the cache directory; ``None``: the one JAX was already told, else
+        :func:`default_cache_dir`.
+
+    Returns:
+      The directory in use, or ``None`` when the cache stays off (disabled, or the directory
+      cannot be written: one warning says why).
+    """
+    import jax
+
+    if not enabled or cache_disabled():
+        return None
+    configured = jax.config.jax_compilation_cache_dir
+    if directory is None and configured:
+        return Path(configured)  # the user's own choice, with the user's own thresholds
+    path = Path(directory) if directory is not None else default_cache_dir()
+    reason = _writable(path)
+    if reason is not None:
+        warnings.warn(f"the compilation cache {str(path)!r} cannot be written ({reason}); "
+                      "compiling without it", RuntimeWarning, stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
+    return path
+
+
+#: JAX's monitoring events of one compilation: tracing to a jaxpr, lowering to StableHLO, and
+#: XLA's compilation (or the persistent cache's load, which replaces it).
+_PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+           "/jax/core/compile/backend_compile_duration": "backend_s"}
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+class CompileTimer:
+    """Seconds spent compiling while open, from JAX's monitoring events (any thread).
+
+    ::
+
+        with CompileTimer() as timer:
+            train(...)
+        timer.seconds     # trace + lower + XLA compile (or cache load), all programs
+        timer.phases      # {"trace_s": ..., "lower_s": ..., "backend_s": ...}
+        timer.cache_hits  # programs loaded from the persistent compilation cache
+
+    JAX reports each phase of each compilation as a time span; a function traced inside another
+    (an inner ``jit``) reports a span within its caller's, so the timer counts the union of the
+    spans, not their sum. Nested timers each count what happens while they are open. A JAX that
+    stops emitting these events reads as 0 s.
+    """
+
+    def __init__(self):
+        self._spans: dict[str, list[tuple[float, float]]] = {phase: [] for phase in
+                                                             _PHASES.values()}
+        self.cache_hits = 0
+        self._lock = threading.Lock()
+
+    def _listen(self, event: str, start: float, end: float, **_) -> None:
+        phase = _PHASES.get(event)
+        if phase is not None:
+            with self._lock:
+                self._spans[phase].append((start, end))
+
+    def _count(self, event: str, **_) -> None:
+        if event == _CACHE_HIT:
+            with self._lock:
+                self.cache_hits += 1
+
+    @staticmethod
+    def _union(spans) -> float:
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """The seconds of each phase (``trace_s``, ``lower_s``, ``backend_s``)."""
+        with self._lock:
+            return {phase: self._union(spans) for phase, spans in self._spans.items()}
+
+    @property
+    def seconds(self) -> float:
+        """The seconds during which any compilation phase ran."""
+        with self._lock:
+            return self._union([span for spans in self._spans.values() for span in spans])
+
+    def __enter__(self) -> CompileTimer:
+        import jax
+
+        jax.monitoring.register_event_time_span_listener(self._listen)
+        jax.monitoring.register_event_listener(self._count)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_time_span_listener(self._listen)
+        jax.monitoring.unregister_event_listener(self._count)

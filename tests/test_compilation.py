@@ -1,0 +1,141 @@
+"""The compilation cache of the commands and the compile time they report
+(:mod:`jax_attention.compilation`, ``train --no-compilation-cache``, the ``timing`` record)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_attention import compilation
+from jax_attention.cli import main
+from jax_attention.compilation import CompileTimer, enable_compilation_cache
+
+TINY_ARGS = ["--epochs", "3", "--num-examples", "64", "--batch-size", "16", "--embed-size", "8",
+             "--num-hiddens", "8", "--num-layers", "1", "--num-steps", "6", "--seed", "1",
+             "--no-progress"]
+
+
+@pytest.fixture
+def restore_cache_config():
+    """Put JAX's cache settings back as they were (the session's, from conftest.py)."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {name: getattr(jax.config, name) for name in names}
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+
+
+def test_union_of_spans():
+    assert CompileTimer._union([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]) == 4.0
+    assert CompileTimer._union([]) == 0.0
+
+
+def test_compile_timer_counts_a_compilation_once_and_a_cached_call_not_at_all():
+    offset = float(np.random.default_rng().integers(1 << 30))  # a program no test compiled
+
+    @jax.jit
+    def f(x):
+        return jnp.sin(x) * offset + jnp.cumsum(x)
+
+    x = jnp.arange(7.0)
+    with CompileTimer() as first:
+        f(x).block_until_ready()
+    assert first.seconds > 0
+    assert set(first.phases) == {"trace_s", "lower_s", "backend_s"}
+    assert all(value > 0 for value in first.phases.values())
+    # Phases nest (a traced inner function reports within its caller): the union is no more
+    # than the sum of the phases.
+    assert first.seconds <= sum(first.phases.values()) + 1e-9
+    with CompileTimer() as again:
+        f(x).block_until_ready()
+    assert again.seconds == 0.0 and again.cache_hits == 0
+
+
+def test_cache_settings(monkeypatch, tmp_path, restore_cache_config):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compilation.default_cache_dir() == tmp_path / "xdg" / "jax-attention" / "compilation"
+    assert enable_compilation_cache(False) is None
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv(compilation.ENVIRONMENT_VARIABLE, off)
+        assert enable_compilation_cache() is None
+    monkeypatch.delenv(compilation.ENVIRONMENT_VARIABLE)
+
+    # A directory JAX was told already (the test session's own) is used as it is.
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "configured"))
+    assert enable_compilation_cache() == tmp_path / "configured"
+    # An explicit one is created and set, with the threshold that keeps the decoders.
+    chosen = enable_compilation_cache(directory=tmp_path / "chosen")
+    assert chosen == tmp_path / "chosen" and chosen.is_dir()
+    assert jax.config.jax_compilation_cache_dir == str(chosen)
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == compilation.MIN_COMPILE_TIME_S
+    # The default, under XDG_CACHE_HOME, when JAX has none.
+    jax.config.update("jax_compilation_cache_dir", None)
+    assert enable_compilation_cache() == compilation.default_cache_dir()
+
+
+def test_an_unwritable_cache_is_one_warning_and_no_cache(tmp_path, restore_cache_config):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert enable_compilation_cache(directory=blocker / "cache") is None
+    assert len(caught) == 1 and "cannot be written" in str(caught[0].message)
+    assert str(blocker / "cache") in str(caught[0].message)
+
+
+def _train(tmp_path: Path, data_path, name: str, *extra: str) -> tuple[dict, str]:
+    """``jax-attention train bahdanau`` (tiny) in a fresh process with the user cache in
+    ``tmp_path``; its JSON record and stdout."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("JAX_COMPILATION_CACHE_DIR", compilation.ENVIRONMENT_VARIABLE)}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    record = tmp_path / f"{name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "jax_attention", "train", "bahdanau", *TINY_ARGS, "--data",
+         str(data_path), "--checkpoint", str(tmp_path / name), "--json", str(record), *extra],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return json.loads(record.read_text()), done.stdout
+
+
+def test_a_second_run_loads_its_programs_from_the_cache(tmp_path, data_path):
+    cache = tmp_path / "xdg" / "jax-attention" / "compilation"
+    off, off_out = _train(tmp_path, data_path, "off", "--no-compilation-cache")
+    assert off["compilation_cache"] is None and not cache.exists()
+    assert "no compilation cache" in off_out
+    first, _ = _train(tmp_path, data_path, "first")
+    assert first["compilation_cache"] == str(cache) and any(cache.iterdir())
+    assert first["timing"]["compile_cache_hits"] == 0
+    second, second_out = _train(tmp_path, data_path, "second")
+    assert second["timing"]["compile_cache_hits"] > 0
+    assert "loaded from the compilation cache" in second_out
+    # A loaded program is the compiled one: the same losses, bit for bit.
+    assert second["losses"] == first["losses"] == off["losses"]
+    # translate takes the flag too.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["translate", "i lost .", "--checkpoint", str(tmp_path / "first"),
+                     "--no-compilation-cache"]) == 0
+    assert out.getvalue().startswith("i lost . =>")
+
+    for record in (off, first, second):
+        timing = record["timing"]
+        assert record["compile_s"] == timing["compile_s"]
+        assert 0 < timing["training_compile_s"] <= timing["compile_s"] <= record["wall_time_s"]
+        phases = sum(timing[key] for key in ("setup_s", "training_s", "evaluation_s",
+                                             "export_s"))
+        assert phases <= record["wall_time_s"]
+        assert record["steady_tokens_per_sec"] == pytest.approx(
+            float(np.median(record["tokens_per_sec_per_epoch"][1:])))
