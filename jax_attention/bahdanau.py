@@ -62,7 +62,8 @@ from jax_attention.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
 from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
-from jax_attention.seq2seq_module import dropout as _dropout
+from jax_attention.dropout import dropout as _dropout
+from jax_attention.dropout import fold, keep_mask
 from jax_attention.translation import (
     Decoded,
     Translation,
@@ -290,7 +291,7 @@ def gru(params, inputs, state=None, *, dropout: float = 0.0, dropout_rng=None):
     layer_inputs, final = inputs, []
     for layer in range(num_layers):
         if layer > 0 and dropout_rng is not None:
-            layer_inputs = _dropout(layer_inputs, dropout, jax.random.fold_in(dropout_rng, layer))
+            layer_inputs = _dropout(layer_inputs, dropout, fold(dropout_rng, layer))
         layer_inputs, last = _gru_layer_scan(params[f"layer_{layer}"], layer_inputs, state[layer])
         final.append(last)
     return layer_inputs, jnp.stack(final)
@@ -324,11 +325,10 @@ def _decoder_keep_masks(rng, rate: float, shape_prefix: tuple, num_keys: int, nu
     Drawn all at once outside the time loop, so that the loop's body holds no random-number
     generator (which would dominate its compilation time).
     """
-    attention_rng, layers_rng = jax.random.split(rng)
     *steps, batch = shape_prefix
-    attention_keep = jax.random.bernoulli(attention_rng, 1.0 - rate, (*steps, batch, num_keys))
-    layers_keep = jax.random.bernoulli(layers_rng, 1.0 - rate,
-                                       (*steps, max(num_layers - 1, 0), batch, num_hiddens))
+    attention_keep = keep_mask(fold(rng, 0), rate, (*steps, batch, num_keys))
+    layers_keep = keep_mask(fold(rng, 1), rate,
+                            (*steps, max(num_layers - 1, 0), batch, num_hiddens))
     return attention_keep, layers_keep
 
 
@@ -450,7 +450,7 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
     """
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
-        encoder_rng, decoder_rng = jax.random.split(dropout_rng)
+        encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
     dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
                               ndim=2)

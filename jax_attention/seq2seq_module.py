@@ -19,24 +19,14 @@ cores, which take the parameters as one nested dict. What the shells have in com
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jax_attention._checks import check_dropout
+from jax_attention.dropout import dropout  # noqa: F401 (its earlier home; part of __all__)
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["dropout", "ParamTree", "Seq2SeqModule"]
-
-
-def dropout(x, rate: float, dropout_rng):
-    """Inverted dropout (``nn.Dropout``): zero with probability ``rate``, scale the rest by
-    ``1 / (1 - rate)``; ``x`` unchanged without a key (``None``: evaluation) or at rate 0."""
-    if dropout_rng is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
 
 
 def _flat_key(path: str) -> str:

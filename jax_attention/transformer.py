@@ -69,7 +69,8 @@ from jax_attention._checks import (
 from jax_attention.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
-from jax_attention.seq2seq_module import dropout as _dropout
+from jax_attention.dropout import dropout as _dropout
+from jax_attention.dropout import fold
 from jax_attention.transformer_cache import decoder_step, init_decoder_state
 from jax_attention.transformer_layers import (
     MAX_POSITIONS,
@@ -398,7 +399,7 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
                          f"{jnp.shape(src)} and dec_input {dec_input.shape}")
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
-        encoder_rng, decoder_rng = jax.random.split(dropout_rng)
+        encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
     enc_outputs, enc_weights = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
                                        max_positions=max_positions, dropout=dropout,
                                        dropout_rng=encoder_rng)

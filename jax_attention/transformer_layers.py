@@ -28,7 +28,8 @@ from jax_attention._checks import check_dropout, check_numbered
 from jax_attention.multihead import combine_heads, mask_inputs, project_heads
 from jax_attention.positional import positional_encoding
 from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
-from jax_attention.seq2seq_module import dropout as _dropout
+from jax_attention.dropout import dropout as _dropout
+from jax_attention.dropout import fold
 
 __all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "position_wise_ffn", "layer_norm", "add_norm",
            "attention"]
@@ -42,8 +43,9 @@ DENSE = "...i,io->...o"
 
 
 def fold_rng(dropout_rng, index: int):
-    """The key of part ``index`` of a layer (``fold_in``), or ``None`` without dropout."""
-    return None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+    """The key of part ``index`` of a layer (:func:`jax_attention.dropout.fold`), or ``None``
+    without dropout."""
+    return None if dropout_rng is None else fold(dropout_rng, index)
 
 
 def dense(params, X, kernel: str, bias: str | None):

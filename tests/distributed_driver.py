@@ -129,17 +129,20 @@ def _run(text: str) -> tuple[int, int]:
 
 
 def dropout_masks(devices: int):
-    """An ``impl="rbg"`` dropout mask ``(B, T, 8)`` drawn on one device and drawn with its rows
-    split over ``devices`` devices; returns both (NumPy) and the rows each device drew."""
+    """The models' dropout mask (:func:`jax_attention.dropout.keep_mask`, an ``impl="rbg"`` key)
+    ``(B, T, 8)`` drawn on one device and drawn with its rows split over ``devices`` devices;
+    returns both (NumPy) and the rows each device drew."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
+
+    from jax_attention.dropout import keep_mask
 
     mesh = distributed.make_mesh(devices)
     key = jax.random.key(0, impl="rbg")
 
     def draw(key):
-        return jax.random.bernoulli(key, 1.0 - DROPOUT, (DATA["batch_size"], DATA["num_steps"], 8))
+        return keep_mask(key, DROPOUT, (DATA["batch_size"], DATA["num_steps"], 8))
 
     one = jax.jit(draw)(key)
     split = jax.jit(draw, out_shardings=NamedSharding(mesh, PartitionSpec(distributed.DATA_AXIS)))(

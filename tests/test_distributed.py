@@ -166,9 +166,9 @@ def test_one_device_mesh_is_the_single_device_path_bit_for_bit(bahdanau_runs):
         np.testing.assert_array_equal(mesh[1][name], value, err_msg=name)
 
 
-def test_rbg_dropout_masks_do_not_depend_on_the_sharding(bahdanau_api_runs):
-    """The models' ``impl="rbg"`` masks, drawn with their rows split over 4 devices, are the
-    bits drawn on one device (XLA's partitioner generates the whole mask on every device)."""
+def test_dropout_masks_do_not_depend_on_the_sharding(bahdanau_api_runs):
+    """The models' masks, drawn with their rows split over 4 devices, are the bits drawn on one
+    device (each element's bits are a hash of its global index)."""
     with np.load(bahdanau_api_runs / "dropout_masks.npz") as masks:
         one, split, rows = masks["one"], masks["split"], masks["rows"]
     assert rows.tolist() == [[0, 2], [2, 4], [4, 6], [6, 8]]  # really split, 2 rows each
