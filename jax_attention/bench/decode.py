@@ -164,41 +164,11 @@ def _eager_transformer(params, src_row, valid_len: int, *, bos_id: int, eos_id: 
     return output
 
 
-def _torch_bahdanau(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
-    """The book's ``predict_seq2seq`` with the PyTorch mirror: the decoder one step at a time."""
-    import torch
-
-    src = torch.from_numpy(np.ascontiguousarray(src_row[None]))
-    dec_state = net.decoder.init_state(net.encoder(src), torch.tensor([valid_len]))
-    X = torch.tensor([[bos_id]])
-    output = []
-    for _ in range(max_len):
-        Y, dec_state, _ = net.decoder(X, dec_state)
-        X = Y.argmax(dim=2)
-        token = int(X[0, 0])
-        if token == eos_id:
-            break
-        output.append(token)
-    return output
-
-
-def _torch_transformer(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
-    """The loop with the PyTorch mirror, which has no incremental state: the decoder re-runs on
-    the prefix for every new token."""
-    import torch
-
-    src = torch.from_numpy(np.ascontiguousarray(src_row[None]))
-    src_valid_len = torch.tensor([valid_len])
-    enc_outputs, _ = net.encoder(src, src_valid_len)
-    prefix, output = [bos_id], []
-    for _ in range(max_len):
-        logits, _ = net.decoder(torch.tensor([prefix]), enc_outputs, src_valid_len)
-        token = int(logits[0, -1].argmax())
-        if token == eos_id:
-            break
-        output.append(token)
-        prefix.append(token)
-    return output
+def _torch_loop(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_len: int):
+    """The book's ``predict_seq2seq`` with the PyTorch mirror (its ``predict``): the Bahdanau
+    decoder one step at a time from its GRU state; the Transformer, which has no incremental
+    state, re-running its decoder on the prefix for every new token."""
+    return net.predict(src_row, valid_len, bos_id=bos_id, eos_id=eos_id, max_len=max_len)
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -268,7 +238,7 @@ def _transformer_peers(params, config, src, src_valid_len, ids: dict):
 
     peers = {"batched_kv": transformer.greedy_decode,
              "batched_recompute": greedy_decode_recompute}
-    return batched, peers, eager, _torch_transformer
+    return batched, peers, eager, _torch_loop
 
 
 def _bahdanau_peers(params, config, src, src_valid_len, ids: dict):
@@ -285,7 +255,7 @@ def _bahdanau_peers(params, config, src, src_valid_len, ids: dict):
         return _eager_bahdanau(params, src[row], int(src_valid_len[row]), bos_id=ids["bos_id"],
                                eos_id=ids["eos_id"], max_len=config["num_steps"])
 
-    return batched, {"batched": bahdanau.greedy_decode}, eager, _torch_bahdanau
+    return batched, {"batched": bahdanau.greedy_decode}, eager, _torch_loop
 
 
 #: Each registered model's decoding peers (the registry's names; a test checks that every

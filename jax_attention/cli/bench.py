@@ -203,18 +203,26 @@ def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser
                       "per device count, each training on a mesh of that many devices (state "
                       "replicated, each batch split over them) with XLA_FLAGS=--xla_force_host_"
                       "platform_device_count=N, so that a CPU gets N host devices (which share "
-                      "its cores); it prints step time, tokens/s and the speed-up per count.")
+                      "its cores); it prints step time, tokens/s and the speed-up per count. "
+                      "With --whole-run it times whole processes instead: 'jax-attention train "
+                      "MODEL' (compilation, training, translations, plots, export) against the "
+                      "book's PyTorch training of the same model (python -m jax_attention.bench."
+                      "book_run), each a fresh process, one after the other, --rounds times, "
+                      "and reports process wall, CPU time, compile time, steady tokens/s and "
+                      "the BLEU of the book's four sentences of both, and their ratios.")
 def _bench_train(parser: argparse.ArgumentParser) -> None:
     from jax_attention.bench.train import MODELS
+    from jax_attention.bench.whole_run import CACHES
 
-    parser.add_argument("--model", choices=MODELS, default="bahdanau",
-                        help="the model to train (default: %(default)s)")
+    parser.add_argument("--model", choices=MODELS, default=None,
+                        help="the model to train (default: bahdanau; transformer with "
+                             "--whole-run, the project's main job)")
     parser.add_argument("--steps", metavar="N", type=positive_int, default=20,
                         help="training steps per timed round, batches in training order "
                              "(default: %(default)s, two epochs of the 600 pairs)")
     parser.add_argument("--torch-threads", metavar="N", type=positive_int, default=None,
                         help="PyTorch's intra-op threads (default: the faster of 1 and "
-                             "PyTorch's default, measured on an untimed round)")
+                             "PyTorch's default, taking turns on two untimed rounds each)")
     parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
                         help="n of the n³ float32 GEMM that sets the ceiling (default: "
                              "%(default)s)")
@@ -223,8 +231,43 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
                              "fresh process each (forced host devices on CPU; on a machine "
                              "with accelerators JAX_PLATFORMS=cpu asks for host devices); no "
                              "PyTorch peer or GEMM ceiling then")
+    whole = parser.add_argument_group(
+        "whole runs", "--whole-run: the whole training command against the book's PyTorch "
+                      "training, each a fresh process (--steps, --repeats, --warmup, "
+                      "--gemm-size and --devices do not apply; --torch-threads sets the book "
+                      "run's threads, default: the faster of 1 and PyTorch's default over its "
+                      "first four epochs)")
+    whole.add_argument("--whole-run", action="store_true",
+                       help="time 'jax-attention train MODEL' against the book's PyTorch "
+                            "training of MODEL, from process start to exit")
+    whole.add_argument("--rounds", metavar="N", type=positive_int, default=3,
+                       help="runs of each peer, alternating; medians are reported (default: "
+                            "%(default)s)")
+    whole.add_argument("--epochs", metavar="N", type=positive_int, default=None,
+                       help="epochs of both runs (default: the book's, 200 or 250)")
+    whole.add_argument("--num-examples", metavar="N", type=positive_int, default=None,
+                       help="English–French pairs of both runs (default: the book's 600)")
+    whole.add_argument("--whole-run-cache", choices=CACHES, default="cold",
+                       help="our compilation cache: cold (off: a first run), warm (a temporary "
+                            "cache filled by one untimed run: a second run) or both, two peers "
+                            "(default: %(default)s; the user's own cache is never touched)")
     _add_bench_common(parser, repeats=7)
     parser.set_defaults(handler=run_bench_train)
+
+
+_NOT_WITH_WHOLE_RUN = ("steps", "repeats", "warmup", "gemm_size", "devices")
+_ONLY_WITH_WHOLE_RUN = ("rounds", "epochs", "num_examples", "whole_run_cache")
+
+
+def _check_whole_run_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse the options of the other mode (a value other than its default means it was
+    given): --steps ... --devices with --whole-run, --rounds ... without it."""
+    names = _NOT_WITH_WHOLE_RUN if args.whole_run else _ONLY_WITH_WHOLE_RUN
+    for name in names:
+        if getattr(args, name) != parser.get_default(name):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"argument {flag}: {'not with' if args.whole_run else 'only with'} "
+                         f"--whole-run")
 
 
 def _device_counts(text: str) -> list[int]:
@@ -242,9 +285,13 @@ def _device_counts(text: str) -> list[int]:
 def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``bench train``; see its ``--help``."""
     _check_bench_paths(args, parser)
+    _check_whole_run_arguments(args, parser)
+    if args.whole_run:
+        return _run_whole_run(args)
     from jax_attention.bench.train import (bench_train, bench_train_devices, format_train,
                                            format_train_devices)
 
+    args.model = args.model or "bahdanau"
     if args.devices is not None:
         if args.torch_threads is not None:
             parser.error("argument --torch-threads: not with --devices (no PyTorch peer runs)")
@@ -262,6 +309,18 @@ def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                              gemm_size=args.gemm_size, data=args.data, log=_bench_progress(args))
         table = format_train(record)
     return _finish(args, table, {"command": "bench train", **record})
+
+
+def _run_whole_run(args: argparse.Namespace) -> int:
+    """``bench train --whole-run``: :func:`jax_attention.bench.whole_run.bench_whole_run`."""
+    from jax_attention.bench.whole_run import bench_whole_run, format_whole_run
+
+    record = bench_whole_run(args.model or "transformer", rounds=args.rounds, epochs=args.epochs,
+                             num_examples=args.num_examples, seed=args.seed,
+                             cache=args.whole_run_cache, torch_threads=args.torch_threads,
+                             data=args.data, log=_bench_progress(args))
+    return _finish(args, format_whole_run(record), {"command": "bench train --whole-run",
+                                                    **record})
 
 
 def _checkpoint_or_default(path: Path | None, default: Path) -> Path | None:

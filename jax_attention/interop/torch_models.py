@@ -28,8 +28,10 @@ Where they differ from the book's code, on purpose:
   the attention modules return ``(output, weights)`` (the weights before dropout).
 * **Causality** is an argument (``is_causal``), not the book's training-mode
   ``dec_valid_lens = 1..T``, which is the same mask. The Transformer decoder here is the
-  teacher-forced one; it has no key/value state for step-by-step prediction (use
-  :func:`jax_attention.transformer.greedy_decode`).
+  teacher-forced one; it has no key/value state for step-by-step prediction:
+  :meth:`TransformerSeq2Seq.predict` (the book's ``predict_seq2seq``, :func:`predict_seq2seq`)
+  re-runs it on the prefix for every token (:func:`jax_attention.transformer.greedy_decode`
+  has the cache).
 * **Positions**: the sinusoidal table is computed in float64 and rounded once to the input's
   dtype (ours does the same); the book computes it in float32. An odd width is allowed.
 
@@ -80,6 +82,7 @@ __all__ = [
     "xavier_init_weights",
     "grad_clipping",
     "train_step",
+    "predict_seq2seq",
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -553,6 +556,38 @@ def relative_position_buckets(relative_positions, num_buckets: int = 32, max_dis
 # --------------------------------------------------------------------------- seq2seq (§10.7, §11.4)
 
 
+def _one_row(src_tokens):
+    """Source ids ``(S,)`` (NumPy, a list or a tensor) as a ``(1, S)`` int64 tensor."""
+    return torch.as_tensor(np.asarray(src_tokens), dtype=torch.long).reshape(1, -1)
+
+
+def predict_seq2seq(model: nn.Module, src_tokens, src_valid_len: int, *, bos_id: int,
+                    eos_id: int, max_len: int) -> list[int]:
+    """The book's ``predict_seq2seq`` (d2l §10.7.6) with a mirror model: greedy, one sentence.
+
+    ``model.predict`` in eval mode under ``torch.no_grad()``; the model's training mode is
+    restored afterwards.
+
+    Args:
+      model: a :class:`BahdanauSeq2Seq` or :class:`TransformerSeq2Seq`.
+      src_tokens: ``(S,)`` source ids, encoded as in training
+        (:func:`jax_attention.data.encode_source`). src_valid_len: its valid length.
+      bos_id, eos_id: the target's ``<bos>`` and ``<eos>``. max_len: at most this many steps.
+
+    Returns:
+      The predicted target ids, ``<eos>`` excluded.
+    """
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model.predict(src_tokens, src_valid_len, bos_id=bos_id, eos_id=eos_id,
+                                 max_len=max_len)
+    finally:
+        model.train(training)
+
+
+
 def teacher_forcing_inputs(tgt, bos_id: int):
     """The decoder inputs of teacher forcing: ``<bos>`` then ``tgt[:, :-1]`` — ``(B, T) -> (B, T)``."""
     bos = torch.full((tgt.shape[0], 1), bos_id, dtype=tgt.dtype, device=tgt.device)
@@ -677,6 +712,33 @@ class BahdanauSeq2Seq(nn.Module):
         """The per-sequence training loss ``(B,)`` with teacher forcing (``<bos>`` + ``tgt[:, :-1]``)."""
         logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
         return masked_cross_entropy(logits, tgt, tgt_valid_len)
+
+    def predict(self, src_tokens, src_valid_len: int, *, bos_id: int, eos_id: int,
+                max_len: int) -> list[int]:
+        """Greedy decoding of one source, the book's ``predict_seq2seq`` loop (d2l §10.7.6):
+        the decoder one step at a time from its GRU state, the argmax fed back, until ``<eos>``.
+
+        Call in eval mode without gradients (:func:`predict_seq2seq` does both).
+
+        Args:
+          src_tokens: ``(S,)`` source ids, encoded as in training. src_valid_len: its length.
+          bos_id, eos_id: the target's ``<bos>`` and ``<eos>``. max_len: at most this many steps.
+
+        Returns:
+          The predicted ids, ``<eos>`` excluded.
+        """
+        src = _one_row(src_tokens)
+        state = self.decoder.init_state(self.encoder(src), torch.tensor([int(src_valid_len)]))
+        X = torch.tensor([[bos_id]])
+        output = []
+        for _ in range(max_len):
+            Y, state, _ = self.decoder(X, state)
+            X = Y.argmax(dim=2)
+            token = int(X[0, 0])
+            if token == eos_id:
+                break
+            output.append(token)
+        return output
 
 
 # --------------------------------------------------------------------------- Transformer (§11.7)
@@ -878,6 +940,33 @@ class TransformerSeq2Seq(nn.Module):
         logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
         return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
+    def predict(self, src_tokens, src_valid_len: int, *, bos_id: int, eos_id: int,
+                max_len: int) -> list[int]:
+        """Greedy decoding of one source, the book's ``predict_seq2seq`` loop (d2l §10.7.6).
+
+        This decoder has no key/value state, so each new token re-runs it on the whole prefix
+        (the same tokens as the book's incremental decoder, which caches the blocks' inputs).
+        Call in eval mode without gradients (:func:`predict_seq2seq` does both).
+
+        Args:
+          src_tokens: ``(S,)`` source ids, encoded as in training. src_valid_len: its length.
+          bos_id, eos_id: the target's ``<bos>`` and ``<eos>``. max_len: at most this many steps.
+
+        Returns:
+          The predicted ids, ``<eos>`` excluded.
+        """
+        src_valid_len = torch.tensor([int(src_valid_len)])
+        enc_outputs, _ = self.encoder(_one_row(src_tokens), src_valid_len)
+        prefix, output = [bos_id], []
+        for _ in range(max_len):
+            logits, _ = self.decoder(torch.tensor([prefix]), enc_outputs, src_valid_len)
+            token = int(logits[0, -1].argmax())
+            if token == eos_id:
+                break
+            output.append(token)
+            prefix.append(token)
+        return output
+
 
 # --------------------------------------------------------------------------- training (train_seq2seq)
 
@@ -922,6 +1011,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, src, src_vali
 
     Returns:
       The summed loss of the batch (before the step).
+
+    Speed: measured against d2l's own ``train_seq2seq`` (issue 15), this step is no slower than
+    the book's: fewer ATen operations, the same CPU time. Slow PyTorch figures come from its
+    thread count on a loaded machine, which the benchmarks choose by timing
+    (:class:`jax_attention.bench.torch_support.ThreadChoice` says what was measured).
     """
     optimizer.zero_grad()
     loss = model.loss(src, src_valid_len, tgt, tgt_valid_len, bos_id).sum()
