@@ -30,7 +30,7 @@ run: $(VENV)/.installed
 
 # One test process per core (at most 4): the suite is dominated by single-threaded XLA compilation.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -23,6 +26,41 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # from the same key, say) raises `jax.errors.KeyReuseError` instead of silently repeating or
 # correlating the draws. tests/test_randomness.py checks that no legacy key is left.
 jax.config.update("jax_debug_key_reuse", True)
+
+
+# One persistent compilation cache for the whole test session: the xdist workers and the
+# subprocesses the tests start (the CLI, the distributed driver, the benchmark children) load the
+# programs another process of the session has compiled already instead of compiling them again.
+# It lives in a temporary directory made by the first process of the session (pytest itself, or
+# the xdist controller before it starts the workers, which inherit the variables) and removed when
+# the session ends, so every run starts cold and runs stay independent. Only programs that take
+# a while to compile are written: the many small ones (one per eager operation and shape) are
+# rarely shared between processes. A loaded executable is the one the compiler produced, so
+# bit-identical results are unaffected; key-reuse checks happen when tracing, before any cache.
+#
+# A JAX_COMPILATION_CACHE_DIR set by the user is used as it is, with every program written (unless
+# JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise): a cache kept across runs, for a
+# quicker edit-test loop, at the user's choice, e.g.
+#   JAX_COMPILATION_CACHE_DIR=~/.cache/jax-attention-tests make test
+# (the key is the program, the compile options and the jax/jaxlib versions, so a changed program
+# compiles afresh).
+_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_OWN_CACHE = _CACHE_VARIABLE not in os.environ
+if _OWN_CACHE:
+    os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="jax-attention-tests-compilation-cache-")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5" if _OWN_CACHE else "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ.pop(_CACHE_VARIABLE), ignore_errors=True)
+
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
@@ -95,13 +133,15 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    """One line instead of a skip per test and absent platform, e.g. ``platforms not run: gpu
+    (Unknown backend ...), tpu (Backend 'tpu' failed to initialize); 820 parametrisations
+    omitted``."""
     record = config.stash.get(_OMITTED_KEY, None)
     if record and record["absent"]:
-        reasons = "; ".join(f"{platform}: {_short(reason)}"
-                            for platform, reason in record["absent"].items())
-        terminalreporter.write_line(
-            f"platforms not run: {', '.join(record['absent'])} (no such backend on this "
-            f"machine; {reasons}); {record['omitted']} parametrisations omitted")
+        absent = ", ".join(f"{platform} ({_short(reason)})"
+                           for platform, reason in record["absent"].items())
+        terminalreporter.write_line(f"platforms not run: {absent}; {record['omitted']} "
+                                    "parametrisations omitted")
 
 
 def _short(reason: str) -> str:
@@ -130,3 +170,50 @@ def data_path():
     from jax_attention import data
 
     return data.find_data()
+
+
+# The modules that take longest (each trains models or starts subprocesses that compile whole
+# training steps), longest first. Under xdist (`make test`: `--dist loadscope
+# --no-loadscope-reorder`) a worker takes one module (or test class) at a time, in the order of
+# the collection: starting with these keeps one of them from being the last to start while the
+# other workers sit idle. The remaining modules follow, those with the most tests first (xdist's
+# own default order).
+LONGEST_FIRST = (
+    "test_distributed.py",
+    "test_resume.py",
+    "test_pinned_losses.py",
+    "test_cli_transformer.py",
+    "test_transformer.py",
+    "test_low_precision.py",
+    "test_bahdanau.py",
+    "test_bench_decode.py",
+    "test_bench_train.py",
+    "crossframework/test_conformance_jax.py",
+    "test_attention_pooling.py",
+    "test_beam_search.py",
+)
+
+
+def _scope(nodeid: str) -> str:
+    """xdist's loadscope unit: the module, or the class for a test method."""
+    return nodeid.rsplit("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """In an xdist worker, the longest modules first (:data:`LONGEST_FIRST`); every worker
+    orders the same collection the same way. A plain `pytest` run keeps the file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    tests_dir = os.path.dirname(__file__)
+    scopes: dict[str, list] = {}
+    for item in items:
+        scopes.setdefault(_scope(item.nodeid), []).append(item)
+
+    def rank(scope: str):
+        module = os.path.relpath(str(scopes[scope][0].path), tests_dir).replace(os.sep, "/")
+        if module in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(module), 0)
+        return (1, 0, -len(scopes[scope]))
+
+    items[:] = [item for scope in sorted(scopes, key=rank) for item in scopes[scope]]
