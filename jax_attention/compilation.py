@@ -133,22 +133,31 @@ class CompileTimer:
     (an inner ``jit``) reports a span within its caller's, so the timer counts the union of the
     spans, not their sum. Nested timers each count what happens while they are open. A JAX that
     stops emitting these events reads as 0 s.
+
+    Args:
+      this_thread: count only the compilations of the thread that opens the timer (JAX reports
+        them on the thread that compiles), not those of other threads meanwhile.
     """
 
-    def __init__(self):
+    def __init__(self, *, this_thread: bool = False):
         self._spans: dict[str, list[tuple[float, float]]] = {phase: [] for phase in
                                                              _PHASES.values()}
         self.cache_hits = 0
+        self._this_thread = this_thread
+        self._thread: int | None = None
         self._lock = threading.Lock()
+
+    def _counts(self) -> bool:
+        return not self._this_thread or threading.get_ident() == self._thread
 
     def _listen(self, event: str, start: float, end: float, **_) -> None:
         phase = _PHASES.get(event)
-        if phase is not None:
+        if phase is not None and self._counts():
             with self._lock:
                 self._spans[phase].append((start, end))
 
     def _count(self, event: str, **_) -> None:
-        if event == _CACHE_HIT:
+        if event == _CACHE_HIT and self._counts():
             with self._lock:
                 self.cache_hits += 1
 
@@ -176,6 +185,7 @@ class CompileTimer:
     def __enter__(self) -> CompileTimer:
         import jax
 
+        self._thread = threading.get_ident()
         jax.monitoring.register_event_time_span_listener(self._listen)
         jax.monitoring.register_event_listener(self._count)
         return self

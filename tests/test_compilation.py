@@ -134,8 +134,13 @@ def test_a_second_run_loads_its_programs_from_the_cache(tmp_path, data_path):
         timing = record["timing"]
         assert record["compile_s"] == timing["compile_s"]
         assert 0 < timing["training_compile_s"] <= timing["compile_s"] <= record["wall_time_s"]
+        assert timing["evaluation_compile_s"] <= timing["compile_s"]
         phases = sum(timing[key] for key in ("setup_s", "training_s", "evaluation_s",
                                              "export_s"))
         assert phases <= record["wall_time_s"]
         assert record["steady_tokens_per_sec"] == pytest.approx(
             float(np.median(record["tokens_per_sec_per_epoch"][1:])))
+    # Without a cache the evaluation's programs compile in the background while the epochs run
+    # (the thread starts after the first); the evaluation itself then compiles nothing.
+    assert off["timing"]["background_compile_s"] > 0
+    assert off["timing"]["evaluation_compile_s"] == 0.0

@@ -238,8 +238,10 @@ def _print_seq2seq_summary(result, backend: str, cache) -> None:
     hits = result.timing["compile_cache_hits"]
     where = ("no compilation cache" if cache is None else
              f"{hits} program{'s' if hits != 1 else ''} loaded from the compilation cache {cache}")
+    background = result.timing["background_compile_s"]
+    overlapped = f", and {background:.2f} s while training" if background else ""
     print(f"wall time {result.wall_time_s:.2f} s, of which compilation "
-          f"{result.timing['compile_s']:.2f} s ({where})")
+          f"{result.timing['compile_s']:.2f} s{overlapped} ({where})")
     if result.steady_tokens_per_sec is not None:
         print(f"steady {result.steady_tokens_per_sec:.1f} tokens/sec (the epochs after the "
               "first, which compiles)")

@@ -25,6 +25,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -574,7 +575,8 @@ def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every:
 
 def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
                  log, log_every: int, config: dict, long_run: LongRunConfig | None = None,
-                 mesh=None) -> EpochsResult:
+                 mesh=None, after_first_call: Callable[[], object] | None = None
+                 ) -> EpochsResult:
     """The teacher-forced epochs of any seq2seq model (``model(src, src_valid_len, dec_input)
     -> logits``), with training checkpoints; the per-epoch loss per target token, tokens/sec,
     the skipped steps and the step resumed from.
@@ -596,6 +598,9 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
 
     ``mesh`` (:func:`jax_attention.distributed.make_mesh`; ``None``: one device) places the
     state and splits every batch over its ``data`` axis; the compiled step is the same.
+
+    ``after_first_call`` is called once, when the first compiled call has returned (its
+    compilation done): a moment to start other work on the cores the steps leave idle.
     """
     long_run = LongRunConfig() if long_run is None else long_run
     mesh = distributed.make_mesh(1) if mesh is None else mesh
@@ -628,6 +633,9 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                                             long_run.skip_nonfinite)
                 losses = distributed.to_host(losses)  # the call's one device sync
                 done.epoch_seconds += time.perf_counter() - start
+                if after_first_call is not None:
+                    after_first_call()
+                    after_first_call = None
                 _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
                                  long_run.skip_nonfinite, bar)
                 done.add(losses, batch_tokens[batch:end])
