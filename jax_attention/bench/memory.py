@@ -1,7 +1,8 @@
 """``jax-attention bench memory``: peak memory of plain and memory-efficient attention.
 
 For each sequence length ``N`` (``T = S = N``, one batch, one head, ``H = 64``) and each variant —
-``plain`` (:func:`jax_attention.scoring.dot_product_attention`, which holds the ``N x N`` scores)
+``plain`` (:func:`jax_attention.scoring.dot_product_attention` with ``implementation="plain"``,
+which holds the ``N x N`` scores; its default dispatch takes the chunked kernel at these sizes)
 and ``efficient`` (:func:`jax_attention.efficient.dot_product_attention`, chunked) — a fresh
 Python process (``python -m jax_attention.bench.memory --child ...``) runs one jitted
 forward+backward (:func:`jax_attention.bench.attention.forward_backward`) and reports its peak
@@ -102,7 +103,7 @@ def _child(variant: str, n: int, head_size: int, dtype_name: str, seed: int) -> 
 
     def attend(q, k, v, lens):
         if variant == "plain":
-            return scoring.dot_product_attention(q, k, v, lens)[0]
+            return scoring.dot_product_attention(q, k, v, lens, implementation="plain")[0]
         return efficient.dot_product_attention(q, k, v, lens)
 
     start = time.perf_counter()
