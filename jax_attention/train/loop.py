@@ -136,9 +136,14 @@ def pure_step(graphdef, state, batch):
 
 def _all_finite(tree) -> jax.Array:
     """A boolean scalar: no floating-point leaf of ``tree`` holds NaN or Inf."""
-    finite = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)
+    leaves = [leaf.ravel() for leaf in jax.tree.leaves(tree)
               if jnp.issubdtype(leaf.dtype, jnp.inexact)]
-    return functools.reduce(jnp.logical_and, finite, jnp.asarray(True))
+    if not leaves:
+        return jnp.asarray(True)
+    # One reduction over all leaves (XLA fuses the concatenation into it), not one per leaf:
+    # each leaf's reduction was a kernel of its own for XLA:CPU to compile.
+    dtype = jnp.result_type(*leaves)
+    return jnp.all(jnp.isfinite(jnp.concatenate([leaf.astype(dtype) for leaf in leaves])))
 
 
 def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
