@@ -151,8 +151,9 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
 
     A step is *rejected* when its loss, a gradient or an updated parameter is NaN or Inf (a huge
     learning rate can turn finite gradients into infinite parameters); the gradients are judged
-    by their global norm, so a norm beyond float32's range (~1.8e19) rejects the step too. A rejected step leaves the
-    parameters and the optimizer's state as they were, so the state never holds NaN:
+    by their global norm, so a norm beyond float32's range (~1.8e19) rejects the step too. A
+    rejected step leaves the parameters and the optimizer's state as they were, so the state
+    never holds NaN:
 
     - ``skip_nonfinite`` False (stop): the first rejected step sets ``halted``, and every later
       step of the same compiled call is rejected too (dropout stream included), so the state that

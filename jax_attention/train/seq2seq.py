@@ -236,35 +236,45 @@ def _book_translations(spec: ModelSpec, params, model_config, nmt):
                                  translate=translate)
 
 
-def _compile_evaluation_early(spec: ModelSpec, model, model_config, nmt) -> threading.Thread:
-    """A thread (not started) that compiles the programs of the book's translations while
-    training runs: translating with a copy of the initial parameters (the trained ones have the
-    same shapes) fills JAX's caches, so that the evaluation after training compiles nothing.
-    Started after the training step's own compilation (``train_epochs(after_first_call=...)``),
-    it uses the core the steps leave idle: on 2 cores the Transformer's evaluation went from
-    ~2.0 s to ~0.01 s of the run. Any error here is left to the real evaluation to meet."""
-    params = jax.tree.map(lambda leaf: np.array(leaf, copy=True), model.params_dict())
+class _EvaluationCompile(threading.Thread):
+    """Compiles the programs of the book's translations in the background while training runs:
+    translating with a copy of the initial parameters (the trained ones have the same shapes)
+    fills JAX's caches, so that the evaluation after training compiles nothing. Started after
+    the training step's own compilation (``train_epochs(after_first_call=thread.start)``), it
+    uses the core the steps leave idle: on 2 cores the Transformer's evaluation went from
+    ~2.0 s to ~0.01 s of the run. Any error here is left to the real evaluation to meet.
 
-    def compile_evaluation() -> None:
+    Attributes:
+      compile_s: the seconds it compiled (:class:`~jax_attention.compilation.CompileTimer`).
+    """
+
+    def __init__(self, spec: ModelSpec, model, model_config, nmt):
+        super().__init__(name="jax-attention-compile-evaluation", daemon=True)
+        self._work = (spec, jax.tree.map(lambda leaf: np.array(leaf, copy=True),
+                                         model.params_dict()), model_config, nmt)
+        self.compile_s = 0.0
+
+    def run(self) -> None:
         with CompileTimer(this_thread=True) as timer:
             try:
-                _book_translations(spec, params, model_config, nmt)
+                _book_translations(*self._work)
             except Exception:  # noqa: BLE001 - the evaluation itself reports what fails
                 pass
-        thread.compile_s = timer.seconds
+        self.compile_s = timer.seconds
 
-    thread = threading.Thread(target=compile_evaluation,
-                              name="jax-attention-compile-evaluation", daemon=True)
-    thread.compile_s = 0.0
-    return thread
+    def wait(self) -> None:
+        """Wait for its compilations, if it was started: an interpreter that exits while XLA
+        compiles in another thread can crash, and the evaluation reuses what it compiled."""
+        if self.ident is not None:
+            self.join()
 
 
-def _evaluate(spec: ModelSpec, model, model_config, nmt, early: threading.Thread | None = None):
+def _evaluate(spec: ModelSpec, model, model_config, nmt, early: _EvaluationCompile | None = None):
     """The trained model's parameters (NumPy), the book's sentences translated and scored, and
-    the held-out evaluation (``None`` without held-out pairs). ``early``: the thread of
-    :func:`_compile_evaluation_early`, waited for first (its compilations are then reused)."""
-    if early is not None and early.ident is not None:  # started: wait for its compilations
-        early.join()
+    the held-out evaluation (``None`` without held-out pairs). ``early``: the
+    :class:`_EvaluationCompile` of the run, waited for first (its compilations are reused)."""
+    if early is not None:
+        early.wait()
     model.eval()
     params = jax.tree.map(np.asarray, model.params_dict())
     translations, scores = _book_translations(spec, params, model_config, nmt)
@@ -339,7 +349,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
             nmt, model_config, module, optimizer = setup(spec, model_config, train_config,
                                                          data=data)
         config = _run_record(spec, model_config, train_config)
-        early = (_compile_evaluation_early(spec, module, model_config, nmt)
+        early = (_EvaluationCompile(spec, module, model_config, nmt)
                  if distributed.is_main_process() else None)
         try:
             with phases("training_s"), CompileTimer(this_thread=True) as training_compile:
@@ -348,11 +358,9 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
                                        log_every=log_every, config=config, long_run=long_run,
                                        mesh=mesh,
                                        after_first_call=None if early is None else early.start)
-        except BaseException:
-            # A run that stops (Ctrl-C, a non-finite step) lets the background compilation end
-            # first: an interpreter that exits while XLA compiles in another thread can crash.
-            if early is not None and early.ident is not None:
-                early.join()
+        except BaseException:  # a run that stops (Ctrl-C, a non-finite step) waits for it
+            if early is not None:
+                early.wait()
             raise
         with phases("evaluation_s"), CompileTimer(this_thread=True) as evaluation_compile:
             params, translations, scores, validation = _evaluate(spec, module, model_config, nmt,
