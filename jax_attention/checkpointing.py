@@ -12,20 +12,50 @@ would have — bit for bit on CPU:
 - ``progress`` (JSON): the step (training steps done), the data-order position (epoch and batch
   within it, both 0-based), the per-epoch history the run returns, the partial sums of the epoch
   in progress, the count of skipped steps, the run's configuration (model sizes, training
-  settings, seed), the library versions and a SHA-256 of the state's arrays.
+  settings, seed, the data's fingerprint), the library versions and a SHA-256 of the state's
+  arrays.
 
 Checkpoint ``N`` (the step directory ``DIR/N``) is the state after ``N`` steps. Orbax writes each
-step into a temporary directory and renames it when complete, so a process killed while saving
-leaves no half-written step (the temporary directory is removed the next time the directory is
-opened); only the newest ``keep`` steps are kept. Saves are synchronous: :meth:`
-TrainingCheckpoints.save` returns once the step is on disk.
+step into a temporary directory (``DIR/N.orbax-checkpoint-tmp``) and renames it when complete, so
+a process killed while saving leaves no half-written step (the temporary directory is removed the
+next time the directory is opened for writing); only the newest ``keep`` steps are kept. Saves
+are synchronous: :meth:`TrainingCheckpoints.save` returns once the step is on disk. A save that
+cannot be written (disk full, read-only or unwritable directory, file-size limit) raises
+:class:`CheckpointWriteError` — an ``OSError`` with a one-line message and the OS's ``errno`` —
+after removing its temporary directory; the steps written before stay intact and readable.
 
 Restoring takes the newest step that reads back intact; an unreadable one (a truncated or
 overwritten file, a bad JSON, a checksum that does not match) is reported with a
-:class:`CorruptCheckpointWarning` naming the step and why, moved aside to ``DIR/N.corrupt`` and
-the step before it is tried. A readable checkpoint of another configuration — different settings,
-or a state whose array paths, shapes or dtypes differ from this run's — is refused with a
-:class:`CheckpointMismatchError` that names every difference; nothing is ever loaded in part.
+:class:`CorruptCheckpointWarning` naming the step and why, moved aside to ``DIR/N.corrupt`` (see
+:attr:`TrainingCheckpoints.set_aside`) and the step before it is tried. A readable checkpoint of
+another configuration — different settings, or a state whose array paths, shapes or dtypes differ
+from this run's — is refused with a :class:`CheckpointMismatchError` that names every difference;
+nothing is ever loaded in part.
+
+**Only this project's checkpoints are touched.** Orbax takes every directory named by an integer
+for a step: it would read it, and delete it when it falls out of the newest ``keep``. A step
+directory of ours is recognised by what is written into it (Orbax's ``_CHECKPOINT_METADATA`` and
+``commit_success.txt``, our ``state`` and ``progress`` items); one that was damaged still has
+them and is handled as above. Any other entry named by an integer (``DIR/3/notes.txt``, a file
+``DIR/7``) is the user's: opening the directory for writing refuses it with a
+:class:`ForeignEntryError` naming the entries, and nothing is renamed or deleted; a read-only
+opening ignores such entries (:attr:`TrainingCheckpoints.steps` leaves them out,
+:attr:`TrainingCheckpoints.foreign_entries` lists them).
+
+**One run per directory.** Opening a directory for writing takes its lock first
+(:class:`jax_attention.directory_lock.DirectoryLock`: ``DIR/.lock``, holding the holder's PID,
+host and start time) — before Orbax's start-up, which removes temporary directories and so would
+destroy another run's save in progress; a second opener gets :class:`CheckpointDirectoryBusy`
+naming the holder, and a lock left by a process that has ended is taken over.
+:meth:`TrainingCheckpoints.close` releases it; read-only openings neither take nor heed it. A
+directory that cannot be created or written (read-only file system, a path under a file, no
+permission) fails at once with a one-line :class:`CheckpointDirectoryError`.
+
+**Quiet.** Every Orbax call of this module runs inside
+:func:`jax_attention.orbax_quiet.quiet_orbax`, which keeps the failure reports Orbax and
+TensorStore print on their own (log records, "Event loop is closed" tracebacks: dozens to hundreds
+of lines for one damaged checkpoint) off stderr for the duration of the call; what this module
+raises or warns says what went wrong, in one line.
 """
 
 from __future__ import annotations
@@ -33,6 +63,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import re
+import shutil
+import stat
+import time
 import warnings
 from pathlib import Path
 
@@ -44,11 +78,14 @@ from flax import nnx
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.configs import DEFAULT_KEEP
 from jax_attention._checks import check_int
+from jax_attention.directory_lock import LOCK_FILE, CheckpointDirectoryBusy, DirectoryLock
+from jax_attention.orbax_quiet import quiet_orbax
 from jax_attention.provenance import versions
 
-__all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "TrainingCheckpoints",
+__all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "LOCK_FILE", "TrainingCheckpoints",
            "read_training_checkpoint", "CheckpointMismatchError", "CorruptCheckpointWarning",
-           "state_arrays", "config_differences"]
+           "CheckpointWriteError", "CheckpointDirectoryError", "CheckpointDirectoryBusy",
+           "ForeignEntryError", "state_arrays", "config_differences"]
 
 TRAINING_CHECKPOINT_FORMAT = "jax-attention.training-checkpoint/1"
 # Settings that may change between a run and its resumption without changing its results: the
@@ -59,6 +96,15 @@ _RESUMABLE_CHANGES = (("training", "epochs"),)
 # value that reproduces what those runs did: absent on one side and this value on the other is
 # no difference.
 _ADDED_SETTINGS = {("training", "val_fraction"): 0.0}
+# Sections added likewise, that no single value stands for (``data``: the training data's
+# fingerprint): absent from the checkpoint is no difference, whatever this run holds; present in
+# both, they are compared setting by setting as usual.
+_ADDED_SECTIONS = frozenset({("data",)})
+# What Orbax and this module write into every step directory; a damaged step keeps at least one.
+_STEP_MARKERS = frozenset({"_CHECKPOINT_METADATA", "commit_success.txt", "state", "progress"})
+# Orbax's temporary directory of a step being written: `N.orbax-checkpoint-tmp[-<time>]`.
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+_SET_ASIDE_NAME = re.compile(r"(\d+)\.corrupt(\d*)")
 
 
 class CheckpointMismatchError(ValueError):
@@ -68,6 +114,35 @@ class CheckpointMismatchError(ValueError):
 
 class CorruptCheckpointWarning(UserWarning):
     """The newest checkpoint could not be read back; an older one is used."""
+
+
+class CheckpointWriteError(OSError):
+    """A training checkpoint could not be written (no space left, read-only file system, no
+    permission, file too large, ...). Its temporary directory is removed and the checkpoints
+    written before are intact. ``errno`` is the OS's error number (``None`` when unknown);
+    ``step`` the step that was not written."""
+
+    def __init__(self, message: str, *, errno: int | None = None, step: int | None = None):
+        super().__init__(message)
+        self.errno, self.step = errno, step
+
+
+class CheckpointDirectoryError(OSError):
+    """A checkpoint directory that cannot be created or written (read-only file system, a path
+    under a file, no permission); ``errno`` is the OS's error number."""
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+class ForeignEntryError(FileExistsError):
+    """The checkpoint directory holds entries named like steps that are not training checkpoints
+    (the user's); ``entries`` lists their names. Nothing was changed."""
+
+    def __init__(self, message: str, *, entries: list[str]):
+        super().__init__(message)
+        self.entries = entries
 
 
 class _Unreadable(Exception):
@@ -132,22 +207,100 @@ def config_differences(stored: dict, current: dict, prefix: str = "") -> list[st
     (``"training.lr: 0.005 in the checkpoint, 0.01 in this run"``).
 
     Nested dicts are compared key by key (``training.lr``); the settings a resumed run may change
-    (the number of epochs) are left out.
+    (the number of epochs) are left out, and so are the settings and sections added since older
+    checkpoints were written where the checkpoint has none (``training.val_fraction`` at 0.0, the
+    ``data`` fingerprint), so that those checkpoints still resume.
     """
     lines = []
     for key in sorted(set(stored) | set(current), key=str):
         name = f"{prefix}{key}"
-        if tuple(name.split(".")) in _RESUMABLE_CHANGES:
+        path = tuple(name.split("."))
+        if path in _RESUMABLE_CHANGES:
             continue
         old, new = stored.get(key, "<absent>"), current.get(key, "<absent>")
-        added = _ADDED_SETTINGS.get(tuple(name.split(".")), "<none>")
+        added = _ADDED_SETTINGS.get(path, "<none>")
         if "<absent>" in (old, new) and added in (old, new):
+            continue
+        if old == "<absent>" and path in _ADDED_SECTIONS:
             continue
         if isinstance(old, dict) and isinstance(new, dict):
             lines.extend(config_differences(old, new, f"{name}."))
         elif old != new:
             lines.append(f"{name}: {old!r} in the checkpoint, {new!r} in this run")
     return lines
+
+
+# --------------------------------------------------------------------------- errors
+
+def _reason(error: BaseException) -> str:
+    """``"Type: message"`` of an Orbax or TensorStore error, without the TensorStore spec (a few
+    hundred characters of JSON) that TensorStore appends to its messages."""
+    text = re.sub(r"\s*\[(tensorstore_spec|source locations)='.*?'\]", "", str(error),
+                  flags=re.DOTALL)
+    return f"{type(error).__name__}: {text}"
+
+
+def _errors_in(error: BaseException):
+    """``error`` and the errors it was raised from or while handling, outermost first."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _os_error(error: BaseException) -> tuple[int | None, str] | None:
+    """The OS error behind a failed Orbax write, as ``(errno, "[Errno 28] No space left on
+    device")``, or ``None`` when it is not one.
+
+    Orbax raises the ``OSError`` of its own Python file writes (the JSON items, the step and
+    temporary directories); TensorStore (the arrays) raises ``ValueError("RESOURCE_EXHAUSTED:
+    ... No space left on device [os_error_code='28'] ...")``. Either may be wrapped, so the
+    whole chain is searched.
+    """
+    for cause in _errors_in(error):
+        if isinstance(cause, OSError) and cause.errno is not None:
+            strerror = cause.strerror or os.strerror(cause.errno)
+            return cause.errno, f"[Errno {cause.errno}] {strerror}"
+        match = (re.search(r"os_error_code='(\d+)'", str(cause))
+                 or re.search(r"\[Errno (\d+)\]", str(cause)))
+        if match:
+            number = int(match.group(1))
+            return number, f"[Errno {number}] {os.strerror(number)}"
+    for cause in _errors_in(error):
+        if isinstance(cause, OSError):
+            return None, str(cause)
+    return None
+
+
+# --------------------------------------------------------------------------- the directory
+
+def _is_step_directory(path: Path) -> bool:
+    """Whether ``path`` is a step directory written by this module — complete or damaged: a
+    directory (not a link) holding at least one of the entries Orbax and this module write."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        return not _STEP_MARKERS.isdisjoint(os.listdir(path))
+    except OSError:
+        return False
+
+
+def _looks_like_a_step(name: str) -> bool:
+    return name.isdigit()
+
+
+def _entry_name(path: Path) -> str:
+    """``3/`` for a directory, ``7`` for anything else."""
+    try:
+        return path.name + ("/" if stat.S_ISDIR(os.lstat(path).st_mode) else "")
+    except OSError:
+        return path.name
+
+
+def _step_order(name: str):
+    digits = re.match(r"\d+", name)
+    return (int(digits.group()) if digits else -1, name)
 
 
 class TrainingCheckpoints:
@@ -160,8 +313,16 @@ class TrainingCheckpoints:
       config: the run's configuration (JSON-ready): stored with every checkpoint and compared on
         :meth:`restore`; ``None`` only with ``read_only``.
       keep: how many of the newest checkpoints to keep (>= 1).
-      read_only: only :meth:`read` (nothing is written, created or cleaned up; safe while the
-        training process is still writing there).
+      read_only: only :meth:`read` (nothing is written, created, locked or cleaned up; safe
+        while the training process is still writing there).
+
+    Raises:
+      CheckpointDirectoryBusy: another training run has the directory open for writing.
+      ForeignEntryError: the directory holds entries named like steps (``3/``, ``7``) that are
+        not training checkpoints; nothing was changed.
+      CheckpointDirectoryError: the directory cannot be created or written (an ``OSError``).
+      FileExistsError: ``directory`` is a file. FileNotFoundError: ``read_only`` and it does not
+        exist.
     """
 
     def __init__(self, directory: str | os.PathLike, *, config: dict | None,
@@ -171,6 +332,9 @@ class TrainingCheckpoints:
         check_int("keep", keep, 1)
         if config is None and not read_only:
             raise ValueError("config is required unless read_only")
+        self._lock: DirectoryLock | None = None
+        self._manager = None
+        self._closed = False
         self.directory = Path(directory).absolute()
         if self.directory.exists() and not self.directory.is_dir():
             raise FileExistsError(f"checkpoint directory {str(self.directory)!r} exists and is "
@@ -180,19 +344,52 @@ class TrainingCheckpoints:
         self.config = copy.deepcopy(config)
         self.read_only = read_only
         self._ocp = ocp
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=ocp.checkpoint_managers.LatestN(keep),
-            # The caller decides when to save (every N steps, on SIGINT); a save returns once
-            # the step is complete on disk, so that an exit right after it loses nothing.
-            enable_async_checkpointing=False,
-            # A save cut short by a kill leaves a temporary directory; it is never a step.
-            cleanup_tmp_directories=not read_only,
-            create=not read_only,
-            # Not Orbax's read_only option, which logs warnings on every use: :meth:`save`
-            # checks ``read_only`` itself.
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "progress"))
+        if not read_only:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                # Before Orbax's start-up, which removes the temporary directories it finds: one
+                # may be another run's save in progress.
+                self._lock = DirectoryLock(self.directory)
+            except OSError as error:
+                raise self._directory_error(error) from None
+        try:
+            if not read_only:
+                foreign = self.foreign_entries
+                if foreign:
+                    raise self._foreign_entry_error(foreign, "nothing was changed")
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+                # The caller decides when to save (every N steps, on SIGINT); a save returns once
+                # the step is complete on disk, so that an exit right after it loses nothing.
+                enable_async_checkpointing=False,
+                # A save cut short by a kill leaves a temporary directory; it is never a step.
+                cleanup_tmp_directories=not read_only,
+                create=not read_only,
+                # Not Orbax's read_only option, which logs warnings on every use: :meth:`save`
+                # checks ``read_only`` itself.
+            )
+            try:
+                with quiet_orbax():
+                    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                          item_names=("state", "progress"))
+            except OSError as error:
+                raise self._directory_error(error) from None
+        except BaseException:
+            self._release()
+            raise
+
+    def _foreign_entry_error(self, foreign: list[str], untouched: str) -> ForeignEntryError:
+        return ForeignEntryError(
+            f"{self.directory} holds entries named like training checkpoints that are not "
+            f"training checkpoints ({', '.join(foreign)}); {untouched}: move them elsewhere or "
+            "choose another --checkpoint-dir", entries=foreign)
+
+    def _directory_error(self, error: OSError) -> CheckpointDirectoryError:
+        reason = _os_error(error)
+        number, text = reason if reason is not None else (None, str(error))
+        return CheckpointDirectoryError(
+            f"cannot use {self.directory} as a training checkpoint directory: {text}",
+            errno=number)
 
     def __enter__(self) -> TrainingCheckpoints:
         return self
@@ -201,14 +398,62 @@ class TrainingCheckpoints:
         self.close()
 
     def close(self) -> None:
-        """Wait for pending work and release the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Wait for pending work, release the manager and the directory's lock (removing
+        ``DIR/.lock``). Calling it again does nothing; afterwards :attr:`steps` and :meth:`read`
+        still answer, :meth:`save` and :meth:`restore` refuse (the lock is released)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._manager is not None:
+                with quiet_orbax():
+                    self._manager.wait_until_finished()
+                    self._manager.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ValueError(f"{str(self.directory)!r} was opened read only")
+        if self._closed:
+            raise ValueError(f"the training checkpoints in {str(self.directory)!r} were closed "
+                             "(their lock released); open them again to write")
 
     @property
     def steps(self) -> list[int]:
-        """The steps on disk, oldest first."""
-        return sorted(self._manager.all_steps())
+        """The steps on disk, oldest first (entries named like steps that are not training
+        checkpoints left out: see :attr:`foreign_entries`)."""
+        steps = self._manager.all_steps()  # Orbax's list, kept up to date in memory
+        return sorted(step for step in steps if _is_step_directory(self.step_path(step)))
+
+    @property
+    def foreign_entries(self) -> list[str]:
+        """The entries of the directory named like steps (an integer) that are not training
+        checkpoints: ``3/`` for a directory, ``7`` for a file. Never touched; a directory
+        holding any cannot be opened for writing (:class:`ForeignEntryError`)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return [_entry_name(self.directory / name) for name in sorted(names, key=_step_order)
+                if _looks_like_a_step(name) and not _is_step_directory(self.directory / name)]
+
+    @property
+    def set_aside(self) -> list[str]:
+        """The damaged checkpoints moved aside (by this opening or an earlier one), by step:
+        ``["3.corrupt", "3.corrupt2", "5.corrupt"]``."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted((name for name in names if _SET_ASIDE_NAME.fullmatch(name)),
+                      key=lambda name: tuple(int(part or 1) for part in
+                                             _SET_ASIDE_NAME.fullmatch(name).groups()))
 
     def step_path(self, step: int) -> Path:
         """The directory of checkpoint ``step``."""
@@ -223,24 +468,54 @@ class TrainingCheckpoints:
         Raises:
           ValueError: a floating-point array of ``state`` holds NaN or Inf (a checkpoint is
             only ever written of a good state), or checkpoint ``step`` exists already.
+          CheckpointWriteError: it could not be written (no space left, read-only file system,
+            ...; an ``OSError``); nothing of it is left, the earlier steps are intact.
         """
-        if self.read_only:
-            raise ValueError(f"{str(self.directory)!r} was opened read only")
+        self._check_writable()
+        manager = self._manager
         arrays = state_arrays(state)
         bad = [path for path, array in arrays.items()
                if np.issubdtype(array.dtype, np.inexact) and not np.all(np.isfinite(array))]
         if bad:
             raise ValueError(f"refusing to write checkpoint {step}: NaN or Inf in {', '.join(bad)}")
-        if step in self._manager.all_steps():
+        if step in manager.all_steps():
             raise ValueError(f"checkpoint {step} exists already in {str(self.directory)!r}")
         record = {"format": TRAINING_CHECKPOINT_FORMAT, "step": step, **progress,
                   "config": self.config, "checksum": _checksum(arrays), "versions": versions()}
         ocp = self._ocp
-        self._manager.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(unflatten_params(arrays)),
-            progress=ocp.args.JsonSave(record)))
-        self._manager.wait_until_finished()
+        before = self.steps
+        self._remove_temporary(step)  # a save of this step that failed earlier
+        try:
+            with quiet_orbax():
+                manager.save(step, force=True, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(unflatten_params(arrays)),
+                    progress=ocp.args.JsonSave(record)))
+                manager.wait_until_finished()
+        except BaseException as error:
+            # Whatever stopped it (a full disk, Ctrl-C), no partial step is left behind.
+            self._remove_temporary(step)
+            reason = _os_error(error) if isinstance(error, Exception) else None
+            if reason is None:
+                raise
+            number, text = reason
+            intact = (f"the checkpoints already there (steps {before}) are intact" if before
+                      else "no checkpoint was there before")
+            raise CheckpointWriteError(
+                f"could not write training checkpoint {step} in {self.directory}: {text}; "
+                f"{intact}", errno=number, step=step) from None
         return self.step_path(step)
+
+    def _remove_temporary(self, step: int) -> None:
+        """Remove the temporary directories of a save of ``step`` (ours: the lock is held)."""
+        for _ in range(50):
+            leftovers = [path for path in self.directory.glob(f"{step}{_TMP_SUFFIX}*")
+                         if path.name.startswith(f"{step}.")]
+            if not leftovers:
+                return
+            for path in leftovers:
+                shutil.rmtree(path, ignore_errors=True)
+            # A TensorStore write still in flight may recreate a file in it: look again.
+            time.sleep(0.01)
 
     def read(self, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
         """Checkpoint ``step`` (default: the newest) as ``(arrays, progress)``, checked.
@@ -267,14 +542,16 @@ class TrainingCheckpoints:
     def _read(self, step: int) -> tuple[dict[str, np.ndarray], dict]:
         """Checkpoint ``step`` as ``(arrays, progress)``; :class:`_Unreadable` when damaged."""
         ocp = self._ocp
+        manager = self._manager
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
+            with quiet_orbax():
+                restored = manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(), progress=ocp.args.JsonRestore()))
             progress = restored.progress
             arrays = {path: np.asarray(array)
                       for path, array in flatten_params(restored.state).items()}
         except (OSError, ValueError, KeyError, TypeError) as error:  # Orbax's and TensorStore's
-            raise _Unreadable(f"{type(error).__name__}: {error}") from None
+            raise _Unreadable(_reason(error)) from None
         if not isinstance(progress, dict) or progress.get("format") != TRAINING_CHECKPOINT_FORMAT:
             raise _Unreadable(f"its progress record is not a {TRAINING_CHECKPOINT_FORMAT!r} one")
         for key, kind in (("step", int), ("config", dict), ("checksum", str)):
@@ -286,7 +563,7 @@ class TrainingCheckpoints:
             raise _Unreadable("its arrays do not match the checksum written with them")
         return arrays, progress
 
-    def _set_aside(self, step: int) -> Path:
+    def _move_aside(self, step: int) -> Path:
         source = self.step_path(step)
         target = source.with_name(f"{step}.corrupt")
         number = 1
@@ -294,7 +571,15 @@ class TrainingCheckpoints:
             number += 1
             target = source.with_name(f"{step}.corrupt{number}")
         os.rename(source, target)
-        self._manager.reload()
+        manager = self._manager
+        with quiet_orbax():
+            manager.reload()  # so that step can be written again
+            # An entry named like a step that appeared since the directory was opened is now
+            # Orbax's to delete: refuse to go on rather than let it.
+            unknown = sorted(set(manager.all_steps()) - set(self.steps))
+        if unknown:
+            foreign = [_entry_name(self.step_path(number)) for number in unknown]
+            raise self._foreign_entry_error(foreign, "nothing of them was changed")
         return target
 
     def restore(self, target_state):
@@ -315,18 +600,20 @@ class TrainingCheckpoints:
         Raises:
           CheckpointMismatchError: the checkpoint was written with another configuration, or its
             arrays do not fit ``target_state``; the message lists every difference.
-          FileNotFoundError: there are checkpoints, but none can be read back.
+          FileNotFoundError: there are checkpoints, but none can be read back (all were moved
+            aside: :attr:`set_aside`).
         """
         if self.read_only:
             raise ValueError(f"{str(self.directory)!r} was opened read only; restoring may move "
                              "a damaged checkpoint aside")
+        self._check_writable()
         expected = state_arrays(target_state)
         problems = []
         for step in reversed(self.steps):
             try:
                 arrays, progress = self._read(step)
             except _Unreadable as error:
-                moved = self._set_aside(step)
+                moved = self._move_aside(step)
                 problems.append(f"step {step}: {error}")
                 warnings.warn(f"training checkpoint {step} in {str(self.directory)!r} cannot be "
                               f"read back ({error}); moved it to {moved.name} and trying the one "
