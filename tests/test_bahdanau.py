@@ -18,8 +18,9 @@ import optax
 import pytest
 from flax import nnx
 
-from jax_attention import bahdanau, data
+from jax_attention import archive, bahdanau, data
 from jax_attention.train import BOOK_PAIRS, train_bahdanau
+from reference_numpy import bahdanau as np_bahdanau
 from tests.reproducibility import assert_same_losses, assert_same_params
 
 B, S, T = 3, 5, 4
@@ -271,7 +272,7 @@ def test_logs_every_few_epochs():
 def test_missing_data_file_gives_the_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv(data.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
+    monkeypatch.setattr(archive, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
     with pytest.raises(FileNotFoundError, match="was not found. Looked at") as error:
         train_bahdanau(**TINY)
     assert "--data PATH" in str(error.value) and data.ENV_VAR in str(error.value)

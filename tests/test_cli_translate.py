@@ -16,7 +16,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from jax_attention import data
+from jax_attention import archive, data
 from jax_attention.bahdanau import flatten_params, translate
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint, save_checkpoint, train_bahdanau
@@ -196,7 +196,7 @@ def test_save_refuses_a_directory_that_is_not_a_checkpoint(trained, tmp_path):
 def test_missing_data_file_exits_2_with_the_clear_error(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv(data.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
+    monkeypatch.setattr(archive, "checkout_candidates", lambda: [tmp_path / "nowhere.zip"])
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "bahdanau", *TINY_ARGS, "--checkpoint", str(tmp_path / "ckpt")])
     assert exit_info.value.code == 2

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
+import pickle
+import struct
+import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jax_attention import data
+from jax_attention import archive, data
 from jax_attention.data import (
     RESERVED_TOKENS,
     Vocab,
@@ -58,6 +63,12 @@ def preprocessed(raw_text):
 
 
 @pytest.fixture(scope="module")
+def all_pairs(preprocessed):
+    """``(source, target, skipped)`` of the whole file."""
+    return tokenize(preprocessed, return_skipped=True)
+
+
+@pytest.fixture(scope="module")
 def book_pairs(preprocessed):
     """The first 600 pairs, preprocessing the WHOLE text as the book does."""
     return tokenize(preprocessed, 600)
@@ -75,7 +86,7 @@ def no_data_anywhere(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     missing = [tmp_path / "beside-checkout" / "fra-eng.zip",
                tmp_path / "beside-cwd" / "fra-eng.zip"]
-    monkeypatch.setattr(data, "checkout_candidates", lambda: list(missing))
+    monkeypatch.setattr(archive, "checkout_candidates", lambda: list(missing))
     return missing
 
 
@@ -89,14 +100,23 @@ def make_zip(path: Path, member: str = "fra-eng/fra.txt", text: str = SAMPLE) ->
 # --------------------------------------------------------------------------- the file
 
 
-def test_data_module_imports_neither_jax_nor_flax():
-    tree = ast.parse(Path(data.__file__).read_text())
+@pytest.mark.parametrize("module", [data, archive])
+def test_data_modules_import_neither_jax_nor_flax(module):
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert "numpy" in imported
+    assert "numpy" in imported or module is archive
     assert not imported & {"jax", "jaxlib", "flax", "optax", "chex"}
+    assert imported & {"jax_attention"} == ({"jax_attention"} if module is data else set())
+
+
+def test_the_archive_names_stay_importable_from_data():
+    # jax_attention.archive locates and reads the file; jax_attention.data re-exports it all.
+    for name in archive.__all__:
+        assert getattr(data, name) is getattr(archive, name), name
+    assert set(archive.__all__) - {"ARCHIVE_NAME", "read_text"} <= set(data.__all__)
 
 
 def test_found_beside_the_checkout(monkeypatch):
@@ -137,7 +157,11 @@ def test_folder_bare_file_and_zip_layouts(tmp_path, layout):
         text_file.write_text(SAMPLE, encoding="utf-8")
         location = tmp_path / "folder" if layout.startswith("folder") else text_file
     assert data.find_data(location) == location
-    assert data.read_fra_eng(location) == SAMPLE
+    if layout == "zip-root":  # a fra-eng.zip that is not d2l's: one warning, then used
+        with pytest.warns(data.UnknownArchiveWarning):
+            assert data.read_fra_eng(location) == SAMPLE
+    else:
+        assert data.read_fra_eng(location) == SAMPLE
     assert load_data_nmt(2, 4, num_examples=2, data=location).train.src.shape == (2, 4)
 
 
@@ -196,13 +220,13 @@ def published(tmp_path):
 def test_download_with_the_right_checksum(tmp_path, published, monkeypatch):
     url, sha1, payload = published
     renames = []
-    real_replace = data.os.replace
+    real_replace = archive.os.replace
 
     def recording_replace(src, dst):
         renames.append((Path(src), Path(dst)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(data.os, "replace", recording_replace)
+    monkeypatch.setattr(archive.os, "replace", recording_replace)
     target = data.download_fra_eng(url, sha1, directory=tmp_path / "cache")
     assert target == tmp_path / "cache" / "fra-eng.zip"
     assert target.read_bytes() == payload
@@ -230,12 +254,12 @@ def test_download_with_a_wrong_checksum_leaves_nothing(tmp_path, published):
 def test_find_data_downloads_into_the_cache_only_when_allowed(no_data_anywhere, tmp_path,
                                                                published, monkeypatch):
     url, sha1, _ = published
-    monkeypatch.setattr(data, "DATA_URL", url)
-    monkeypatch.setattr(data, "DATA_SHA1", "f" * 40)
+    monkeypatch.setattr(archive, "DATA_URL", url)
+    monkeypatch.setattr(archive, "DATA_SHA1", "f" * 40)
     with pytest.raises(ValueError, match="SHA-1 mismatch"):
         data.find_data(download=True)
     assert list((tmp_path / "cache" / "jax-attention").iterdir()) == []
-    monkeypatch.setattr(data, "DATA_SHA1", sha1)
+    monkeypatch.setattr(archive, "DATA_SHA1", sha1)
     with pytest.raises(FileNotFoundError, match="not downloaded: download=False"):
         data.find_data()
     cached = tmp_path / "cache" / "jax-attention" / "fra-eng.zip"
@@ -245,7 +269,7 @@ def test_find_data_downloads_into_the_cache_only_when_allowed(no_data_anywhere, 
 
 
 def test_failed_download_is_listed_in_the_error(no_data_anywhere, tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "DATA_URL", (tmp_path / "no-such.zip").as_uri())
+    monkeypatch.setattr(archive, "DATA_URL", (tmp_path / "no-such.zip").as_uri())
     with pytest.raises(FileNotFoundError, match="download failed"):
         data.find_data(download=True)
 
@@ -281,8 +305,8 @@ def test_tokenize_keeps_exactly_num_examples(raw_text):
     assert len(source) == text.count("\n")
 
 
-def test_tokenize_whole_file(preprocessed):
-    source, target, skipped = tokenize(preprocessed, return_skipped=True)
+def test_tokenize_whole_file(all_pairs):
+    source, target, skipped = all_pairs
     assert len(source) == len(target) == FRA_TXT_LINES
     assert skipped == dict.fromkeys(data.SKIP_REASONS, 0)
     # Token for token what the loader gave before it skipped and counted malformed lines.
@@ -576,7 +600,7 @@ def _malformed_file(tmp_path, layout, line_end=b"\n"):
         body += good + line_end
         body += b"".join(bad + line_end for bad, _ in MALFORMED_LINES[2 * i:2 * i + 2])
     if layout == "zip":
-        location = tmp_path / "fra-eng.zip"
+        location = tmp_path / "malformed.zip"  # not fra-eng.zip: no UnknownArchiveWarning
         with zipfile.ZipFile(location, "w") as archive:
             archive.writestr("fra-eng/fra.txt", body)
     else:
@@ -673,3 +697,283 @@ def test_any_mix_of_lines_never_crashes(tmp_path_factory, kinds, line_end, final
     counted = lines[:-1] if lines and lines[-1][0] == b"" and not final_newline else lines
     assert skipped == {reason: sum(kind == reason for _, kind in counted)
                        for reason in data.SKIP_REASONS}
+
+
+# --------------------------------------------------------------------------- damaged archives
+
+SHARED_ARCHIVE_SHA1 = "c71a455baa82c44d779bffd1c4041b024fef0057"  # shared/data/fra-eng.zip
+
+
+@pytest.fixture(scope="module")
+def shared_archive():
+    """``(bytes, ZipInfo of fra-eng/fra.txt)`` of ``shared/data/fra-eng.zip``."""
+    location = next(path for path in data.checkout_candidates() if path.is_file())
+    payload = location.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        return payload, archive.getinfo("fra-eng/fra.txt")
+
+
+def _data_start(payload, info) -> int:
+    """Where ``info``'s compressed bytes begin: after its local header, name and extra field."""
+    name_length, extra_length = struct.unpack(
+        "<HH", payload[info.header_offset + 26:info.header_offset + 30])
+    return info.header_offset + 30 + name_length + extra_length
+
+
+def _assert_damaged(location, reason=""):
+    """Both readers raise DamagedArchiveError (nothing else) with a one-line message."""
+    assert data.find_data(location) == location  # the lookup stays a lookup
+    for read in (lambda: data.read_fra_eng(location),
+                 lambda: load_data_nmt(2, 4, num_examples=5, data=location)):
+        with pytest.raises(data.DamagedArchiveError) as caught:
+            read()
+        message = str(caught.value)
+        assert "damaged or truncated archive" in message and str(location) in message
+        assert reason in message and "\n" not in message
+        assert isinstance(caught.value, ValueError) and caught.value.path == location
+    assert str(pickle.loads(pickle.dumps(caught.value))) == message
+    return message
+
+
+def test_the_shared_archive_is_a_known_one(shared_archive):
+    payload, info = shared_archive
+    # Not d2l's archive byte for byte, but the same fra.txt repacked (see KNOWN_ARCHIVE_SHA1S).
+    assert hashlib.sha1(payload).hexdigest() == SHARED_ARCHIVE_SHA1 != data.DATA_SHA1
+    assert set(data.KNOWN_ARCHIVE_SHA1S) == {data.DATA_SHA1, SHARED_ARCHIVE_SHA1}
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        assert archive.namelist() == ["fra-eng/_about.txt", "fra-eng/fra.txt"]
+        assert archive.comment == b"" and all(not member.extra for member in archive.infolist())
+        assert b"Date of this file:\n  2019-04-07" in archive.read("fra-eng/_about.txt")
+    assert (info.file_size, info.CRC) == (11_669_748, 0xC7F777DF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no UnknownArchiveWarning for it
+        assert len(load_data_nmt(2, 4, num_examples=5).train) == 5
+
+
+_TRUNCATIONS = ([("fra-eng.zip", keep) for keep in (0, 2, 4, 30, 1_000, "half", -100, -22, -1)]
+                # Not named .zip but beginning with the zip signature: not text either.
+                + [("fra-eng.bin", keep) for keep in (4, 1_000, "half", -1)])
+
+
+@pytest.mark.parametrize("name, keep", _TRUNCATIONS)
+def test_truncated_archive(tmp_path, shared_archive, name, keep):
+    payload, _ = shared_archive
+    keep = len(payload) // 2 if keep == "half" else keep
+    location = tmp_path / name
+    location.write_bytes(payload[:keep])  # keep < 0: all but the last -keep bytes
+    _assert_damaged(location)
+
+
+def _edit(offset, value=None):
+    """A damage: the byte at ``offset(payload, info)`` flipped, or bytes ``value`` written."""
+    def damage(payload, info):
+        at = offset(payload, info)
+        if value is None:
+            payload[at] ^= 0xFF
+        else:
+            payload[at:at + len(value)] = value
+    return damage
+
+
+_CD_OFFSET = slice(-6, -2)  # in the end of central directory record (no archive comment)
+_DAMAGES = {
+    "central directory signature": _edit(
+        lambda payload, info: struct.unpack("<I", payload[_CD_OFFSET])[0], b"XXXX"),
+    "central directory offset": _edit(lambda payload, info: len(payload) - 6),
+    "central directory size": _edit(lambda payload, info: len(payload) - 10),
+    "fra.txt local header": _edit(lambda payload, info: info.header_offset),
+    # In fra.txt's central directory entry (the last): its compression method, its flags.
+    **{f"fra.txt compression method {method}": _edit(
+        lambda payload, info: payload.rfind(b"PK\x01\x02") + 10, method.to_bytes(2, "little"))
+       for method in (0, 9, 12, 14, 99)},  # stored, deflate64, bzip2, LZMA, AES
+    "fra.txt encryption flag": _edit(lambda payload, info: payload.rfind(b"PK\x01\x02") + 8,
+                                     b"\x03"),
+    "deflate stream, start": _edit(lambda payload, info: _data_start(payload, info) + 10),
+    "deflate stream, middle": _edit(
+        lambda payload, info: _data_start(payload, info) + info.compress_size // 2),
+    "deflate stream, end": _edit(
+        lambda payload, info: _data_start(payload, info) + info.compress_size - 10),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGES))
+def test_damaged_archive(tmp_path, shared_archive, damage):
+    payload, info = shared_archive
+    payload = bytearray(payload)
+    _DAMAGES[damage](payload, info)
+    location = tmp_path / "fra-eng.zip"
+    location.write_bytes(bytes(payload))
+    # num_examples=5 reads a few lines only: the rest is still read, for its CRC-32.
+    _assert_damaged(location)
+
+
+@pytest.fixture(scope="module")
+def stored_archive(tmp_path_factory, shared_archive):
+    """The shared fra.txt re-zipped without compression (ZIP_STORED): ``(path, bytes, info)``.
+
+    A flipped byte of such a member always "decompresses" (it is copied): only the CRC-32 can
+    tell.
+    """
+    payload, info = shared_archive
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        text = archive.read(info)
+    location = tmp_path_factory.mktemp("stored") / "stored.zip"
+    with zipfile.ZipFile(location, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("fra-eng/fra.txt", text)
+    stored = location.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(stored)) as archive:
+        return location, stored, archive.getinfo("fra-eng/fra.txt"), text
+
+
+@pytest.mark.parametrize("where", ["first pair", "middle", "last byte"])
+def test_a_flipped_byte_that_still_reads_fails_the_crc(tmp_path, stored_archive, nmt, where):
+    location, stored, info, text = stored_archive
+    # The intact copy: the same pairs as the shared archive.
+    assert load_data_nmt(64, 8, num_examples=600, data=location).fingerprint == nmt.fingerprint
+    offset = {"first pair": text.index(b"Va !") + 1,  # "Va !" -> "Vc !": another word
+              "middle": len(text) // 2, "last byte": len(text) - 1}[where]
+    damaged = bytearray(stored)
+    damaged[_data_start(stored, info) + offset] ^= 0x02
+    location = tmp_path / "fra-eng.zip"
+    location.write_bytes(bytes(damaged))
+    _assert_damaged(location, reason="Bad CRC-32 for file 'fra-eng/fra.txt'")
+
+
+def test_a_zip_that_is_plain_text(tmp_path):
+    location = tmp_path / "fra-eng.zip"
+    location.write_text(SAMPLE, encoding="utf-8")  # was read as text before
+    message = _assert_damaged(location, reason="BadZipFile: File is not a zip file")
+    assert message.startswith(f"damaged or truncated archive {str(location)!r} (")
+
+
+def test_a_damaged_archive_in_the_cache_is_an_error(no_data_anywhere, tmp_path, shared_archive):
+    payload, _ = shared_archive
+    cached = tmp_path / "cache" / "jax-attention" / "fra-eng.zip"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(payload[:1_000])
+    assert data.find_data() == cached  # found, not skipped for another copy or a download
+    with pytest.raises(data.DamagedArchiveError, match="damaged or truncated archive"):
+        data.read_fra_eng()
+
+
+def test_unknown_fra_eng_zip_warns_once_per_file(tmp_path):
+    location = make_zip(tmp_path / "a" / "fra-eng.zip")
+    sha1 = hashlib.sha1(location.read_bytes()).hexdigest()
+    with pytest.warns(data.UnknownArchiveWarning) as caught:
+        first = load_data_nmt(2, 4, num_examples=2, data=location)
+        assert load_data_nmt(2, 4, num_examples=2, data=location).fingerprint == first.fingerprint
+        assert data.read_fra_eng(location) == SAMPLE  # used all the same
+    [warning] = caught
+    message = str(warning.message)
+    assert message == (f"{str(location)!r} has SHA-1 {sha1}, not one of the known fra-eng.zip "
+                       f"archives ({data.DATA_SHA1}, {SHARED_ARCHIVE_SHA1}); its CRC-32 checks "
+                       "pass and it is used")
+    assert warning.filename == __file__  # points at the caller
+    load_data_nmt(2, 4, num_examples=2, data=location)  # filterwarnings=error: no second one
+    other = make_zip(tmp_path / "b" / "fra-eng.zip")  # another file: its own warning
+    with pytest.warns(data.UnknownArchiveWarning, match=str(other)):
+        load_data_nmt(2, 4, num_examples=2, data=other)
+    renamed = tmp_path / "mine.zip"  # any other name: no check
+    renamed.write_bytes(location.read_bytes())
+    assert load_data_nmt(2, 4, num_examples=2, data=renamed).fingerprint == first.fingerprint
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+FIRST_600_FINGERPRINT = {
+    "format": "jax-attention.data-fingerprint/1",
+    "num_pairs": 600,
+    "num_val": 0,
+    "sha256": "3c8f3bbbf9a9c767add27e0a789aa7a4d7eb972dec5e1ed26a8282e5eae7ac19",
+    "src_vocab_size": 184,
+    "tgt_vocab_size": 201,
+}
+ALL_PAIRS_SHA256 = "2b7fe44462a44bdf95babc885afd8dfd661fbb2f40932d4e8755cbc5995fcf60"
+
+
+def _pairs_sha256_by_definition(source, target):
+    """TranslationData.fingerprint's documented definition, pair by pair."""
+    text = "\n".join(" ".join(src) + "\t" + " ".join(tgt) for src, tgt in zip(source, target))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def test_fingerprint_of_the_book_data(nmt, book_pairs):
+    # Pinned: the same in every process and on every machine.
+    assert nmt.fingerprint == FIRST_600_FINGERPRINT
+    assert nmt.fingerprint["sha256"] == _pairs_sha256_by_definition(*book_pairs)
+    assert json.loads(json.dumps(nmt.fingerprint)) == nmt.fingerprint
+    assert nmt.num_pairs == 600
+    nmt.fingerprint["num_pairs"] = 0  # a new dict each time
+    assert nmt.fingerprint == FIRST_600_FINGERPRINT
+    # Batching, padding and shuffling are not the data.
+    assert load_data_nmt(16, 5, num_examples=600, seed=3).fingerprint == FIRST_600_FINGERPRINT
+
+
+def test_fingerprint_changes_with_the_data(nmt, raw_text, tmp_path):
+    fingerprints = [nmt.fingerprint] + [
+        load_data_nmt(64, 8, **kwargs).fingerprint
+        for kwargs in ({"num_examples": 599}, {"num_examples": 601},
+                       {"num_examples": 600, "val_fraction": 0.1})]
+    assert len({json.dumps(fingerprint) for fingerprint in fingerprints}) == 4
+    # The same 600 pairs from a fra.txt: the same fingerprint; with one word changed: another.
+    lines = raw_text.split("\n")[:600]
+    text_file = tmp_path / "fra.txt"
+    text_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert load_data_nmt(64, 8, num_examples=600, data=text_file).fingerprint == nmt.fingerprint
+    assert lines[1] == "Hi.\tSalut !"
+    lines[1] = "Hi.\tBonjour !"
+    text_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    changed = load_data_nmt(64, 8, num_examples=600, data=text_file).fingerprint
+    assert changed["sha256"] != nmt.fingerprint["sha256"]
+    assert changed["num_pairs"] == 600
+
+
+def test_fingerprint_of_the_whole_file_is_cheap(preprocessed, all_pairs):
+    source, target, skipped = all_pairs
+    start = time.process_time()  # CPU time: less at the mercy of other processes than wall time
+    digest = data._pairs_sha256(preprocessed, source, target, skipped)
+    seconds = time.process_time() - start
+    print(f"fingerprint of {len(source)} pairs: {seconds * 1e3:.0f} ms")
+    assert digest == ALL_PAIRS_SHA256 == _pairs_sha256_by_definition(source, target)
+    assert seconds < 0.5  # ~50 ms on a loaded 2-core machine; a wide margin against flakiness
+
+
+@pytest.mark.parametrize("text", [
+    "go .\tva !\n",
+    "go  .\tva   !",  # runs of spaces
+    " go .\t va ! \n  hi .  \tsalut  !  \n",  # spaces at the ends of columns and lines
+    "go .\tva !\tCC-BY 2.0\n",  # a third column
+    "go .\tva !\n\nhi .\tsalut !\n",  # a skipped line
+    "a\u2009b \x0b\tc\x0c d\n",  # other spaces are inside tokens
+])
+def test_fingerprint_hash_follows_its_definition(text):
+    source, target, skipped = tokenize(text, return_skipped=True)
+    assert data._pairs_sha256(text, source, target, skipped) == _pairs_sha256_by_definition(
+        source, target)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.text(" a.é\u2009", max_size=6), st.text(" b!\xe7", max_size=6)),
+                min_size=1, max_size=5),
+       st.booleans())
+def test_fingerprint_hash_follows_its_definition_for_any_spacing(columns, final_newline):
+    text = "\n".join(f"{src}\t{tgt}" for src, tgt in columns) + "\n" * final_newline
+    source, target, skipped = tokenize(text, return_skipped=True)
+    if source:
+        assert data._pairs_sha256(text, source, target, skipped) == \
+            _pairs_sha256_by_definition(source, target)
+
+
+def test_more_examples_than_the_file_holds(tmp_path):
+    text_file = tmp_path / "fra.txt"
+    text_file.write_text(SAMPLE, encoding="utf-8")
+    with pytest.warns(data.FewerPairsWarning) as caught:
+        nmt = load_data_nmt(2, 4, num_examples=10, data=text_file)
+    [warning] = caught
+    assert str(warning.message) == (f"num_examples=10 asked for, but {str(text_file)!r} has 2 "
+                                    "pairs; using 2")
+    assert warning.filename == __file__
+    assert nmt.num_pairs == nmt.fingerprint["num_pairs"] == len(nmt.train) == 2
+    # No warning when the count is met or all pairs are asked for; the data is the same.
+    assert load_data_nmt(2, 4, num_examples=2, data=text_file).fingerprint == nmt.fingerprint
+    assert load_data_nmt(2, 4, num_examples=None, data=text_file).fingerprint == nmt.fingerprint
