@@ -42,6 +42,15 @@ def check_int(name: str, value, minimum: int, *, static: bool = False) -> int:
     return int(value)
 
 
+def check_int_range(name: str, value, minimum: int, maximum: int) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]``: ``ValueError`` naming ``name`` and the
+    range otherwise (a seed must fit JAX's 64-bit key: ``maximum = 2**63 - 1``)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            or not minimum <= value <= maximum):
+        raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {value!r}")
+    return int(value)
+
+
 def check_size(name: str, value) -> int:
     """A static size that must be positive (a width, a vocabulary, a number of layers)."""
     return check_int(name, value, 1)
@@ -126,6 +135,54 @@ def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> No
         )
 
 
+def check_static_bool(name: str, value) -> bool:
+    """A flag that fixes the structure of the computation (``is_causal``), as a Python bool.
+
+    ``True``/``False`` and NumPy's ``np.bool_`` are accepted. Anything else raises ``TypeError``
+    naming ``name`` and the type received: a string such as ``"False"``, an int or an array would
+    otherwise be taken as true. A traced value (an argument of a jitted or vmapped function) is
+    refused too, with the advice to make it static: the flag decides which mask is built while
+    tracing, so it cannot depend on the data.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be a static Python bool (it decides the mask while tracing), "
+                        f"got a traced value {value.aval}; pass it as a static argument "
+                        f"(e.g. jax.jit(..., static_argnames='{name}'))")
+    raise TypeError(f"{name} must be a Python bool (True or False), got {type(value).__name__} "
+                    f"{value!r}")
+
+
+def check_param_keys(name: str, params, required, optional=()) -> None:
+    """A parameter dict of the functional core must hold exactly the keys ``required`` and any of
+    ``optional`` (biases that may be absent), so that a misspelled key (``"B_o"`` for ``"b_o"``)
+    is an error rather than a parameter silently left out.
+
+    ``required`` may be a mapping from each key to the keys of the dict stored under it
+    (themselves a list or such a mapping; ``None`` for an array), checked in turn as
+    ``name['key']``. Raises ``ValueError`` naming ``name`` (or the nested entry), listing the
+    unexpected and missing keys and the expected ones. Only the keys are looked at (no array is
+    read), so the check costs nothing on the device, and under ``jit`` it runs once, at tracing.
+    """
+    expected = list(required) + [key for key in optional if key not in required]
+    wanted = f"the keys {expected}" if not optional else (
+        f"the keys {list(required)} and optionally {list(optional)}")
+    if not hasattr(params, "keys"):
+        raise ValueError(f"{name} must be a mapping with {wanted}, got {type(params).__name__}")
+    unexpected = sorted((key for key in params if key not in expected), key=repr)
+    missing = [key for key in required if key not in params]
+    if unexpected or missing:
+        problems = ([f"unexpected keys {unexpected}"] if unexpected else []) + (
+            [f"missing keys {missing}"] if missing else [])
+        raise ValueError(f"{name} has {' and '.join(problems)}: expected {wanted}, got "
+                         f"{sorted(params, key=repr)}")
+    if hasattr(required, "items"):
+        for key, keys in required.items():
+            if keys is not None:
+                check_param_keys(f"{name}[{key!r}]", params[key], keys)
+
+
 # --------------------------------------------------------------------------- values of arrays
 
 
@@ -161,6 +218,26 @@ def check_values_in(name: str, x, lower: int, upper: int, interval: str) -> None
             f"{name} must lie in {interval}, got values from {values.min()} to {values.max()} "
             f"(shape {values.shape})"
         )
+
+
+def check_values_fit(name: str, x, why: str, dtype=None) -> None:
+    """Integers held on the host (a NumPy array or scalar, a list, a Python int) must fit the
+    integer ``dtype`` they are about to be converted to — by default the one JAX converts them to
+    (``int64`` becomes ``int32`` while ``jax_enable_x64`` is off) — because the conversion would
+    wrap larger values around silently. ``ValueError`` naming ``name``, the smallest and largest
+    values and ``why`` otherwise. JAX arrays (traced or not) are not read: traced values cannot be
+    checked, and concrete ones are already in a JAX dtype; nothing is computed on the device.
+    """
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return
+    values = np.asarray(x)
+    if not values.size or not is_integer_dtype(values.dtype):
+        return
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(values.dtype) if dtype is None else dtype)
+    low, high = values.min(), values.max()
+    if low < info.min or high > info.max:
+        raise ValueError(f"{name} must lie in [{info.min}, {info.max}] ({why}), got values from "
+                         f"{low} to {high} (shape {values.shape})")
 
 
 def clip_values(x, lower: int, upper: int) -> jax.Array:
@@ -321,8 +398,8 @@ def check_setting(name: str, value, rule: tuple):
     kind, *arguments = rule
     if kind == "int_or_none":
         return None if value is None else check_int(name, value, *arguments)
-    checks = {"int": check_int, "rate": check_rate, "positive_float": check_positive_float,
-              "bool": check_bool}
+    checks = {"int": check_int, "int_range": check_int_range, "rate": check_rate,
+              "positive_float": check_positive_float, "bool": check_bool}
     if kind not in checks:
         raise ValueError(f"unknown setting rule {rule!r} for {name}")
     return checks[kind](name, value, *arguments)

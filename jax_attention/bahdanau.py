@@ -27,7 +27,9 @@ biases (Flax's ``nnx.GRUCell`` differs: no hidden bias on ``r`` and ``z``)::
 
 Parameters: one nested dict, identical in NumPy and JAX (see :func:`param_shapes`); ``W_x`` stacks
 ``[W_xr | W_xz | W_xn]`` as ``(I, 3h)`` (PyTorch's ``weight_ih_l{k}`` transposed), ``W_h`` is
-``(h, 3h)``; dense kernels are stored ``(in, out)``.
+``(h, 3h)``; dense kernels are stored ``(in, out)``. Every function checks the keys of the dicts
+it is given, nested ones included: a missing or unexpected key (``"w_V"`` for ``"w_v"``) raises
+``ValueError`` naming its path (``params['decoder']['attention']``) and the expected keys.
 
 Initialisation (:func:`init_params`) as the book's ``xavier_init_weights`` leaves the model:
 Xavier-uniform for every dense kernel (attention ``W_q``, ``W_k``, ``w_v``, the output ``dense``)
@@ -55,12 +57,13 @@ from jax_attention._checks import (
     check_lengths,
     check_max_len,
     check_numbered,
+    check_param_keys,
     check_size,
     check_tokens,
 )
 from jax_attention.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.scoring import WEIGHTED_SUM, additive_attention_weights
+from jax_attention.scoring import ADDITIVE_KEYS, WEIGHTED_SUM, additive_attention_weights
 from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
 from jax_attention.dropout import dropout as _dropout
 from jax_attention.dropout import fold, keep_mask
@@ -97,6 +100,13 @@ __all__ = [
 GRU_INPUTS = "...i,ig->...g"
 GRU_STATE = "bh,hg->bg"
 DENSE = "...h,hv->...v"
+
+# The keys of the parameter dicts (the structure of param_shapes), for check_param_keys: a key
+# maps to the keys of the dict under it; the GRU's "layer_l" are checked one by one.
+GRU_LAYER_KEYS = ("W_x", "W_h", "b_x", "b_h")
+ENCODER_KEYS = {"embedding": None, "gru": None}
+DECODER_KEYS = {"embedding": None, "attention": ADDITIVE_KEYS, "gru": None, "dense": ("W", "b")}
+MODEL_KEYS = ("encoder", "decoder")
 
 
 # --------------------------------------------------------------------------- parameters
@@ -192,13 +202,8 @@ def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, embed_size: int =
 
 
 def _check_gru_layer(params, input_size: int, num_hiddens: int, dtype):
-    try:
-        W_x, W_h, b_x, b_h = (jnp.asarray(params[name]) for name in ("W_x", "W_h", "b_x", "b_h"))
-    except (KeyError, TypeError):
-        raise ValueError(
-            "GRU layer params must be a mapping with 'W_x', 'W_h', 'b_x' and 'b_h', got "
-            f"{sorted(params) if hasattr(params, 'keys') else type(params).__name__}"
-        ) from None
+    check_param_keys("params", params, GRU_LAYER_KEYS)
+    W_x, W_h, b_x, b_h = (jnp.asarray(params[name]) for name in GRU_LAYER_KEYS)
     g = 3 * num_hiddens
     expected = {"W_x": (input_size, g), "W_h": (num_hiddens, g), "b_x": (g,), "b_h": (g,)}
     for name, array in zip(expected, (W_x, W_h, b_x, b_h)):
@@ -241,8 +246,20 @@ def gru_cell(params, inputs, state):
     return _gru_update(gates_x, gates_h, state)
 
 
-def _num_layers(params) -> int:
-    return check_numbered("GRU params", params, "layer")
+def _num_layers(params, name: str = "params") -> int:
+    """The number of layers of a GRU's dict, whose layers' keys are checked (named from ``name``)."""
+    num_layers = check_numbered("GRU params", params, "layer")
+    for layer in range(num_layers):
+        check_param_keys(f"{name}['layer_{layer}']", params[f"layer_{layer}"], GRU_LAYER_KEYS)
+    return num_layers
+
+
+def _check_model(params) -> None:
+    """The whole model's dict ``{"encoder", "decoder"}``, every nested key, named by its path."""
+    check_param_keys("params", params, MODEL_KEYS)
+    for part, keys in (("encoder", ENCODER_KEYS), ("decoder", DECODER_KEYS)):
+        check_param_keys(f"params[{part!r}]", params[part], keys)
+        _num_layers(params[part]["gru"], f"params[{part!r}]['gru']")
 
 
 def _gru_layer_scan(params, inputs, state):
@@ -313,6 +330,8 @@ def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
     Returns:
       ``(outputs (B, S, h), state (L, B, h))``.
     """
+    check_param_keys("params", params, ENCODER_KEYS)
+    _num_layers(params["gru"], "params['gru']")
     embedding = jnp.asarray(params["embedding"])
     src = check_tokens("src", src, embedding.shape[0], ndim=2)
     return gru(params["gru"], embedding[src], dropout=dropout, dropout_rng=dropout_rng)
@@ -338,8 +357,9 @@ def _apply_keep(x, keep, rate: float):
 
 def _check_decoder_state(params, state, enc_outputs):
     """Checks ``state (L, B, h)`` against the decoder's GRU and ``enc_outputs (B, S, h)``."""
+    check_param_keys("params", params, DECODER_KEYS)
     state, enc_outputs = jnp.asarray(state), jnp.asarray(enc_outputs)
-    L = _num_layers(params["gru"])
+    L = _num_layers(params["gru"], "params['gru']")
     h = jnp.shape(params["gru"]["layer_0"]["W_h"])[0]
     if state.ndim != 3 or state.shape[0] != L or state.shape[2] != h:
         raise ValueError(f"state must have shape (L, B, h) = ({L}, B, {h}) for the decoder's GRU, "
@@ -452,6 +472,7 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
     if dropout_rng is not None:
         encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    _check_model(params)
     dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
@@ -470,6 +491,7 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced).
     """
+    _check_model(params)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
@@ -511,6 +533,7 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``lengths``
       counts the tokens before ``<eos>``.
     """
+    _check_model(params)
     src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
     return _greedy_decode(params, src, src_valid_len, bos_id=check_id("bos_id", bos_id),

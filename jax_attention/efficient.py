@@ -39,7 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_attention._checks import check_attention_inputs, check_mask, check_valid_lens
+from jax_attention._checks import (
+    check_attention_inputs,
+    check_mask,
+    check_static_bool,
+    check_valid_lens,
+)
 from jax_attention.masking import masked_fill_value
 
 __all__ = ["dot_product_attention"]
@@ -397,7 +402,8 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
 
     Raises:
       ValueError, TypeError: for the inputs :func:`jax_attention.scoring.dot_product_attention`
-        rejects, and for chunk sizes that are not positive ints.
+        rejects (``TypeError`` for an ``is_causal`` that is not a Python bool, traced included),
+        and for chunk sizes that are not positive ints.
 
     References: Rabe & Staats, arXiv:2112.05682 (2021); Dao et al., FlashAttention,
     arXiv:2205.14135 (2022); Dao, FlashAttention-2, arXiv:2307.08691 (2023).
@@ -414,6 +420,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                                                             num_queries, num_keys)
     if mask is not None:
         mask = check_mask(mask, scores_shape)
+    is_causal = check_static_bool("is_causal", is_causal)
     if num_queries == 0 or num_keys == 0:
         # Nothing to chunk; with no key every query is fully masked (zero output), as in scoring.
         return jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype)
@@ -421,7 +428,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     cfg = _Chunking(
         num_queries=num_queries, num_keys=num_keys, query_chunk=query_chunk, key_chunk=key_chunk,
         padded_queries=-(-num_queries // query_chunk) * query_chunk,
-        padded_keys=-(-num_keys // key_chunk) * key_chunk, is_causal=bool(is_causal))
+        padded_keys=-(-num_keys // key_chunk) * key_chunk, is_causal=is_causal)
 
     limits = None
     if lens is not None:

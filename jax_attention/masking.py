@@ -31,7 +31,9 @@ from jax_attention._checks import (
     as_array_like,
     check_count,
     check_mask,
+    check_static_bool,
     check_valid_lens,
+    check_values_fit,
     check_values_in,
     is_integer_dtype,
 )
@@ -85,6 +87,10 @@ def sequence_mask(X, valid_len, value=0):
 
     Returns:
       An array of ``X``'s shape and dtype.
+
+    Raises ``ValueError`` for ``X`` without an axis, for non-integer lengths, for lengths whose
+    shape does not broadcast to ``X.shape[:-1]`` (naming both shapes; e.g. ``(1,)`` against
+    ``X`` of shape ``(5,)``, which has no row axis) and, when concrete, outside ``[0, S]``.
     """
     X = jnp.asarray(X)
     if X.ndim < 1:
@@ -96,10 +102,13 @@ def sequence_mask(X, valid_len, value=0):
             f"valid_len must hold integers, got dtype {lens_dtype} with shape {lens_shape}"
         )
     try:
-        np.broadcast_shapes(lens_shape, X.shape[:-1])
+        # Broadcasting must not add axes to X (the result keeps X's shape).
+        if np.broadcast_shapes(lens_shape, X.shape[:-1]) != X.shape[:-1]:
+            raise ValueError
     except ValueError:
         raise ValueError(
-            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {lens_shape}"
+            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {lens_shape} "
+            f"(X has shape {X.shape}, e.g. (B, S) with valid_len (B,))"
         ) from None
     check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     lens = jnp.asarray(valid_len).astype(jnp.int32)
@@ -144,6 +153,8 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
       num_queries: ``T >= 0``.
       num_keys: ``S >= 0``; defaults to ``T``.
       offset: position of query 0 relative to key 0 (an integer scalar, may be traced under jit).
+        It is used as int32: a concrete NumPy or Python offset outside int32's range raises
+        ``ValueError`` (a traced one cannot be checked).
 
     Returns:
       A boolean array of shape ``(T, S)``.
@@ -154,6 +165,7 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     if jnp.shape(offset) != () or not is_integer_dtype(jnp.result_type(offset)):
         raise TypeError(f"offset must be an integer scalar, got dtype {jnp.result_type(offset)} "
                         f"with shape {jnp.shape(offset)}")
+    check_values_fit("offset", offset, "positions are int32", jnp.int32)
     rows = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset).astype(jnp.int32)
     return jnp.arange(num_keys, dtype=jnp.int32)[None, :] <= rows
 
@@ -191,12 +203,15 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
 
     Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
     ``shape`` and, with ``is_causal``, :func:`causal_mask` ``(T, S)``. Raises ``ValueError`` for
-    lengths of the wrong shape, type or (when concrete) range; ``TypeError`` for a non-boolean mask.
+    lengths of the wrong shape, type or (when concrete) range; ``TypeError`` for a non-boolean mask
+    and for an ``is_causal`` that is not a Python bool (a string, an int, an array, or a traced
+    value: causality is static).
 
     Returns:
       ``None`` (attend everywhere) or a boolean array broadcastable to ``shape``.
     """
     shape = tuple(shape)
+    is_causal = check_static_bool("is_causal", is_causal)
     if len(shape) < 2:
         raise ValueError(f"shape (of the attention scores) must be (..., T, S), got {shape}")
     T, S = shape[-2], shape[-1]

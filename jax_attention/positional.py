@@ -39,6 +39,7 @@ from jax_attention._checks import (
     as_array_like,
     check_dropout,
     check_typed_int,
+    check_values_fit,
     check_values_in,
     clip_values,
     is_integer_dtype,
@@ -185,9 +186,13 @@ def learned_positional_encoding(table, X):
 
 
 def _check_positions_dtype(positions):
+    """Integer positions; concrete 64-bit ones must fit the int32 that JAX converts them to while
+    ``jax_enable_x64`` is off, where larger values would wrap around silently."""
     shape, dtype = jnp.shape(positions), jnp.result_type(positions)
     if not is_integer_dtype(dtype):
         raise TypeError(f"positions must hold integers, got dtype {dtype} with shape {shape}")
+    check_values_fit("positions", positions,
+                     "JAX converts 64-bit integers to 32 bits while jax_enable_x64 is off")
 
 
 def rotary_angles(positions, head_dim: int, base: float = 10000.0, *, dtype=jnp.float32):
@@ -199,7 +204,10 @@ def rotary_angles(positions, head_dim: int, base: float = 10000.0, *, dtype=jnp.
     the (possibly traced) positions is taken in ``dtype``.
 
     Args:
-      positions: integer array of any shape ``(...)``.
+      positions: integer array of any shape ``(...)``. With ``jax_enable_x64`` off, concrete
+        NumPy/Python positions outside int32's range raise ``ValueError`` (naming the largest
+        value) instead of wrapping around in the conversion to int32; traced positions cannot be
+        checked.
       head_dim: ``H``, even and ``>= 2``.
       base: the wavelength scale, ``> 0``.
       dtype: float dtype of the angles.
@@ -264,6 +272,9 @@ def rotary_embedding(X, positions=None, base: float = 10000.0):
       X: float ``(..., T, H)`` with ``H`` even, e.g. queries ``(B, N, T, H)``.
       positions: ``None`` for ``0 .. T-1``, or an integer array broadcastable to ``(..., T)`` —
         e.g. ``offset + arange(T)`` when decoding against a cache of earlier keys. May be traced.
+        With ``jax_enable_x64`` off, concrete NumPy/Python positions outside int32's range raise
+        ``ValueError`` (they would wrap around in the conversion to int32); traced ones cannot
+        be checked, so compute them within int32.
       base: the wavelength scale, ``> 0``.
 
     Returns:
@@ -301,7 +312,9 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
     Args:
       num_queries: ``T >= 0``.
       num_keys: ``S >= 0`` (an empty sequence gives an empty matrix).
-      offset: position of query 0 relative to key 0 (an int, or a traced int under jit).
+      offset: position of query 0 relative to key 0 (an int, or a traced int under jit). It
+        is used as int32: a concrete NumPy/Python offset outside int32's range raises
+        ``ValueError`` rather than wrapping around (a traced one cannot be checked).
 
     Returns:
       int32 ``(T, S)``.
@@ -314,6 +327,7 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
             f"offset must be an integer scalar, got dtype {jnp.result_type(offset)} "
             f"with shape {jnp.shape(offset)}"
         )
+    check_values_fit("offset", offset, "relative positions are int32", jnp.int32)
     queries = jnp.arange(num_queries, dtype=jnp.int32)[:, None] + jnp.asarray(offset).astype(jnp.int32)
     return jnp.arange(num_keys, dtype=jnp.int32)[None, :] - queries
 

@@ -6,7 +6,9 @@ Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batc
 
 Masking follows :mod:`jax_attention.masking`: ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean
 ``mask`` (True = attend) and ``is_causal`` combine; a fully masked query row gets zero weights and a
-zero output, with finite gradients.
+zero output, with finite gradients. ``is_causal`` must be a Python bool (``TypeError`` for a string,
+an int, an array or a traced value). Additive attention's ``params`` must hold exactly
+``W_q, W_k, w_v`` (``ValueError`` naming a missing or unexpected key).
 
 Precision: queries, keys and values must share one float dtype, which is the dtype of the
 computation and of the results; float16/bfloat16 scores are accumulated in float32 and normalised
@@ -31,6 +33,7 @@ from jax_attention._checks import (
     check_attention_inputs,
     check_dropout,
     check_implementation,
+    check_param_keys,
     check_size,
     is_integer_dtype,
 )
@@ -294,14 +297,13 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     return output, _dot_product_weights(checked_queries, checked_keys, keep, None)
 
 
+#: The keys of additive attention's parameter dict.
+ADDITIVE_KEYS = ("W_q", "W_k", "w_v")
+
+
 def _check_additive_params(params, queries, keys):
-    try:
-        W_q, W_k, w_v = (jnp.asarray(params[name]) for name in ("W_q", "W_k", "w_v"))
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"params must be a mapping with 'W_q', 'W_k' and 'w_v', got {type(params).__name__} "
-            f"with {sorted(params) if hasattr(params, 'keys') else params!r}"
-        ) from None
+    check_param_keys("params", params, ADDITIVE_KEYS)
+    W_q, W_k, w_v = (jnp.asarray(params[name]) for name in ADDITIVE_KEYS)
     h = W_q.shape[-1] if W_q.ndim == 2 else "h"
     expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
     for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):

@@ -31,10 +31,12 @@ hidden width (``ffn_num_hiddens``), ``V`` vocabulary, ``M`` the key/value cache 
 (``max_len`` decoding steps).
 
 Parameters: one nested dict, identical in NumPy and JAX (see :func:`param_shapes`); dense kernels
-stored ``(in, out)``. Initialisation (:func:`init_params`) as the book's ``xavier_init_weights``
-leaves the model: Xavier-uniform dense kernels (attention ``W_q, W_k, W_v, W_o``, the FFN's
-``W_1, W_2``, the output ``W``), PyTorch's default biases ``U(-1/sqrt(in), 1/sqrt(in))``,
-embeddings ``N(0, 1)``, LayerNorm ``gamma = 1``, ``beta = 0``.
+stored ``(in, out)``; a missing or unexpected key, nested ones included, raises ``ValueError``
+naming its path (``params['decoder']['blocks']['block_0']['ffn']``) and the expected keys.
+Initialisation (:func:`init_params`) as the book's ``xavier_init_weights`` leaves the model:
+Xavier-uniform dense kernels (attention ``W_q, W_k, W_v, W_o``, the FFN's ``W_1, W_2``, the output
+``W``), PyTorch's default biases ``U(-1/sqrt(in), 1/sqrt(in))``, embeddings ``N(0, 1)``, LayerNorm
+``gamma = 1``, ``beta = 0``.
 
 Positions: the sinusoidal table ``P`` (:func:`jax_attention.positional.positional_encoding`) has
 ``max_positions`` rows (the book's ``max_len = 1000``); longer inputs are refused. During
@@ -62,6 +64,7 @@ from jax_attention._checks import (
     check_lengths,
     check_max_len_fits,
     check_num_heads,
+    check_param_keys,
     check_positions,
     check_size,
     check_tokens,
@@ -73,9 +76,15 @@ from jax_attention.dropout import dropout as _dropout
 from jax_attention.dropout import fold
 from jax_attention.transformer_cache import decoder_step, init_decoder_state
 from jax_attention.transformer_layers import (
+    DECODER_BLOCK_KEYS,
+    DECODER_KEYS,
+    ENCODER_BLOCK_KEYS,
+    ENCODER_KEYS,
     MAX_POSITIONS,
     add_norm,
     attention,
+    check_model,
+    check_stack,
     layer_norm,
     position_wise_ffn,
 )
@@ -83,7 +92,6 @@ from jax_attention.transformer_layers import check_width
 from jax_attention.transformer_layers import dense as _dense
 from jax_attention.transformer_layers import embed
 from jax_attention.transformer_layers import fold_rng
-from jax_attention.transformer_layers import num_blocks
 from jax_attention.translation import (
     Decoded,
     Translation,
@@ -252,13 +260,14 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 
     ``Y = AddNorm(X, MHA(X, X, X, src_valid_len))``, then ``AddNorm(Y, FFN(Y))``.
 
     Args:
-      params: ``{"attention", "addnorm_1", "ffn", "addnorm_2"}``.
+      params: ``{"attention", "addnorm_1", "ffn", "addnorm_2"}``, exactly (nested keys too).
       X: ``(B, S, D)``. src_valid_len: ``(B,)`` or ``None``.
       num_heads: ``N``. dropout, dropout_rng: the rate and a key (``None``: no dropout).
 
     Returns:
       ``(output (B, S, D), weights (B, N, S, S))``.
     """
+    check_param_keys("params", params, ENCODER_BLOCK_KEYS)
     X = check_width("X", X, jnp.shape(params["attention"]["W_q"])[0], "(B, S, D)")
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads,
                                   dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0))
@@ -280,7 +289,7 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
     ``X = dropout(embedding(src) * sqrt(D) + P[:S])``, then the blocks.
 
     Args:
-      params: ``{"embedding": (V_src, D), "blocks": {...}}``.
+      params: ``{"embedding": (V_src, D), "blocks": {...}}``, exactly (nested keys too).
       src: ``(B, S)`` token ids in ``[0, V_src)``: checked when concrete; under ``jit`` they
         cannot be, and ids outside are clipped to ``[0, V_src - 1]`` (see
         :mod:`jax_attention.masking`). The same holds for ``dec_input`` and ``tokens`` below.
@@ -291,13 +300,14 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
       ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``.
     """
     dropout = check_dropout(dropout)
+    L = check_stack(params, ENCODER_KEYS, ENCODER_BLOCK_KEYS)
     embedding_rows = jnp.shape(params["embedding"])[0]
     src = check_tokens("src", src, embedding_rows, ndim=2)
     check_positions("src", src.shape[1], max_positions, src.shape)
     X = embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     all_weights = []
-    for i in range(num_blocks(params["blocks"])):
+    for i in range(L):
         X, weights = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len,
                                    num_heads=num_heads, dropout=dropout,
                                    dropout_rng=fold_rng(dropout_rng, i + 1))
@@ -314,12 +324,13 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int, drop
 
     Args:
       params: ``{"self_attention", "addnorm_1", "cross_attention", "addnorm_2", "ffn",
-        "addnorm_3"}``.
+        "addnorm_3"}``, exactly (nested keys too).
       X: ``(B, T, D)``. enc_outputs: ``(B, S, D)``. src_valid_len: ``(B,)`` or ``None``.
 
     Returns:
       ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
+    check_param_keys("params", params, DECODER_BLOCK_KEYS)
     D = jnp.shape(params["self_attention"]["W_q"])[0]
     X = check_width("X", X, D)
     enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
@@ -346,7 +357,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
     """The Transformer decoder over a whole (teacher-forced) input — d2l §11.7.5.
 
     Args:
-      params: ``{"embedding": (V_tgt, D), "blocks": {...}, "dense": {"W", "b"}}``.
+      params: ``{"embedding": (V_tgt, D), "blocks": {...}, "dense": {"W", "b"}}``, exactly.
       dec_input: ``(B, T)`` ids (``<bos>`` then the target shifted right).
       enc_outputs: ``(B, S, D)``. src_valid_len: ``(B,)`` or ``None``.
 
@@ -354,6 +365,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
       ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
     dropout = check_dropout(dropout)
+    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     embedding_rows = jnp.shape(params["embedding"])[0]
     dec_input = check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
     check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
@@ -366,7 +378,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
                enc_outputs.dtype)
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     self_weights, cross_weights = [], []
-    for i in range(num_blocks(params["blocks"])):
+    for i in range(L):
         X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
                                 num_heads=num_heads, dropout=dropout,
                                 dropout_rng=fold_rng(dropout_rng, i + 1))
@@ -382,7 +394,7 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
     """Encoder then decoder, teacher-forced (``d2l.EncoderDecoder`` with the Transformer's parts).
 
     Args:
-      params: ``{"encoder": {...}, "decoder": {...}}``.
+      params: ``{"encoder": {...}, "decoder": {...}}``, exactly (nested keys too).
       src: ``(B, S)``. src_valid_len: ``(B,)``. dec_input: ``(B, T)``.
       num_heads, max_positions: the model's heads and position table size.
       dropout, dropout_rng: the rate and a key (``None``: no dropout).
@@ -392,6 +404,7 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    check_model(params)
     dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
@@ -417,6 +430,7 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced).
     """
+    check_model(params)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
@@ -464,6 +478,7 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``weights``
       are the last block's encoder–decoder weights averaged over the heads.
     """
+    check_model(params)
     src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
     check_positions("src", src.shape[1], max_positions, src.shape)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
@@ -498,6 +513,7 @@ def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, b
     """
     if not hasattr(decoding, "beam_search"):
         raise NotImplementedError("jax_attention.decoding.beam_search is not available yet")
+    check_model(params)
     src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
     check_positions("src", src.shape[1], max_positions, src.shape)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")

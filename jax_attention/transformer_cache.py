@@ -31,13 +31,15 @@ from jax_attention._checks import (
 )
 from jax_attention.multihead import combine_heads
 from jax_attention.transformer_layers import (
+    DECODER_BLOCK_KEYS,
+    DECODER_KEYS,
     MAX_POSITIONS,
     add_norm,
     attend,
+    check_stack,
     check_width,
     dense,
     embed,
-    num_blocks,
     position_wise_ffn,
     project_one,
 )
@@ -59,17 +61,18 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
     * ``src_valid_len (B,) int32``.
 
     Args:
-      params: the decoder's dict. enc_outputs: ``(B, S, D)``.
+      params: the decoder's dict (its keys, nested ones included, are checked: ``ValueError``
+        naming a missing or unexpected one). enc_outputs: ``(B, S, D)``.
       src_valid_len: ``(B,)`` integers in ``[0, S]`` (checked when concrete; act as clipped when
         traced), or ``None`` for ``S``.
       num_heads: ``N``. max_len: ``M``, the number of steps the cache holds.
     """
+    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     enc_outputs = check_width("enc_outputs", enc_outputs, jnp.shape(params["embedding"])[1],
                                "(B, S, D)")
     B, S, D = enc_outputs.shape
     check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
     max_len = check_size("max_len", max_len)
-    L = num_blocks(params["blocks"])
     H = D // num_heads
     cross_keys = jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
                                          enc_outputs, "W_k", num_heads) for i in range(L)], axis=1)
@@ -147,15 +150,16 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
     (a step past the cache overwrites its last slot instead of writing nowhere).
 
     Args:
-      params: the decoder's dict. state: see :func:`init_decoder_state`. tokens: ``(B,)`` ids.
+      params: the decoder's dict (keys checked as in :func:`init_decoder_state`). state: see
+        :func:`init_decoder_state`. tokens: ``(B,)`` ids.
 
     Returns:
       ``(logits (B, V), state, weights)`` with ``weights = {"decoder_self": (L, B, N, M),
       "encoder_decoder": (L, B, N, S)}`` of this step (slots past ``position`` have weight 0).
     """
+    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     embedding_rows, D = jnp.shape(params["embedding"])
     check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
-    L = num_blocks(params["blocks"])
     B, M, S = _check_decoder_state(state, L, num_heads, D // num_heads)
     tokens = check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
     check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
@@ -171,7 +175,7 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
                   < state["src_valid_len"].reshape(-1, 1))[:, None, None, :]
     self_keys, self_values = [], []
     self_weights, cross_weights = [], []
-    for i in range(num_blocks(params["blocks"])):
+    for i in range(L):
         block = params["blocks"][f"block_{i}"]
         q = project_one(block["self_attention"], X, "W_q", num_heads)
         k = _write_cache(state["self_keys"][:, i], project_one(block["self_attention"], X, "W_k",

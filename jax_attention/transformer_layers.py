@@ -13,8 +13,11 @@ Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, `
 ``D`` model width, ``F`` the FFN's hidden width.
 
 The helpers without an underscore (:func:`dense`, :func:`check_width`, :func:`project_one`,
-:func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`) are the building blocks the
-other Transformer modules share; the public functions are those of ``__all__``.
+:func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`, and :func:`check_stack`,
+:func:`check_model` with the ``*_KEYS`` of the parameter dicts) are the building blocks the
+other Transformer modules share; the public functions are those of ``__all__``. Every function
+checks the keys of the parameter dicts it is given (a missing or unexpected key raises
+``ValueError`` naming it and the expected keys).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jax_attention._checks import check_dropout, check_numbered
+from jax_attention._checks import check_dropout, check_numbered, check_param_keys
 from jax_attention.multihead import combine_heads, mask_inputs, project_heads
 from jax_attention.positional import positional_encoding
 from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
@@ -40,6 +43,20 @@ LAYER_NORM_EPS = 1e-5
 
 # The same strings as in reference_numpy/transformer.py.
 DENSE = "...i,io->...o"
+
+# The keys of the parameter dicts (the structure of jax_attention.transformer.param_shapes), for
+# check_param_keys: a key maps to the keys of the dict under it. Same names in the NumPy file.
+ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
+FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
+NORM_KEYS = ("gamma", "beta")
+ENCODER_BLOCK_KEYS = {"attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS, "ffn": FFN_KEYS,
+                      "addnorm_2": NORM_KEYS}
+DECODER_BLOCK_KEYS = {"self_attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS,
+                      "cross_attention": ATTENTION_KEYS, "addnorm_2": NORM_KEYS, "ffn": FFN_KEYS,
+                      "addnorm_3": NORM_KEYS}
+ENCODER_KEYS = {"embedding": None, "blocks": None}
+DECODER_KEYS = {"embedding": None, "blocks": None, "dense": ("W", "b")}
+MODEL_KEYS = ("encoder", "decoder")
 
 
 def fold_rng(dropout_rng, index: int):
@@ -60,12 +77,6 @@ def dense(params, X, kernel: str, bias: str | None):
 
 def _check_params(params, expected: dict) -> None:
     """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
-    if not hasattr(params, "keys"):
-        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
-                         f"{type(params).__name__}")
-    missing = [name for name in expected if name not in params]
-    if missing:
-        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
     for name, shape in expected.items():
         got = jnp.shape(params[name])
         if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
@@ -88,12 +99,13 @@ def position_wise_ffn(params, X):
     """The position-wise feed-forward network — d2l §11.7.2: ``relu(X W_1 + b_1) W_2 + b_2``.
 
     Args:
-      params: ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}``.
+      params: ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}``, these keys exactly.
       X: ``(B, T, D)`` (any leading axes ``(..., D)``).
 
     Returns:
       ``(B, T, D)``.
     """
+    check_param_keys("params", params, FFN_KEYS)
     _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
     D, F = jnp.shape(params["W_1"])
     _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
@@ -105,8 +117,10 @@ def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
     """Layer normalisation over the last axis (``nn.LayerNorm(D)``, biased variance, eps ``1e-5``).
 
     Args:
-      params: ``{"gamma": (D,), "beta": (D,)}``. X: ``(..., D)`` with ``D >= 1``.
+      params: ``{"gamma": (D,), "beta": (D,)}``, these keys exactly. X: ``(..., D)`` with
+        ``D >= 1``.
     """
+    check_param_keys("params", params, NORM_KEYS)
     _check_params(params, {"gamma": ("D",), "beta": ("D",)})
     D = jnp.shape(params["gamma"])[0]
     _check_params(params, {"beta": (D,)})
@@ -160,19 +174,19 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     projections and head split), plus the book's dropout on the attention weights.
 
     Args:
-      params: ``{"W_q", "W_k", "W_v", "W_o"}``, each ``(D, D)``.
+      params: ``{"W_q", "W_k", "W_v", "W_o"}``, each ``(D, D)``; these keys exactly (no biases).
       queries: ``(B, T, D)``. keys_values: ``(B, S, D)``.
       valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
-      num_heads: ``N``. is_causal: add the causal mask.
+      num_heads: ``N``. is_causal: add the causal mask (a Python bool).
       dropout, dropout_rng: on the weights (``None``: no dropout).
 
     Returns:
       ``(output (B, T, D), weights (B, N, T, S))``; the weights are those before dropout.
     """
-    D = jnp.shape(params["W_q"])[0] if "W_q" in params else None
-    if D is not None:
-        queries = check_width("queries", queries, D)
-        keys_values = check_width("keys_values", keys_values, D, "(B, S, D)")
+    check_param_keys("params", params, ATTENTION_KEYS)
+    D = jnp.shape(params["W_q"])[0]
+    queries = check_width("queries", queries, D)
+    keys_values = check_width("keys_values", keys_values, D, "(B, S, D)")
     check_dropout(dropout)
     keep, queries, keys, values = mask_inputs(queries, keys_values, keys_values, valid_lens,
                                                None, is_causal, num_heads)
@@ -184,6 +198,25 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
 def num_blocks(blocks) -> int:
     """The number of blocks of ``{"block_0": ..., "block_{L-1}": ...}``, checked."""
     return check_numbered("blocks", blocks, "block")
+
+
+def check_stack(params, keys: dict, block_keys: dict, name: str = "params") -> int:
+    """An encoder's or decoder's dict: its keys (``keys``), then each block's (``block_keys``),
+    named by their path from ``name``; returns the number of blocks ``L``. Keys only: the
+    arrays are not read."""
+    check_param_keys(name, params, keys)
+    L = num_blocks(params["blocks"])
+    for i in range(L):
+        check_param_keys(f"{name}['blocks']['block_{i}']", params["blocks"][f"block_{i}"],
+                         block_keys)
+    return L
+
+
+def check_model(params) -> None:
+    """The whole model's dict ``{"encoder", "decoder"}``, every nested key, named by its path."""
+    check_param_keys("params", params, MODEL_KEYS)
+    check_stack(params["encoder"], ENCODER_KEYS, ENCODER_BLOCK_KEYS, "params['encoder']")
+    check_stack(params["decoder"], DECODER_KEYS, DECODER_BLOCK_KEYS, "params['decoder']")
 
 
 def embed(params, tokens, offset_positions, max_positions: int, dtype):

@@ -106,6 +106,40 @@ def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> No
         )
 
 
+def check_static_bool(name: str, value) -> bool:
+    """A flag that fixes the structure of the computation (``is_causal``), as a Python bool:
+    ``True``/``False`` or ``np.bool_``; anything else (a string such as ``"False"``, an int, an
+    array) raises ``TypeError`` naming ``name`` and the type received, as in the JAX twin (which
+    also refuses traced values)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a Python bool (True or False), got {type(value).__name__} "
+                    f"{value!r}")
+
+
+def check_param_keys(name: str, params, required, optional=()) -> None:
+    """A parameter dict must hold exactly the keys ``required`` and any of ``optional``;
+    ``required`` may map each key to the keys of the dict under it (``None`` for an array).
+    ``ValueError`` naming ``name`` (or the nested entry) and listing the unexpected, missing and
+    expected keys otherwise, as in the JAX twin."""
+    expected = list(required) + [key for key in optional if key not in required]
+    wanted = f"the keys {expected}" if not optional else (
+        f"the keys {list(required)} and optionally {list(optional)}")
+    if not hasattr(params, "keys"):
+        raise ValueError(f"{name} must be a mapping with {wanted}, got {type(params).__name__}")
+    unexpected = sorted((key for key in params if key not in expected), key=repr)
+    missing = [key for key in required if key not in params]
+    if unexpected or missing:
+        problems = ([f"unexpected keys {unexpected}"] if unexpected else []) + (
+            [f"missing keys {missing}"] if missing else [])
+        raise ValueError(f"{name} has {' and '.join(problems)}: expected {wanted}, got "
+                         f"{sorted(params, key=repr)}")
+    if hasattr(required, "items"):
+        for key, keys in required.items():
+            if keys is not None:
+                check_param_keys(f"{name}[{key!r}]", params[key], keys)
+
+
 # --------------------------------------------------------------------------- values of arrays
 
 

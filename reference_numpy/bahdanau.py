@@ -27,7 +27,8 @@ Parameters (the same nested dict in NumPy and JAX; dense kernels stored ``(in, o
                  "dense": {"W": (h, V_tgt), "b": (V_tgt,)}}}
 
 ``W_x`` stacks PyTorch's ``weight_ih_l{k}`` transposed (``[W_xr | W_xz | W_xn]``), ``W_h`` its
-``weight_hh_l{k}``, ``b_x`` / ``b_h`` its ``bias_ih`` / ``bias_hh``.
+``weight_hh_l{k}``, ``b_x`` / ``b_h`` its ``bias_ih`` / ``bias_hh``. A missing or unexpected key,
+nested ones included, raises ``ValueError`` naming its path and the expected keys.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ from reference_numpy._checks import (
     check_lengths,
     check_max_len,
     check_numbered,
+    check_param_keys,
     check_special_ids,
     check_tokens,
     check_values_in,
     is_integer_dtype,
 )
-from reference_numpy.scoring import WEIGHTED_SUM, additive_attention_weights
+from reference_numpy.scoring import ADDITIVE_KEYS, WEIGHTED_SUM, additive_attention_weights
 
 __all__ = [
     "gru_cell",
@@ -63,6 +65,13 @@ GRU_INPUTS = "...i,ig->...g"
 GRU_STATE = "bh,hg->bg"
 DENSE = "...h,hv->...v"
 
+# The keys of the parameter dicts (the structure of param_shapes), for check_param_keys: a key
+# maps to the keys of the dict under it; the GRU's "layer_l" are checked one by one.
+GRU_LAYER_KEYS = ("W_x", "W_h", "b_x", "b_h")
+ENCODER_KEYS = {"embedding": None, "gru": None}
+DECODER_KEYS = {"embedding": None, "attention": ADDITIVE_KEYS, "gru": None, "dense": ("W", "b")}
+MODEL_KEYS = ("encoder", "decoder")
+
 
 def _sigmoid(x):
     # tanh form: exact, and no overflow warning for large |x| (1 / (1 + exp(-x)) overflows).
@@ -70,13 +79,8 @@ def _sigmoid(x):
 
 
 def _check_gru_layer(params, input_size: int, num_hiddens: int):
-    try:
-        W_x, W_h, b_x, b_h = (np.asarray(params[name]) for name in ("W_x", "W_h", "b_x", "b_h"))
-    except (KeyError, TypeError):
-        raise ValueError(
-            "GRU layer params must be a mapping with 'W_x', 'W_h', 'b_x' and 'b_h', got "
-            f"{sorted(params) if hasattr(params, 'keys') else type(params).__name__}"
-        ) from None
+    check_param_keys("params", params, GRU_LAYER_KEYS)
+    W_x, W_h, b_x, b_h = (np.asarray(params[name]) for name in GRU_LAYER_KEYS)
     g = 3 * num_hiddens
     expected = {"W_x": (input_size, g), "W_h": (num_hiddens, g), "b_x": (g,), "b_h": (g,)}
     for name, array in zip(expected, (W_x, W_h, b_x, b_h)):
@@ -119,8 +123,20 @@ def gru_cell(params, inputs, state):
     return _gru_update(gates_x, gates_h, state)
 
 
-def _num_layers(params) -> int:
-    return check_numbered("GRU params", params, "layer")
+def _num_layers(params, name: str = "params") -> int:
+    """The number of layers of a GRU's dict, whose layers' keys are checked (named from ``name``)."""
+    num_layers = check_numbered("GRU params", params, "layer")
+    for layer in range(num_layers):
+        check_param_keys(f"{name}['layer_{layer}']", params[f"layer_{layer}"], GRU_LAYER_KEYS)
+    return num_layers
+
+
+def _check_model(params) -> None:
+    """The whole model's dict ``{"encoder", "decoder"}``, every nested key, named by its path."""
+    check_param_keys("params", params, MODEL_KEYS)
+    for part, keys in (("encoder", ENCODER_KEYS), ("decoder", DECODER_KEYS)):
+        check_param_keys(f"params[{part!r}]", params[part], keys)
+        _num_layers(params[part]["gru"], f"params[{part!r}]['gru']")
 
 
 def gru(params, inputs, state=None):
@@ -175,6 +191,8 @@ def encoder(params, src):
     Returns:
       ``(outputs (B, S, h), state (L, B, h))``.
     """
+    check_param_keys("params", params, ENCODER_KEYS)
+    _num_layers(params["gru"], "params['gru']")
     embedding = np.asarray(params["embedding"])
     src = check_tokens("src", src, embedding.shape[0], ndim=2)
     return gru(params["gru"], embedding[src])
@@ -182,8 +200,9 @@ def encoder(params, src):
 
 def _check_decoder_state(params, state, enc_outputs):
     """Checks ``state (L, B, h)`` against the decoder's GRU and ``enc_outputs (B, S, h)``."""
+    check_param_keys("params", params, DECODER_KEYS)
     state, enc_outputs = np.asarray(state), np.asarray(enc_outputs)
-    L = _num_layers(params["gru"])
+    L = _num_layers(params["gru"], "params['gru']")
     h = np.shape(params["gru"]["layer_0"]["W_h"])[0]
     if state.ndim != 3 or state.shape[0] != L or state.shape[2] != h:
         raise ValueError(f"state must have shape (L, B, h) = ({L}, B, {h}) for the decoder's GRU, "
@@ -272,6 +291,7 @@ def seq2seq(params, src, src_valid_len, dec_input):
       ``(logits (B, T, V), weights (B, T, S))``.
     """
     # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
+    _check_model(params)
     dec_input = check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
@@ -341,6 +361,7 @@ def masked_cross_entropy(logits, labels, valid_len):
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int):
     """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``."""
+    _check_model(params)
     tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
@@ -360,6 +381,7 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``lengths`` counts the
       tokens before ``<eos>``.
     """
+    _check_model(params)
     src = check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
     bos_id, eos_id, pad_id = check_special_ids(

@@ -18,6 +18,7 @@ import numpy as np
 from reference_numpy._checks import (
     check_count,
     check_mask,
+    check_static_bool,
     check_valid_lens,
     check_values_in,
     is_integer_dtype,
@@ -46,6 +47,10 @@ def sequence_mask(X, valid_len, value=0):
 
     Returns:
       An array of ``X``'s shape and dtype.
+
+    Raises ``ValueError`` for ``X`` without an axis, for non-integer lengths, for lengths whose
+    shape does not broadcast to ``X.shape[:-1]`` (naming both shapes; e.g. ``(1,)`` against
+    ``X`` of shape ``(5,)``, which has no row axis) and for lengths outside ``[0, S]``.
     """
     X = np.asarray(X)
     valid_len = np.asarray(valid_len)
@@ -56,10 +61,13 @@ def sequence_mask(X, valid_len, value=0):
             f"valid_len must hold integers, got dtype {valid_len.dtype} with shape {valid_len.shape}"
         )
     try:
-        np.broadcast_shapes(valid_len.shape, X.shape[:-1])
+        # Broadcasting must not add axes to X (the result keeps X's shape).
+        if np.broadcast_shapes(valid_len.shape, X.shape[:-1]) != X.shape[:-1]:
+            raise ValueError
     except ValueError:
         raise ValueError(
-            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape {valid_len.shape}"
+            f"valid_len must broadcast to X.shape[:-1] = {X.shape[:-1]}, got shape "
+            f"{valid_len.shape} (X has shape {X.shape}, e.g. (B, S) with valid_len (B,))"
         ) from None
     check_values_in("valid_len", valid_len, 0, X.shape[-1], f"[0, S] = [0, {X.shape[-1]}]")
     keep = np.arange(X.shape[-1]) < valid_len[..., None]
@@ -143,8 +151,10 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
 
     Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
     ``shape`` and, with ``is_causal``, :func:`causal_mask` ``(T, S)``. Raises ``ValueError`` for
-    lengths of the wrong shape, type or range.
+    lengths of the wrong shape, type or range; ``TypeError`` for a non-boolean mask and for an
+    ``is_causal`` that is not a Python bool (a string, an int, an array).
     """
+    is_causal = check_static_bool("is_causal", is_causal)
     if len(shape) < 2:
         raise ValueError(f"shape (of the attention scores) must be (..., T, S), got {tuple(shape)}")
     T, S = shape[-2], shape[-1]

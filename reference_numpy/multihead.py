@@ -7,7 +7,9 @@ output size (``D`` in the book).
 
 Parameters are a dict of dense kernels stored ``(in, out)`` — ``W_q (q, D)``, ``W_k (k, D)``,
 ``W_v (v, D)``, ``W_o (D, E)`` — and optional biases ``b_q (D,)``, ``b_k (D,)``, ``b_v (D,)``,
-``b_o (E,)``. Head ``n`` uses columns ``n*H .. (n+1)*H - 1`` of the projected width, as the book's
+``b_o (E,)``; any other key (a misspelled ``B_o``) or a missing kernel raises ``ValueError`` naming
+it. ``is_causal`` must be a Python bool (``TypeError`` otherwise). Head ``n`` uses columns
+``n*H .. (n+1)*H - 1`` of the projected width, as the book's
 ``transpose_qkv`` splits them. Self-attention is the same function on ``(X, X, X)``.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_numpy._checks import check_attention_inputs, check_num_heads
+from reference_numpy._checks import check_attention_inputs, check_num_heads, check_param_keys
 from reference_numpy.masking import attention_mask
 from reference_numpy.scoring import dot_product_attention
 
@@ -74,13 +76,13 @@ def _param(params, name, shape, context=""):
     return array
 
 
+#: The keys of the parameter dict: the kernels, always, and the biases, which may be absent.
+KERNEL_KEYS = ("W_q", "W_k", "W_v", "W_o")
+BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
+
+
 def _check_params(params, queries, keys, values):
-    if not hasattr(params, "keys"):
-        raise ValueError(f"params must be a mapping with 'W_q', 'W_k', 'W_v' and 'W_o', got "
-                         f"{type(params).__name__}")
-    missing = [name for name in ("W_q", "W_k", "W_v", "W_o") if name not in params]
-    if missing:
-        raise ValueError(f"params must hold 'W_q', 'W_k', 'W_v' and 'W_o', missing {missing}")
+    check_param_keys("params", params, KERNEL_KEYS, BIAS_KEYS)
     D = np.shape(params["W_q"])[-1]
     E = np.shape(params["W_o"])[-1]
     shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D),
@@ -165,6 +167,8 @@ def combine_heads(params, heads):
     """Merge the heads ``(B, N, T, H)`` and apply the output projection: ``(B, T, E)``."""
     if np.ndim(heads) != 4:
         raise ValueError(f"heads must have shape (B, N, T, H), got {np.shape(heads)}")
+    # W_q, W_k and W_v are not used here, but may be present: the dict of multi_head_attention.
+    check_param_keys("params", params, ("W_o",), KERNEL_KEYS[:3] + BIAS_KEYS)
     merged = merge_heads(heads)
     W_o = _param(params, "W_o", (merged.shape[-1], np.shape(params["W_o"])[-1]))
     out = np.einsum(PROJECT, merged, W_o)

@@ -3,6 +3,9 @@
 Mirror of :mod:`jax_attention.scoring` (same names, argument order and einsum strings).
 Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batch axes (heads),
 ``q``/``k``/``v`` the query, key and value sizes, ``h`` the additive hidden size.
+
+``is_causal`` must be a Python bool (``TypeError`` otherwise); additive attention's ``params`` must
+hold exactly ``W_q, W_k, w_v`` (``ValueError`` naming a missing or unexpected key).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 from reference_numpy._checks import (
     check_attention_inputs,
     check_implementation,
+    check_param_keys,
     is_integer_dtype,
 )
 from reference_numpy.masking import attention_mask, masked_softmax
@@ -140,14 +144,13 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     return np.einsum(WEIGHTED_SUM, weights, values), weights
 
 
+#: The keys of additive attention's parameter dict.
+ADDITIVE_KEYS = ("W_q", "W_k", "w_v")
+
+
 def _check_additive_params(params, queries, keys):
-    try:
-        W_q, W_k, w_v = (np.asarray(params[name]) for name in ("W_q", "W_k", "w_v"))
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"params must be a mapping with 'W_q', 'W_k' and 'w_v', got {type(params).__name__} "
-            f"with {sorted(params) if hasattr(params, 'keys') else params!r}"
-        ) from None
+    check_param_keys("params", params, ADDITIVE_KEYS)
+    W_q, W_k, w_v = (np.asarray(params[name]) for name in ADDITIVE_KEYS)
     h = W_q.shape[-1] if W_q.ndim == 2 else "h"
     expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
     for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):

@@ -8,6 +8,7 @@ the whole prefix at every step, one sentence at a time, so that it checks the JA
 ``AddNorm(X, Y) = LayerNorm(Y + X)`` (eps ``1e-5``); ``FFN(X) = relu(X W_1 + b_1) W_2 + b_2``;
 the encoder and the decoder scale the embeddings by ``sqrt(D)`` before adding ``P``; the decoder's
 self-attention is causal; the encoder–decoder attention is masked by the source valid lengths.
+A missing or unexpected parameter key, nested ones included, raises ``ValueError`` naming its path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from reference_numpy._checks import (
     check_lengths,
     check_max_len,
     check_num_heads,
+    check_numbered,
+    check_param_keys,
     check_positions,
     check_special_ids,
     check_tokens,
@@ -49,15 +52,41 @@ LAYER_NORM_EPS = 1e-5
 # The same strings as in jax_attention/transformer.py.
 DENSE = "...i,io->...o"
 
+# The keys of the parameter dicts, for check_param_keys (as in jax_attention/transformer_layers.py):
+# a key maps to the keys of the dict under it.
+ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
+FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
+NORM_KEYS = ("gamma", "beta")
+ENCODER_BLOCK_KEYS = {"attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS, "ffn": FFN_KEYS,
+                      "addnorm_2": NORM_KEYS}
+DECODER_BLOCK_KEYS = {"self_attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS,
+                      "cross_attention": ATTENTION_KEYS, "addnorm_2": NORM_KEYS, "ffn": FFN_KEYS,
+                      "addnorm_3": NORM_KEYS}
+ENCODER_KEYS = {"embedding": None, "blocks": None}
+DECODER_KEYS = {"embedding": None, "blocks": None, "dense": ("W", "b")}
+MODEL_KEYS = ("encoder", "decoder")
+
+
+def _check_stack(params, keys: dict, block_keys: dict, name: str = "params") -> int:
+    """An encoder's or decoder's dict: its keys, then each block's, named by their path from
+    ``name``; returns the number of blocks."""
+    check_param_keys(name, params, keys)
+    L = check_numbered("blocks", params["blocks"], "block")
+    for i in range(L):
+        check_param_keys(f"{name}['blocks']['block_{i}']", params["blocks"][f"block_{i}"],
+                         block_keys)
+    return L
+
+
+def _check_model(params) -> None:
+    """The whole model's dict ``{"encoder", "decoder"}``, every nested key, named by its path."""
+    check_param_keys("params", params, MODEL_KEYS)
+    _check_stack(params["encoder"], ENCODER_KEYS, ENCODER_BLOCK_KEYS, "params['encoder']")
+    _check_stack(params["decoder"], DECODER_KEYS, DECODER_BLOCK_KEYS, "params['decoder']")
+
 
 def _check_params(params, expected: dict) -> None:
     """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
-    if not hasattr(params, "keys"):
-        raise ValueError(f"params must be a mapping with {sorted(expected)}, got "
-                         f"{type(params).__name__}")
-    missing = [name for name in expected if name not in params]
-    if missing:
-        raise ValueError(f"params must hold {sorted(expected)}, missing {missing}")
     for name, shape in expected.items():
         got = np.shape(params[name])
         if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
@@ -82,7 +111,9 @@ def _dense(params, X, kernel: str, bias: str | None):
 
 
 def position_wise_ffn(params, X):
-    """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``."""
+    """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``; ``params``
+    holds exactly ``W_1, b_1, W_2, b_2`` (``ValueError`` naming a missing or unexpected key)."""
+    check_param_keys("params", params, FFN_KEYS)
     _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
     D, F = np.shape(params["W_1"])
     _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
@@ -91,7 +122,9 @@ def position_wise_ffn(params, X):
 
 
 def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
-    """LayerNorm over the last axis (biased variance, eps ``1e-5``); ``X (..., D)``, ``D >= 1``."""
+    """LayerNorm over the last axis (biased variance, eps ``1e-5``); ``X (..., D)``, ``D >= 1``;
+    ``params`` holds exactly ``gamma, beta``."""
+    check_param_keys("params", params, NORM_KEYS)
     _check_params(params, {"gamma": ("D",), "beta": ("D",)})
     D = np.shape(params["gamma"])[0]
     _check_params(params, {"beta": (D,)})
@@ -114,11 +147,13 @@ def add_norm(params, X, Y):
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False):
-    """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``."""
-    if "W_q" in params:
-        D = np.shape(params["W_q"])[0]
-        queries = _check_width("queries", queries, D)
-        keys_values = _check_width("keys_values", keys_values, D, "(B, S, D)")
+    """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``.
+
+    ``params`` holds exactly ``W_q, W_k, W_v, W_o``; ``is_causal`` is a Python bool."""
+    check_param_keys("params", params, ATTENTION_KEYS)
+    D = np.shape(params["W_q"])[0]
+    queries = _check_width("queries", queries, D)
+    keys_values = _check_width("keys_values", keys_values, D, "(B, S, D)")
     return multi_head_attention(params, queries, keys_values, keys_values, valid_lens,
                                 num_heads=num_heads, is_causal=is_causal)
 
@@ -126,8 +161,10 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
 def encoder_block(params, X, src_valid_len, *, num_heads: int):
     """``Y = AddNorm(X, MHA(X, X, X))``, ``AddNorm(Y, FFN(Y))`` — d2l §11.7.4.
 
-    Returns ``(output (B, S, D), weights (B, N, S, S))``.
+    Returns ``(output (B, S, D), weights (B, N, S, S))``. ``params`` holds exactly the keys of
+    the JAX function's (nested ones included); ``ValueError`` naming the entry otherwise.
     """
+    check_param_keys("params", params, ENCODER_BLOCK_KEYS)
     X = _check_width("X", X, np.shape(params["attention"]["W_q"])[0], "(B, S, D)")
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads)
     Y = add_norm(params["addnorm_1"], X, attended)
@@ -145,10 +182,11 @@ def _embed(params, name: str, tokens, max_positions: int):
 
 def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = MAX_POSITIONS):
     """The Transformer encoder — d2l §11.7.4. Returns ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``."""
+    L = _check_stack(params, ENCODER_KEYS, ENCODER_BLOCK_KEYS)
     src = check_tokens("src", src, np.shape(params["embedding"])[0], ndim=2)
     X = _embed(params, "src", src, max_positions)
     weights = []
-    for i in range(len(params["blocks"])):
+    for i in range(L):
         X, w = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len, num_heads=num_heads)
         weights.append(w)
     return X, np.stack(weights)
@@ -159,6 +197,7 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int):
 
     Returns ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
+    check_param_keys("params", params, DECODER_BLOCK_KEYS)
     D = np.shape(params["self_attention"]["W_q"])[0]
     X = _check_width("X", X, D)
     enc_outputs = _check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
@@ -181,6 +220,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 
     Returns ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
+    L = _check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     dec_input = check_tokens("dec_input", dec_input, np.shape(params["embedding"])[0], ndim=2)
     check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
     D = np.shape(params["embedding"])[1]
@@ -190,7 +230,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
                          f"got dec_input {dec_input.shape} and enc_outputs {enc_outputs.shape}")
     X = _embed(params, "dec_input", dec_input, max_positions)
     self_weights, cross_weights = [], []
-    for i in range(len(params["blocks"])):
+    for i in range(L):
         X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
                                 num_heads=num_heads)
         self_weights.append(s)
@@ -202,6 +242,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
                 max_positions: int = MAX_POSITIONS):
     """Encoder then decoder. Returns ``(logits (B, T, V), weights dict)`` as the JAX function."""
+    _check_model(params)
     dec_input = check_tokens("dec_input", dec_input, np.shape(params["decoder"]["embedding"])[0],
                               ndim=2)
     if np.ndim(src) == 2 and np.shape(src)[0] != dec_input.shape[0]:
@@ -217,6 +258,7 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS):
     """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing."""
+    _check_model(params)
     tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
@@ -236,6 +278,7 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``weights`` are the last
       block's encoder–decoder weights averaged over the heads.
     """
+    _check_model(params)
     src = check_tokens("src", src, np.shape(params["encoder"]["embedding"])[0], ndim=2)
     check_positions("src", src.shape[1], max_positions, src.shape)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")

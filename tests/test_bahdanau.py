@@ -226,6 +226,73 @@ def test_bad_input_raises_with_the_shapes(call, message):
         call(_params())
 
 
+# ------------------------------------------------------------------- issue 16: parameter keys
+
+
+def _np_params():
+    return jax.tree.map(np.asarray, _params())
+
+
+def _rename(tree, path, new_name):
+    """``tree`` with the entry at ``path`` (a tuple of keys) moved to ``new_name`` (a typo);
+    ``new_name=None`` adds an extra key beside it instead."""
+    *parents, last = path
+    parent = tree
+    for key in parents:
+        parent = parent[key]
+    if new_name is None:
+        parent["extra"] = parent[last]
+    else:
+        parent[new_name] = parent.pop(last)
+    return tree
+
+
+@pytest.mark.parametrize("path, new_name, message", [
+    (("decoder", "attention", "w_v"), "w_V",
+     r"params\['decoder'\]\['attention'\] has unexpected keys \['w_V'\] and missing keys "
+     r"\['w_v'\]: "
+     r"expected the keys \['W_q', 'W_k', 'w_v'\]"),
+    (("encoder", "gru", "layer_1", "b_h"), None,
+     r"params\['encoder'\]\['gru'\]\['layer_1'\] has unexpected keys \['extra'\]: expected "
+     r"the keys "
+     r"\['W_x', 'W_h', 'b_x', 'b_h'\]"),
+    (("decoder", "dense"), "Dense", r"params\['decoder'\] has unexpected keys \['Dense'\] and "
+                                    r"missing keys \['dense'\]"),
+    (("encoder",), "Encoder", r"params has unexpected keys \['Encoder'\] and missing keys "
+                              r"\['encoder'\]: expected the keys \['encoder', 'decoder'\]"),
+])
+def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name, message):
+    params = _rename(_np_params(), path, new_name)
+    src, src_valid_len, tgt, tgt_valid_len = (np.asarray(a) for a in _inputs())
+    for module in (bahdanau, np_bahdanau):
+        with pytest.raises(ValueError, match=message):
+            module.seq2seq(params, src, src_valid_len, tgt)
+        with pytest.raises(ValueError, match=message):
+            module.teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, BOS)
+        with pytest.raises(ValueError, match=message):
+            module.greedy_decode(params, src, src_valid_len, bos_id=BOS, eos_id=3, pad_id=1,
+                                 max_len=2)
+
+
+def test_misspelled_keys_of_the_parts_are_named_too():
+    params = _rename(_np_params(), ("decoder", "gru", "layer_0", "W_h"), "W_H")
+    state = np.zeros((L, B, H), np.float32)
+    enc_outputs = np.zeros((B, S, H), np.float32)
+    layer = params["decoder"]["gru"]["layer_0"]
+    for module in (bahdanau, np_bahdanau):
+        with pytest.raises(ValueError, match=r"params\['gru'\]\['layer_0'\] has unexpected keys "
+                                             r"\['W_H'\] and missing keys \['W_h'\]"):
+            module.decoder_step(params["decoder"], np.ones(B, np.int32), state, enc_outputs,
+                                np.full(B, S, np.int32))
+        with pytest.raises(ValueError, match=r"params has unexpected keys \['W_H'\]"):
+            module.gru_cell(layer, np.zeros((B, H + E), np.float32), np.zeros((B, H), np.float32))
+        with pytest.raises(ValueError, match=r"params\['layer_0'\] has unexpected keys \['W_H'\]"):
+            module.gru(params["decoder"]["gru"], np.zeros((B, T, H + E), np.float32))
+        encoder = _rename(_np_params()["encoder"], ("embedding",), None)
+        with pytest.raises(ValueError, match=r"params has unexpected keys \['extra'\]"):
+            module.encoder(encoder, np.zeros((B, S), np.int32))
+
+
 # --------------------------------------------------------------------------- training runs
 
 TINY = {"epochs": 2, "num_examples": 64, "batch_size": 32, "embed_size": 8, "num_hiddens": 8,

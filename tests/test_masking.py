@@ -410,3 +410,67 @@ def test_bad_sequence_mask_lengths():
             ValueError, match=re.escape("X must have at least one axis (..., S), got shape ()")
         ):
             module.sequence_mask(xnp.zeros((), xnp.float32), xnp.asarray(1, xnp.int32))
+
+
+# --------------------------------------------------------------------------- issue 16: input checks
+
+
+@pytest.mark.parametrize("X_shape, lens_shape", [((5,), (1,)), ((2, 5), (2, 1)), ((2, 5), (1, 2)),
+                                                 ((2, 4, 5), (2, 1, 4))])
+def test_sequence_mask_lengths_that_would_add_axes_name_both_shapes(X_shape, lens_shape):
+    # (1,) broadcasts with X.shape[:-1] = () but would grow the result: JAX raised a raw
+    # broadcasting error naming no argument, NumPy returned a (1, 5) array.
+    for module, xnp in ((jax_masking, jnp), (np_masking, np)):
+        with pytest.raises(ValueError) as error:
+            module.sequence_mask(xnp.ones(X_shape), xnp.ones(lens_shape, xnp.int32))
+        message = str(error.value)
+        assert "valid_len must broadcast to X.shape[:-1]" in message
+        assert f"got shape {lens_shape}" in message and f"X has shape {X_shape}" in message
+
+
+def test_sequence_mask_lengths_that_broadcast_keep_the_shape_of_X():
+    for module, xnp in ((jax_masking, jnp), (np_masking, np)):
+        assert module.sequence_mask(xnp.ones(5), xnp.asarray(2)).shape == (5,)
+        assert module.sequence_mask(xnp.ones((2, 3, 5)), xnp.ones(3, xnp.int32)).shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("lens_shape", [(3,), (1,), (2, 5), (2, 4, 1), (4, 2)])
+def test_masked_softmax_lengths_of_other_shapes_name_valid_lens(lens_shape):
+    for module, xnp in ((jax_masking, jnp), (np_masking, np)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"valid_lens must have shape (B,) = (2,) or (B, T) = (2, 4), got {lens_shape}")):
+            module.masked_softmax(xnp.zeros(DIMS["BTS"]), xnp.ones(lens_shape, xnp.int32))
+
+
+@pytest.mark.parametrize("is_causal, type_name", [
+    ("False", "str"), (1, "int"), (0, "int"), (None, "NoneType"), (np.array(True), "ndarray"),
+    (jnp.array(False), "Array"),
+])
+def test_is_causal_must_be_a_python_bool(is_causal, type_name):
+    # Truthiness used to decide: "False", 1 and a non-empty array all meant causal.
+    for module in (jax_masking, np_masking):
+        with pytest.raises(TypeError, match=rf"is_causal must be a Python bool \(True or False\), "
+                                            rf"got {type_name}"):
+            module.attention_mask(DIMS["BTS"], is_causal=is_causal)
+
+
+def test_is_causal_accepts_numpy_bools():
+    for module in (jax_masking, np_masking):
+        np.testing.assert_array_equal(module.attention_mask(DIMS["BTS"], is_causal=np.bool_(True)),
+                                      module.attention_mask(DIMS["BTS"], is_causal=True))
+        assert module.attention_mask(DIMS["BTS"], is_causal=np.bool_(False)) is None
+
+
+def test_traced_is_causal_is_refused_with_the_advice_to_make_it_static():
+    with pytest.raises(TypeError, match=r"is_causal must be a static Python bool .*traced value.*"
+                                        r"static_argnames='is_causal'"):
+        jax.jit(lambda c: jax_masking.attention_mask(DIMS["BTS"], is_causal=c))(True)
+
+
+def test_causal_mask_offset_beyond_int32_is_refused_not_wrapped():
+    for offset in (np.int64(2**31), 2**31, np.int64(-(2**31) - 1)):
+        with pytest.raises(ValueError, match=r"offset must lie in \[-2147483648, 2147483647\]"):
+            jax_masking.causal_mask(2, 3, offset=offset)
+    # In range, a NumPy int64 offset is used as it is.
+    np.testing.assert_array_equal(jax_masking.causal_mask(2, 3, offset=np.int64(1)),
+                                  np_masking.causal_mask(2, 3, offset=np.int64(1)))

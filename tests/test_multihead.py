@@ -484,7 +484,8 @@ def test_bad_num_heads(num_heads, message):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda p: p.pop("W_o"), "params must hold 'W_q', 'W_k', 'W_v' and 'W_o', missing ['W_o']"),
+    (lambda p: p.pop("W_o"), "params has missing keys ['W_o']: expected the keys "
+                             "['W_q', 'W_k', 'W_v', 'W_o'] and optionally ['b_q', 'b_k', 'b_v', 'b_o']"),
     (lambda p: p.update(W_k=np.zeros((3, 8))), "params['W_k'] must have shape (5, 8), got (3, 8)"),
     (lambda p: p.update(W_v=np.zeros((6, 5))), "params['W_v'] must have shape (6, 8), got (6, 5)"),
     (lambda p: p.update(b_o=np.zeros((8, 1))), "params['b_o'] must have shape (8,), got (8, 1)"),
@@ -543,3 +544,54 @@ def test_bad_head_layouts():
     for split_heads, xnp in _both("split_heads"):
         with pytest.raises(ValueError, match=re.escape("X must have shape (B, T, D), got (3, 8)")):
             split_heads(xnp.zeros((3, 8)), 2)
+
+
+# --------------------------------------------------------------------------- issue 16: input checks
+
+
+@pytest.mark.parametrize("change, message", [
+    # A misspelled optional bias used to be dropped silently: the output had no b_o.
+    (lambda p: p.update(B_o=p.pop("b_o")), "params has unexpected keys ['B_o']: expected the keys "
+                                           "['W_q', 'W_k', 'W_v', 'W_o'] and optionally "
+                                           "['b_q', 'b_k', 'b_v', 'b_o']"),
+    (lambda p: p.update(W_x=p["W_q"]), "params has unexpected keys ['W_x']"),
+    (lambda p: p.update(w_q=p.pop("W_q")), "params has unexpected keys ['w_q'] and missing keys "
+                                           "['W_q']"),
+])
+def test_misspelled_or_extra_param_keys_are_named(change, message):
+    params = {name: np.asarray(p) for name, p in _params().items()}
+    change(params)
+    for xnp in (jnp, np):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _call_both(xnp, params=params)
+    heads = np.zeros((DIMS.B, DIMS.N, DIMS.T, DIMS.H), np.float32)
+    for (project_heads, xnp), (combine_heads, _) in zip(_both("project_heads"),
+                                                         _both("combine_heads")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            project_heads(params, *(xnp.asarray(a) for a in _inputs()), num_heads=DIMS.N)
+        # combine_heads needs only W_o (W_q, W_k, W_v may be there), but refuses the same keys.
+        unexpected = message.split(":")[0].split(" and missing")[0]
+        with pytest.raises(ValueError, match=re.escape(unexpected)):
+            combine_heads(params, xnp.asarray(heads))
+
+
+def test_params_without_biases_or_with_some_are_accepted():
+    params = {name: np.asarray(p) for name, p in _params().items()}
+    del params["b_q"], params["b_v"]
+    for xnp in (jnp, np):
+        output, _ = _call_both(xnp, params=params)
+        chex.assert_shape(output, DIMS["BTD"])
+
+
+@pytest.mark.parametrize("is_causal", ["False", 1, np.array(True)], ids=["str", "int", "array"])
+def test_is_causal_must_be_a_python_bool(is_causal):
+    message = rf"is_causal must be a Python bool \(True or False\), got {type(is_causal).__name__}"
+    for xnp in (jnp, np):
+        with pytest.raises(TypeError, match=message):
+            _call_both(xnp, is_causal=is_causal)
+    module = jax_mh.MultiHeadAttention(DIMS.D, DIMS.N, query_size=DIMS.q, key_size=DIMS.k,
+                                       value_size=DIMS.v, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=message):
+        module(*_inputs(), is_causal=is_causal)
+    with pytest.raises(TypeError, match=r"is_causal must be a static Python bool"):
+        jax.jit(lambda c: _call_both(jnp, is_causal=c))(True)

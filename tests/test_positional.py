@@ -426,3 +426,48 @@ def test_plot_positional_heatmap(tmp_path):
     assert heatmap.get_ylabel() == "Row (position)"
     assert heatmap.images[0].get_cmap().name == "Blues"
     assert heatmap.images[0].get_array().shape == (60, 32)
+
+
+# ------------------------------------------------------------------- issue 16: int32 positions
+
+BEYOND_INT32 = 2**31 + 5
+
+
+@pytest.mark.parametrize("positions", [np.array([0, BEYOND_INT32], np.int64), [0, BEYOND_INT32],
+                                       np.array([-(2**31) - 1], np.int64)],
+                         ids=["int64", "list", "negative"])
+def test_rope_positions_beyond_int32_are_refused_without_x64(positions):
+    # With x64 off, JAX converted them to int32 and wrapped around: a wrong rotation, no error.
+    assert not jax.config.jax_enable_x64
+    largest = int(np.max(positions))
+    message = (rf"positions must lie in \[-2147483648, 2147483647\] \(JAX converts 64-bit "
+               rf".*x64 is off\), got values from -?\d+ to {largest}")
+    with pytest.raises(ValueError, match=message):
+        jax_pos.rotary_angles(positions, DIMS.H)
+    with pytest.raises(ValueError, match=message):
+        jax_pos.rotary_embedding(np.ones((len(positions), DIMS.H), np.float32), positions)
+
+
+def test_rope_positions_beyond_int32_are_exact_with_x64_and_in_numpy():
+    positions = np.array([3, BEYOND_INT32], np.int64)
+    expected = np_pos.rotary_angles(positions, DIMS.H)
+    assert expected[1, 0] == BEYOND_INT32  # NumPy has no such wrap: theta_0 = p / base^0 = p
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(jax_pos.rotary_angles(positions, DIMS.H, dtype=jnp.float64),
+                                   expected, rtol=1e-12)
+
+
+def test_rope_positions_within_int32_and_traced_positions_are_unchanged():
+    positions = np.array([0, 2**31 - 1], np.int64)
+    np.testing.assert_allclose(jax_pos.rotary_angles(positions, DIMS.H),
+                               np_pos.rotary_angles(positions, DIMS.H), rtol=1e-6)
+    # Traced positions cannot be checked (documented); they are used as they are.
+    traced = jax.jit(lambda p: jax_pos.rotary_angles(p, DIMS.H))(jnp.arange(3))
+    np.testing.assert_allclose(traced, np_pos.rotary_angles(np.arange(3), DIMS.H), rtol=1e-6)
+
+
+def test_relative_positions_offset_beyond_int32_is_refused():
+    for offset in (np.int64(2**31), 2**31):
+        with pytest.raises(ValueError, match=r"offset must lie in \[-2147483648, 2147483647\].*"
+                                             r"got values from 2147483648 to 2147483648"):
+            jax_pos.relative_positions(2, 3, offset)

@@ -21,6 +21,7 @@ from absl.testing import parameterized
 from flax import nnx
 from jax.test_util import check_grads
 
+from jax_attention import efficient
 from jax_attention import masking as jax_masking
 from jax_attention import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
@@ -674,7 +675,8 @@ def test_bad_masks(kind):
         ),
         (
             {"w_v": None},
-            r"params must be a mapping with 'W_q', 'W_k' and 'w_v', got dict with \['W_k', 'W_q'\]",
+            r"params has missing keys \['w_v'\]: expected the keys \['W_q', 'W_k', 'w_v'\], "
+            r"got \['W_k', 'W_q'\]",
         ),
     ],
 )
@@ -697,7 +699,8 @@ def test_additive_params_not_a_mapping():
     queries, keys, values = _np_inputs("additive")
     for fn, xnp in ((jax_scoring.additive_attention, jnp), (np_scoring.additive_attention, np)):
         with pytest.raises(
-            ValueError, match="params must be a mapping with 'W_q', 'W_k' and 'w_v', got list"
+            ValueError,
+            match=r"params must be a mapping with the keys \['W_q', 'W_k', 'w_v'\], got list",
         ):
             fn([1, 2, 3], xnp.asarray(queries), xnp.asarray(keys), xnp.asarray(values))
 
@@ -903,3 +906,72 @@ def test_chunked_implementation_takes_no_bias():
     with pytest.raises(ValueError, match="implementation='chunked' takes no bias"):
         jax_scoring.dot_product_attention(queries, keys, values, bias=jnp.zeros(DIMS["TS"]),
                                           implementation="chunked")
+
+
+# --------------------------------------------------------------------------- issue 16: input checks
+
+
+def _every_function_with_is_causal():
+    """(name, f(is_causal)) for every scoring entry point taking ``is_causal``, in both packages,
+    the chunked kernel and the NNX modules included."""
+    params = {k: np.asarray(v) for k, v in _params().items()}
+    q, k, v = _np_inputs("dot")
+    a_q, a_k, a_v = _np_inputs("additive")
+    dot = jax_scoring.DotProductAttention()
+    additive = jax_scoring.AdditiveAttention(DIMS.H, DIMS.D, HIDDENS, rngs=nnx.Rngs(0))
+    return [
+        ("dot", lambda c: jax_scoring.dot_product_attention(q, k, v, is_causal=c)),
+        ("dot-chunked", lambda c: jax_scoring.dot_product_attention(
+            q, k, v, is_causal=c, implementation="chunked")),
+        ("efficient", lambda c: efficient.dot_product_attention(q, k, v, is_causal=c)),
+        ("dot-weights", lambda c: jax_scoring.dot_product_attention_weights(q, k, is_causal=c)),
+        ("additive", lambda c: jax_scoring.additive_attention(params, a_q, a_k, a_v, is_causal=c)),
+        ("additive-weights", lambda c: jax_scoring.additive_attention_weights(
+            params, a_q, a_k, is_causal=c)),
+        ("DotProductAttention", lambda c: dot(q, k, v, is_causal=c)),
+        ("AdditiveAttention", lambda c: additive(a_q, a_k, a_v, is_causal=c)),
+        ("numpy-dot", lambda c: np_scoring.dot_product_attention(q, k, v, is_causal=c)),
+        ("numpy-dot-weights", lambda c: np_scoring.dot_product_attention_weights(
+            q, k, is_causal=c)),
+        ("numpy-additive", lambda c: np_scoring.additive_attention(
+            params, a_q, a_k, a_v, is_causal=c)),
+        ("numpy-additive-weights", lambda c: np_scoring.additive_attention_weights(
+            params, a_q, a_k, is_causal=c)),
+    ]
+
+
+@pytest.mark.parametrize("is_causal", ["False", 1, np.array(True)], ids=["str", "int", "array"])
+def test_is_causal_must_be_a_python_bool_in_every_entry_point(is_causal):
+    for name, f in _every_function_with_is_causal():
+        with pytest.raises(TypeError, match=rf"is_causal must be a Python bool.*got "
+                                            rf"{type(is_causal).__name__}"):
+            f(is_causal)
+            pytest.fail(f"{name} accepted is_causal={is_causal!r}")
+
+
+def test_traced_is_causal_is_refused_by_the_chunked_kernel_too():
+    queries, keys, values = _np_inputs("dot")
+    for implementation in ("plain", "chunked"):
+        with pytest.raises(TypeError, match=r"is_causal must be a static Python bool"):
+            jax.jit(lambda c, i=implementation: jax_scoring.dot_product_attention(
+                queries, keys, values, is_causal=c, implementation=i))(True)
+    with pytest.raises(TypeError, match=r"is_causal must be a static Python bool"):
+        jax.jit(lambda c: efficient.dot_product_attention(queries, keys, values,
+                                                          is_causal=c))(True)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.update(W_o=p["W_q"]), r"params has unexpected keys \['W_o'\]: expected the keys "
+                                       r"\['W_q', 'W_k', 'w_v'\]"),
+    (lambda p: p.update(W_v=p.pop("w_v")), r"params has unexpected keys \['W_v'\] and missing keys "
+                                           r"\['w_v'\]"),
+])
+def test_additive_params_with_a_misspelled_or_extra_key_are_refused(change, message):
+    params = {k: np.asarray(v) for k, v in _params().items()}
+    change(params)
+    queries, keys, values = _np_inputs("additive")
+    for module in (jax_scoring, np_scoring):
+        with pytest.raises(ValueError, match=message):
+            module.additive_attention(params, queries, keys, values)
+        with pytest.raises(ValueError, match=message):
+            module.additive_attention_weights(params, queries, keys)

@@ -17,6 +17,7 @@ from flax import nnx
 
 from jax_attention import decoding, transformer
 from jax_attention.train import train_transformer
+from reference_numpy import transformer as np_transformer
 
 B, S, T = 3, 6, 5
 V_SRC, V_TGT, D, F, N, L = 11, 13, 8, 12, 2, 2
@@ -244,6 +245,99 @@ def test_nnx_module_structure_matches_param_shapes():
 def test_bad_input_raises_with_the_shapes(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ------------------------------------------------------------------- issue 16: parameter keys
+
+
+def _np_params():
+    return jax.tree.map(np.asarray, _params())
+
+
+def _rename(tree, path, new_name):
+    """``tree`` with the entry at ``path`` moved to ``new_name`` (a typo); ``None`` adds an extra
+    key ``"extra"`` beside it instead."""
+    *parents, last = path
+    parent = tree
+    for key in parents:
+        parent = parent[key]
+    if new_name is None:
+        parent["extra"] = parent[last]
+    else:
+        parent[new_name] = parent.pop(last)
+    return tree
+
+
+@pytest.mark.parametrize("path, new_name, message", [
+    (("decoder", "blocks", "block_1", "ffn", "b_1"), "B_1",
+     r"params\['decoder'\]\['blocks'\]\['block_1'\]\['ffn'\] has unexpected keys \['B_1'\] and "
+     r"missing keys \['b_1'\]: expected the keys \['W_1', 'b_1', 'W_2', 'b_2'\]"),
+    # The Transformer's attention has no biases: a b_o would have been added silently.
+    (("encoder", "blocks", "block_0", "attention", "W_o"), None,
+     r"params\['encoder'\]\['blocks'\]\['block_0'\]\['attention'\] has unexpected keys "
+     r"\['extra'\]: expected the keys \['W_q', 'W_k', 'W_v', 'W_o'\]"),
+    (("decoder", "blocks", "block_0", "addnorm_3"), "addnorm3",
+     r"params\['decoder'\]\['blocks'\]\['block_0'\] has unexpected keys \['addnorm3'\] and "
+     r"missing keys \['addnorm_3'\]"),
+    (("decoder", "dense", "b"), "bias",
+     r"params\['decoder'\]\['dense'\] has unexpected keys \['bias'\] and missing keys \['b'\]"),
+    (("encoder",), None, r"params has unexpected keys \['extra'\]: expected the keys "
+                         r"\['encoder', 'decoder'\]"),
+])
+def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name, message):
+    params = _rename(_np_params(), path, new_name)
+    src, src_valid_len, dec_input = (np.asarray(a) for a in _inputs())
+    decode = {"num_heads": N, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 2}
+    for module in (transformer, np_transformer):
+        with pytest.raises(ValueError, match=message):
+            module.transformer(params, src, src_valid_len, dec_input, num_heads=N)
+        with pytest.raises(ValueError, match=message):
+            module.teacher_forcing_loss(params, src, src_valid_len, dec_input,
+                                        np.full(B, T, np.int32), BOS, num_heads=N)
+        with pytest.raises(ValueError, match=message):
+            module.greedy_decode(params, src, src_valid_len, **decode)
+    with pytest.raises(ValueError, match=message):
+        transformer.beam_decode(params, src, src_valid_len, beam_size=2, **decode)
+
+
+def test_misspelled_keys_of_blocks_and_sublayers_are_named():
+    params = _rename(_np_params(), ("decoder", "blocks", "block_0", "self_attention", "W_k"), "W_K")
+    decoder = params["decoder"]
+    block = decoder["blocks"]["block_0"]
+    enc_outputs = np.zeros((B, S, D), np.float32)
+    X = np.zeros((B, T, D), np.float32)
+    in_decoder = (r"params\['blocks'\]\['block_0'\]\['self_attention'\] has unexpected keys "
+                  r"\['W_K'\]")
+    for module in (transformer, np_transformer):
+        with pytest.raises(ValueError, match=in_decoder):
+            module.decoder(decoder, np.zeros((B, T), np.int32), enc_outputs, None, num_heads=N)
+        with pytest.raises(ValueError, match=r"params\['self_attention'\] has unexpected keys"):
+            module.decoder_block(block, X, enc_outputs, None, num_heads=N)
+        with pytest.raises(ValueError, match=r"params has unexpected keys \['W_K'\] and "
+                                             r"missing keys \['W_k'\]"):
+            module.attention(block["self_attention"], X, X, num_heads=N)
+        ffn = dict(block["ffn"], W_3=block["ffn"]["W_2"])
+        with pytest.raises(ValueError, match=r"params has unexpected keys \['W_3'\]"):
+            module.position_wise_ffn(ffn, X)
+        with pytest.raises(ValueError, match=r"params has missing keys \['beta'\]: expected the "
+                                             r"keys \['gamma', 'beta'\]"):
+            module.layer_norm({"gamma": block["addnorm_1"]["gamma"]}, X)
+    with pytest.raises(ValueError, match=in_decoder):
+        transformer.init_decoder_state(decoder, enc_outputs, None, num_heads=N, max_len=2)
+    state = transformer.init_decoder_state(_np_params()["decoder"], enc_outputs, None, num_heads=N,
+                                           max_len=2)
+    with pytest.raises(ValueError, match=in_decoder):
+        transformer.decoder_step(decoder, state, np.ones(B, np.int32), num_heads=N)
+
+
+@pytest.mark.parametrize("is_causal", ["False", 1, np.array(True)], ids=["str", "int", "array"])
+def test_is_causal_of_the_attention_must_be_a_python_bool(is_causal):
+    attention = _np_params()["encoder"]["blocks"]["block_0"]["attention"]
+    X = np.zeros((B, T, D), np.float32)
+    for module in (transformer, np_transformer):
+        with pytest.raises(TypeError, match=rf"is_causal must be a Python bool.*got "
+                                            rf"{type(is_causal).__name__}"):
+            module.attention(attention, X, X, num_heads=N, is_causal=is_causal)
 
 
 def test_translate_notes_long_and_unknown_sources():
