@@ -26,6 +26,7 @@ from jax_attention.conformance import (
 )
 from jax_attention.conformance.cases import GRID, flatten_params
 from tests.conformance_support import assert_conforms
+from tests.fault_support import assert_one_line, command_env, run_command
 
 
 @pytest.fixture(scope="module")
@@ -321,3 +322,221 @@ def test_module_without_implementations_is_a_usage_error(tmp_path, capsys):
         main(["conformance", "--against", str(path)])
     assert exit_info.value.code == 2
     assert "must define IMPLEMENTATIONS" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- faulty user modules
+# Run as a real subprocess: a sys.exit or KeyboardInterrupt that escaped would end the command
+# (status 0, or a traceback), which only a separate process shows as the user sees it.
+
+_DOT = "scoring.dot_product_attention"
+
+
+def test_user_module_calling_sys_exit_at_import_cannot_be_loaded(tmp_path):
+    path = _user_module(tmp_path, "import sys\nsys.exit(0)\n")
+    status, out, err = run_command("conformance", "--against", str(path), "--only", "plain")
+    assert status == 2
+    assert_one_line(err, f"cannot load {path}", "called sys.exit(0) while being imported")
+    assert "FAILED" not in out and "OK" not in out
+
+
+def test_user_function_calling_sys_exit_fails_its_rows(tmp_path):
+    path = _user_module(tmp_path, f"""
+        import sys
+
+        def attend(inputs, params, config):
+            sys.exit(0)
+
+        IMPLEMENTATIONS = {{"{_DOT}": attend}}
+    """)
+    status, out, err = run_command("conformance", "--against", str(path), "--only",
+                                   "dot_product_attention.plain")
+    assert status == 1
+    line = assert_one_line(err, "my_attention: my_attention.attend called sys.exit(0) in 1 row",
+                           "those rows failed")
+    assert line.startswith("jax-attention conformance: error: ")
+    # The report is there: the row failed with the reason, and the summary is true.
+    assert "FAIL [1]" in out and "[1] called sys.exit(0)" in out
+    assert "FAILED: 0 passed, 1 failed" in out and "the one checked row failed" in out
+
+
+def test_user_module_with_a_syntax_error_names_file_and_line(tmp_path):
+    path = _user_module(tmp_path, "import numpy\n\ndef attend(inputs, params:\n    pass\n")
+    status, _, err = run_command("conformance", "--against", str(path))
+    assert status == 2
+    assert_one_line(err, f"cannot load {path}: {path}, line 3: SyntaxError: ")
+
+
+def test_user_module_raising_at_import_names_the_exception(tmp_path):
+    path = _user_module(tmp_path, "raise RuntimeError('no GPU\\nfound')\n")
+    status, _, err = run_command("conformance", "--against", str(path))
+    assert status == 2
+    assert_one_line(err, f"cannot load {path}: RuntimeError: no GPU found", f"{path}, line 1")
+
+
+def test_user_module_by_name_raising_at_import(tmp_path):
+    (tmp_path / "broken_attention.py").write_text("import numpy\nraise ImportError('no lib')\n")
+    status, _, err = run_command("conformance", "--against", "broken_attention",
+                                   env=command_env(PYTHONPATH=str(tmp_path)))
+    assert status == 2
+    assert_one_line(err, "cannot load broken_attention: ImportError: no lib")
+
+
+@pytest.mark.parametrize("where", ["import", "function"])
+def test_keyboard_interrupt_in_user_code_is_not_a_failure(tmp_path, where):
+    body = ("raise KeyboardInterrupt\n" if where == "import" else f"""
+        def attend(inputs, params, config):
+            raise KeyboardInterrupt
+
+        IMPLEMENTATIONS = {{"{_DOT}": attend}}
+    """)
+    path = _user_module(tmp_path, body)
+    status, out, err = run_command("conformance", "--against", str(path), "--only", "plain")
+    assert status == 130
+    assert_one_line(err, "jax-attention conformance: interrupted")
+    assert "FAIL" not in out  # not swallowed as a failed row
+
+
+def test_keyboard_interrupt_is_not_caught_by_the_runner(tmp_path):
+    path = _user_module(tmp_path, f"""
+        def attend(inputs, params, config):
+            raise KeyboardInterrupt
+
+        IMPLEMENTATIONS = {{"{_DOT}": attend}}
+    """)
+    with pytest.raises(KeyboardInterrupt):
+        run_conformance(str(path), only="plain")
+
+
+# --------------------------------------------------------------------------- a garbage --cases
+
+
+class _Unpickled:
+    """Unpickling this writes a file: proof that nothing was unpickled when it is absent."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _garbage_cases(tmp_path, kind: str):
+    import pickle
+    import zipfile
+
+    path = tmp_path / f"cases.{kind}"
+    if kind == "random":
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, np.uint8).tobytes())
+    elif kind == "text":
+        path.write_text("case,function\ndot,scoring.dot_product_attention\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(DEFAULT_CASES_PATH.read_bytes()[:3000])
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"cases": _Unpickled(tmp_path / "unpickled")}))
+    elif kind == "npy":
+        np.save(path.with_suffix(".npy"), np.arange(3))
+        path.with_suffix(".npy").rename(path)
+    elif kind == "no_index":
+        np.savez(path.with_suffix(".npz"), x=np.arange(3))
+        path.with_suffix(".npz").rename(path)
+    elif kind == "object_array":  # an .npz whose index is an object array: needs pickle
+        np.savez(path.with_suffix(".npz"), __index__=np.array([_Unpickled(tmp_path / "unpickled")],
+                                                              dtype=object))
+        path.with_suffix(".npz").rename(path)
+    elif kind == "bad_json":
+        np.savez(path.with_suffix(".npz"), __index__=np.frombuffer(b"{not json", np.uint8))
+        path.with_suffix(".npz").rename(path)
+    elif kind == "missing_array":  # the shipped index without the arrays it names
+        with zipfile.ZipFile(DEFAULT_CASES_PATH) as source, zipfile.ZipFile(path, "w") as target:
+            target.writestr("__index__.npy", source.read("__index__.npy"))
+    return path
+
+
+@pytest.mark.parametrize(("kind", "reason"), [
+    ("random", "not a zip archive"),
+    ("text", "not a zip archive"),
+    ("empty", "the file is empty"),
+    ("truncated", "a damaged or truncated zip archive"),
+    ("pickle", "it is a Python pickle; pickles are never loaded"),
+    ("npy", "it is a single .npy array, not an .npz archive"),
+    ("no_index", "no __index__ entry"),
+    ("object_array", "ValueError: Object arrays cannot be loaded when allow_pickle=False"),
+    ("bad_json", "its __index__ is not UTF-8 JSON"),
+    ("missing_array", "case '"),  # then: ' has no array <case>/input/<name>'
+])
+def test_garbage_cases_file_is_one_usage_error(tmp_path, capsys, kind, reason):
+    path = _garbage_cases(tmp_path, kind)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["conformance", "--against", "numpy", "--cases", str(path)])
+    assert exit_info.value.code == 2
+    assert_one_line(capsys.readouterr().err,
+                    f"error: --cases {path} is not a conformance case file ({reason}")
+    assert not (tmp_path / "unpickled").exists()  # nothing was unpickled
+    with pytest.raises(conformance.CaseFileError, match="is not a conformance case file") as info:
+        load_cases(path)
+    assert isinstance(info.value, ValueError) and info.value.path == path
+
+
+def test_garbage_cases_file_in_a_subprocess(tmp_path):
+    path = _garbage_cases(tmp_path, "pickle")
+    status, _, err = run_command("conformance", "--against", "numpy", "--cases", str(path))
+    assert status == 2
+    assert_one_line(err, f"--cases {path} is not a conformance case file (it is a Python pickle")
+    assert not (tmp_path / "unpickled").exists()
+
+
+# --------------------------------------------------------------------------- the summary's words
+
+
+def _report(statuses, num_cases=None):
+    from jax_attention.conformance.runner import Report, Result
+
+    results = [Result(f"case{i}", _DOT, "impl", status, 1e-9, 1e-12, "float64")
+               for i, status in enumerate(statuses)]
+    return Report("impl", "test", "float64", {}, results, [], [], [], str(DEFAULT_CASES_PATH),
+                  "0" * 64, len(statuses) if num_cases is None else num_cases)
+
+
+@pytest.mark.parametrize(("statuses", "num_cases", "verdict"), [
+    (["FAIL"] * 8, None, "every checked row failed"),
+    (["FAIL"], None, "the one checked row failed"),
+    (["FAIL", "n/a"], None, "the one checked row failed"),
+    (["n/a", "n/a"], None, "no case was checked: every row is n/a"),
+    ([], 0, "no case was checked: no case to run"),
+    ([], 5, "no case was checked: no implementation given for any case"),
+])
+def test_summary_says_what_happened(statuses, num_cases, verdict):
+    report = _report(statuses, num_cases)
+    assert report.failed and report.verdict() == verdict
+    summary = report.format().splitlines()[-1]
+    assert summary.startswith("FAILED: 0 passed") and summary.endswith(f"; {verdict}")
+    if "FAIL" in statuses:
+        assert "no case was checked" not in summary
+
+
+def test_summary_of_a_mixed_and_a_passing_run():
+    mixed = _report(["PASS", "FAIL"])
+    assert mixed.failed and mixed.format().splitlines()[-1].endswith("(2 rows, float64)")
+    passed = _report(["PASS", "n/a"])
+    assert not passed.failed and passed.verdict() == ""
+    assert passed.format().splitlines()[-1].startswith("OK: 1 passed")
+
+
+def test_every_row_failing_is_not_reported_as_nothing_checked(tmp_path, capsys):
+    path = _user_module(tmp_path, WRONG_MODULE)
+    assert main(["conformance", "--against", str(path), "--only", "dot_product"]) == 1
+    out = capsys.readouterr().out
+    assert "every checked row failed" in out and "no case was checked" not in out
+
+
+def test_help_documents_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["conformance", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for fragment in ("Exit status: 0 every checked row passed", "1 the check ran and a row failed",
+                     "calls sys.exit fails its rows", "a module that cannot be loaded",
+                     "not a case file", "130 interrupted"):
+        assert fragment in text

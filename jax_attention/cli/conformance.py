@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from jax_attention.cli.arguments import check_json_argument, write_json_report
+from jax_attention.cli.arguments import EXIT_INTERRUPTED, check_json_argument, write_json_report
 from jax_attention.cli.registry import register
 
 __all__ = ["run_conformance_command"]
@@ -25,6 +26,13 @@ __all__ = ["run_conformance_command"]
                       "callable} checks your own (see the README, 'Check your own "
                       "implementation'). Exits with status 1 when a row fails.")
 def _conformance(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Exit status: 0 every checked row passed; 1 the check ran and a row failed, or no case "
+        "was checked (a function of your module that calls sys.exit fails its rows, and stderr "
+        "names it); 2 a usage error, including a module that cannot be loaded (a syntax error, "
+        "an exception or sys.exit while it is imported: one line with the file and line, or "
+        "the exception) and a --cases file that is not a case file (never unpickled); "
+        f"{EXIT_INTERRUPTED} interrupted (Ctrl-C, or KeyboardInterrupt raised by your code).")
     parser.add_argument("--against", metavar="TARGET", default=None,
                         help="numpy, jax, flax, torch, or your module (a.dotted.name or "
                              "path/to/file.py) defining IMPLEMENTATIONS")
@@ -68,14 +76,26 @@ def run_conformance_command(args: argparse.Namespace, parser: argparse.ArgumentP
                      "defining IMPLEMENTATIONS), unless --regenerate")
     if args.cases is not None and not args.cases.is_file():
         parser.error(f"argument --cases: no such file: {str(args.cases)!r}")
-    from jax_attention.conformance import run_conformance
+    from jax_attention.conformance import CaseFileError, run_conformance
 
     try:
         report = run_conformance(args.against, dtype=args.dtype, platform=args.platform,
                                  precision=args.precision, cases_path=args.cases, only=args.only)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or raised by the user's code: not a failure
+        print(f"{parser.prog}: {str(stop) or 'interrupted (KeyboardInterrupt)'}; no report",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CaseFileError as error:
+        parser.error(f"--cases {error.path} is not a conformance case file ({error.reason})"
+                     if args.cases is not None else str(error))
     except (ValueError, RuntimeError) as error:  # unusable --against, --platform or --cases
         parser.error(str(error))
     print(report.format())
     if args.json is not None:
         write_json_report(args.json, report.to_dict())
+    if report.exit_calls:
+        # The table has the rows; stderr says, once, that the module tried to end the process.
+        print(f"{parser.prog}: error: {report.target}: {'; '.join(report.exit_calls)}; those "
+              f"rows failed (a function of IMPLEMENTATIONS must return its outputs, not end the "
+              f"process)", file=sys.stderr)
     return 1 if report.failed else 0

@@ -145,6 +145,7 @@ from jax_attention.conformance.cases import (
     DEFAULT_CASES_PATH,
     DEFAULT_TOLERANCES,
     Case,
+    CaseFileError,
     generate_cases,
     load_cases,
     save_cases,
@@ -154,6 +155,7 @@ from jax_attention.conformance.runner import Report, Result, run_conformance
 
 __all__ = [
     "Case",
+    "CaseFileError",
     "DEFAULT_CASES_PATH",
     "DEFAULT_TOLERANCES",
     "FUNCTIONS",

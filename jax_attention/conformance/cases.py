@@ -2,8 +2,9 @@
 
 :func:`generate_cases` builds every case (inputs and parameters from ``np.random.default_rng``
 with one fixed seed per case, outputs from the NumPy reference); :func:`save_cases` writes them to
-one ``.npz`` file and :func:`load_cases` reads them back. The file format is described in
-:mod:`jax_attention.conformance`.
+one ``.npz`` file and :func:`load_cases` reads them back. :class:`Case`, the file's reader and
+writer and :class:`CaseFileError` live in :mod:`jax_attention.conformance.casefile` and are
+re-exported here; the file format is described in :mod:`jax_attention.conformance`.
 
 Shapes are small (a few thousand numbers for the largest model) so that the file stays well under
 300 KB and a run takes seconds; the edge cases are what matter: valid lengths ``(B,)`` and
@@ -15,24 +16,33 @@ and without the hidden bias of the candidate gate.
 from __future__ import annotations
 
 import copy
-import io
-import json
-import zipfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from jax_attention.conformance.casefile import (
+    DEFAULT_CASES_PATH,
+    DEFAULT_TOLERANCES,
+    FORMAT,
+    FORMAT_VERSION,
+    TAGS,
+    Case,
+    CaseFileError,
+    load_cases,
+    write_cases,
+)
 from jax_attention.conformance.functions import FUNCTIONS, call
 from jax_attention.params import flatten_params, unflatten_params
 
 __all__ = [
     "Case",
+    "CaseFileError",
     "FORMAT",
     "FORMAT_VERSION",
     "DEFAULT_TOLERANCES",
     "DEFAULT_CASES_PATH",
+    "TAGS",
     "generate_cases",
     "save_cases",
     "load_cases",
@@ -40,72 +50,8 @@ __all__ = [
     "unflatten_params",
 ]
 
-FORMAT = "jax-attention-conformance"
-FORMAT_VERSION = 1
-
-#: The tolerance of a case unless it states its own, elementwise
-#: ``|got - expected| <= atol + rtol * |expected|``. float64 is tight (the observed errors are
-#: 1e-16 to 1e-13: a handful of float64 roundings); float32 allows float32 rounding through a
-#: model, with an ``atol`` for entries near zero (a weight of 1e-9 is not a relative question).
-DEFAULT_TOLERANCES = {
-    "float64": {"rtol": 1e-9, "atol": 1e-12},
-    "float32": {"rtol": 1e-5, "atol": 1e-6},
-}
 #: Integer outputs (bucket ids) must agree exactly in every dtype.
 EXACT = {"float64": {"rtol": 0.0, "atol": 0.0}, "float32": {"rtol": 0.0, "atol": 0.0}}
-
-DEFAULT_CASES_PATH = Path(__file__).with_name("cases.npz")
-
-#: Tags a case may carry; targets use them to mark documented differences ("n/a").
-TAGS = {
-    "fully_masked_row": "some query may attend no key (valid length 0): its weights are all zero "
-                        "and its output zero (or b_o)",
-    "nan_in_padding": "NaN and Inf stored in masked positions",
-}
-
-# Fixed zip timestamp (the earliest zip allows), so that regenerating unchanged cases rewrites
-# the same bytes and `git diff` stays quiet.
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-@dataclass
-class Case:
-    """One canonical case.
-
-    Attributes:
-      name: unique, ``"<function>.<variant>"``, e.g. ``"dot_product_attention.causal"``.
-      function: ``"<component>.<function>"``, a key of
-        :data:`~jax_attention.conformance.functions.FUNCTIONS`.
-      config: keyword arguments that are not arrays (``num_heads``, ``is_causal``, ``bos_id``...).
-      description: one line for people.
-      inputs: ``{name: array}``; float arrays are float64, ids and lengths int32, masks bool.
-      params: nested dict of float64 arrays (``{}`` for functions without parameters).
-      outputs: ``{name: array}`` computed by :mod:`reference_numpy` in float64.
-      tolerances: ``{"float64": {"rtol", "atol"}, "float32": {...}}``.
-      tags: names from :data:`TAGS`.
-    """
-
-    name: str
-    function: str
-    config: dict
-    description: str
-    inputs: dict[str, np.ndarray]
-    params: dict
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    tolerances: dict = field(default_factory=lambda: copy.deepcopy(DEFAULT_TOLERANCES))
-    tags: tuple[str, ...] = ()
-
-    @property
-    def component(self) -> str:
-        return self.function.split(".")[0]
-
-    def index_entry(self) -> dict:
-        """The case's entry of the ``__index__`` JSON."""
-        return {"name": self.name, "component": self.component, "function": self.function,
-                "config": self.config, "description": self.description,
-                "tolerances": self.tolerances, "tags": list(self.tags),
-                "inputs": list(self.inputs), "params": list(flatten_params(self.params)),
-                "outputs": list(self.outputs)}
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -674,69 +620,15 @@ def generate_cases() -> dict[str, Case]:
     return cases
 
 
-def _write_array(archive: zipfile.ZipFile, key: str, array: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.lib.format.write_array(buffer, array, allow_pickle=False)
-    info = zipfile.ZipInfo(key + ".npy", date_time=_ZIP_DATE)
-    info.compress_type = zipfile.ZIP_DEFLATED
-    archive.writestr(info, buffer.getvalue())
-
 
 def save_cases(path: str | Path, cases: Mapping[str, Case] | None = None) -> Path:
     """Write ``cases`` (default: :func:`generate_cases`) to ``path`` as a compressed ``.npz``.
 
     The archive is an ordinary ``numpy.savez_compressed`` file (``np.load`` reads it), written
-    with a fixed timestamp so that the same cases give the same bytes.
+    with a fixed timestamp so that the same cases give the same bytes
+    (:func:`~jax_attention.conformance.casefile.write_cases`).
 
     Returns:
       ``path`` as a :class:`~pathlib.Path`.
     """
-    cases = generate_cases() if cases is None else cases
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    index = {"format": FORMAT, "version": FORMAT_VERSION,
-             "regenerate": "jax-attention conformance --regenerate",
-             "tags": TAGS, "cases": [case.index_entry() for case in cases.values()]}
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w") as archive:
-        # UTF-8 bytes as uint8: every .npy reader handles uint8, not all handle NumPy's '<U'.
-        text = json.dumps(index, indent=1, ensure_ascii=False).encode("utf-8")
-        _write_array(archive, "__index__", np.frombuffer(text, dtype=np.uint8))
-        for case in cases.values():
-            for kind, arrays in (("input", case.inputs), ("param", flatten_params(case.params)),
-                                 ("output", case.outputs)):
-                for name, array in arrays.items():
-                    _write_array(archive, f"{case.name}/{kind}/{name}", np.asarray(array))
-    tmp.replace(path)  # never leave a half-written file where the cases are read
-    return path
-
-
-def load_cases(path: str | Path | None = None) -> dict[str, Case]:
-    """Read the cases from ``path`` (default: the file shipped in this package).
-
-    Raises:
-      FileNotFoundError: no such file.
-      ValueError: not a conformance file, or an unsupported format version.
-    """
-    path = DEFAULT_CASES_PATH if path is None else Path(path)
-    with np.load(path, allow_pickle=False) as archive:
-        if "__index__" not in archive.files:
-            raise ValueError(f"{path} is not a conformance case file: no __index__ entry")
-        index = json.loads(archive["__index__"].tobytes().decode("utf-8"))
-        if index.get("format") != FORMAT or index.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}, got "
-                             f"{index.get('format')!r} version {index.get('version')!r}")
-        cases = {}
-        for entry in index["cases"]:
-            name = entry["name"]
-
-            def read(kind, names, name=name):
-                return {n: archive[f"{name}/{kind}/{n}"] for n in names}
-
-            cases[name] = Case(
-                name=name, function=entry["function"], config=entry["config"],
-                description=entry["description"], inputs=read("input", entry["inputs"]),
-                params=unflatten_params(read("param", entry["params"])),
-                outputs=read("output", entry["outputs"]), tolerances=entry["tolerances"],
-                tags=tuple(entry["tags"]))
-    return cases
+    return write_cases(path, generate_cases() if cases is None else cases)

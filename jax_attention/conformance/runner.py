@@ -26,7 +26,7 @@ import numpy as np
 
 from jax_attention.conformance.cases import DEFAULT_CASES_PATH, Case, load_cases
 from jax_attention.conformance.functions import FUNCTIONS
-from jax_attention.conformance.target import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target, exit_call, one_line
 from jax_attention.conformance.targets import make_target
 
 __all__ = [
@@ -72,6 +72,8 @@ class Result:
     max_rel_err: float | None = None
     outputs: dict[str, OutputError] = field(default_factory=dict)
     note: str = ""
+    #: ``"called sys.exit(0)"`` when the implementation called ``sys.exit`` (the row fails).
+    exit_call: str | None = None
 
     @property
     def component(self) -> str:
@@ -155,10 +157,19 @@ def _run_one(case: Case, implementation: Implementation, inputs: dict, params: d
     if reason:
         result.status, result.note = NOT_APPLICABLE, reason
         return result
+    # Everything that runs the implementation's code — the call, and turning what it returned
+    # into arrays (an object's __array__, a ragged list) — fails only this row. KeyboardInterrupt
+    # is not caught: Ctrl-C, or user code raising it, stops the run.
     try:
         got = implementation.run(case, inputs, params)
+        if isinstance(got, Mapping):
+            got = {name: _to_numpy(value) for name, value in got.items()}
+    except SystemExit as stop:  # sys.exit() in the implementation: a failure, not the end
+        result.note = "; ".join(notes + [exit_call(stop)])
+        result.exit_call = exit_call(stop)
+        return result
     except Exception as error:  # the row fails, with the error; the other rows still run
-        result.note = "; ".join(notes + [f"raised {type(error).__name__}: {error}"])
+        result.note = "; ".join(notes + [f"raised {type(error).__name__}: {one_line(error)}"])
         return result
     if not isinstance(got, Mapping):
         result.note = "; ".join(notes + [f"returned {type(got).__name__}, expected a dict of "
@@ -173,7 +184,7 @@ def _run_one(case: Case, implementation: Implementation, inputs: dict, params: d
         return result
     for name, value in got.items():
         error = compare(value, case.outputs[name], tolerance["rtol"], tolerance["atol"])
-        returned_dtype = _to_numpy(value).dtype
+        returned_dtype = value.dtype
         if check_dtype and case.outputs[name].dtype.kind == "f" and returned_dtype != dtype:
             error = OutputError(error.max_abs_err, error.max_rel_err, False,
                                 f"returned {returned_dtype}, expected {dtype}")
@@ -219,6 +230,35 @@ class Report:
     def failed(self) -> bool:
         """True when a row failed or nothing at all was checked."""
         return self.counts[FAIL] > 0 or self.counts[PASS] == 0
+
+    @property
+    def exit_calls(self) -> list[str]:
+        """``"<implementation> called sys.exit(0) in 3 rows"`` for each implementation whose
+        code called ``sys.exit`` (those rows failed), in the order of the rows."""
+        rows: dict[tuple[str, str], int] = {}
+        for r in self.results:
+            if r.exit_call is not None:
+                rows[r.implementation, r.exit_call] = rows.get((r.implementation, r.exit_call),
+                                                               0) + 1
+        return [f"{label} {what} in {count} row{'' if count == 1 else 's'}"
+                for (label, what), count in rows.items()]
+
+    def verdict(self) -> str:
+        """Why the run failed, in a few words, or ``""`` when it passed. Only true statements:
+        rows that were checked and all failed are not "no case was checked"."""
+        counts = self.counts
+        if not self.failed:
+            return ""
+        if not self.results:
+            if self.num_cases == 0:
+                return "no case was checked: no case to run"
+            return "no case was checked: no implementation given for any case"
+        if counts[PASS] == 0 and counts[FAIL] == 0:
+            return "no case was checked: every row is n/a"
+        if counts[PASS] == 0:
+            return ("every checked row failed" if counts[FAIL] > 1
+                    else "the one checked row failed")
+        return f"{counts[FAIL]} of {counts[PASS] + counts[FAIL]} checked rows failed"
 
     def to_dict(self) -> dict:
         """The JSON record: the environment, every row, the summary."""
@@ -285,7 +325,7 @@ class Report:
                      f"{counts[NOT_APPLICABLE]} n/a, {len(self.not_covered)} not covered "
                      f"({len(self.results)} row{'' if len(self.results) == 1 else 's'}, "
                      f"{self.dtype})"
-                     + ("" if counts[PASS] else "; no case was checked"))
+                     + ("" if counts[PASS] else f"; {self.verdict()}"))
         return "\n".join(lines)
 
 

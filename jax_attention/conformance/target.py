@@ -16,11 +16,21 @@ from typing import Any
 
 from jax_attention.conformance.cases import Case
 
-__all__ = ["Implementation", "Target"]
+__all__ = ["Implementation", "Target", "exit_call", "one_line"]
 
 
 def _never(case: Case) -> None:
     return None
+
+
+def exit_call(stop: SystemExit) -> str:
+    """``"called sys.exit(0)"``: what a ``SystemExit`` raised by user code did, in words."""
+    return "called sys.exit()" if stop.code is None else f"called sys.exit({stop.code!r})"
+
+
+def one_line(text) -> str:
+    """``text`` on one line (an exception's message may span several)."""
+    return " ".join(str(text).split())
 
 
 @dataclass(frozen=True)

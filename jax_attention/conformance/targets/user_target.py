@@ -14,17 +14,43 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.functions import FUNCTIONS
-from jax_attention.conformance.target import Implementation, Target
+from jax_attention.conformance.target import Implementation, Target, exit_call, one_line
 from jax_attention.conformance.targets._common import jax_setup
 
 
+def _where(error: BaseException) -> str:
+    """``" (raised at FILE, line N)"``: the innermost frame of ``error``'s traceback, if any."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" (raised at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def _load_error(against: str, error: BaseException) -> ValueError:
+    """The one-line ``ValueError`` for a module that could not be loaded."""
+    if isinstance(error, SystemExit):
+        what = f"it {exit_call(error)} while being imported"
+    elif isinstance(error, SyntaxError):  # IndentationError, TabError too
+        what = (f"{error.filename or against}, line {error.lineno}: {type(error).__name__}: "
+                f"{one_line(error.msg)}")
+    else:
+        what = f"{type(error).__name__}: {one_line(error)}{_where(error)}"
+    return ValueError(f"cannot load {against}: {what}")
+
+
 def _import(against: str):
-    """The module named by a dotted name, or loaded from a ``.py`` file."""
+    """The module named by a dotted name, or loaded from a ``.py`` file.
+
+    Raises:
+      ValueError: no such file or module, or the module failed while being imported — a syntax
+        error (with the file and line), an exception (its type and message) or ``sys.exit``.
+      KeyboardInterrupt: raised by the module's code (Ctrl-C, or the module itself): passed on,
+        never reported as the module's failure.
+    """
     path = Path(against)
     if against.endswith(".py") or path.is_file():
         if not path.is_file():
@@ -35,15 +61,25 @@ def _import(against: str):
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except BaseException as error:
             del sys.modules[name]
-            raise
+            if isinstance(error, (KeyboardInterrupt, GeneratorExit)):
+                raise
+            raise _load_error(against, error) from None
         return module, path.stem
     try:
         return importlib.import_module(against), against
     except ModuleNotFoundError as error:
+        if error.name is not None and not (against == error.name
+                                           or against.startswith(error.name + ".")):
+            # The module was found; something it imports was not.
+            raise _load_error(against, error) from None
         raise ValueError(f"cannot import {against!r} ({error}); --against takes numpy, jax, "
                          "flax, torch, an importable module or a .py file") from None
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as error:
+        raise _load_error(against, error) from None
 
 
 def _wrap(prefix: str, implementation) -> Implementation:
