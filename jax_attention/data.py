@@ -56,6 +56,7 @@ from jax_attention.archive import (
 )
 
 __all__ = [
+    "ARCHIVE_NAME",
     "DATA_URL",
     "DATA_SHA1",
     "DamagedArchiveError",
