@@ -1,8 +1,29 @@
-"""``python -m jax_attention``: the ``jax-attention`` command."""
+"""``python -m jax_attention`` and the ``jax-attention`` command (its console script's entry).
+
+Ctrl-C is handled from the first moment: while Python imports JAX (a second or more), parses
+the command line, a Ctrl-C ends the process at once with status 130 and one line
+(:func:`jax_attention.interrupts.stop_outside_commands`); once the command has ended, Ctrl-C is
+ignored while the interpreter shuts down; while the command runs,
+:func:`jax_attention.interrupts.handle_sigint` takes over (see :func:`jax_attention.cli.main`).
+"""
 
 import sys
 
-from jax_attention.cli import main
+from jax_attention import interrupts  # imports no JAX
+
+
+def main() -> int:
+    """Run ``jax-attention`` with ``sys.argv``; returns the exit status."""
+    interrupts.stop_outside_commands("jax-attention")
+    from jax_attention.cli import main as run
+
+    status = run()
+    # The command is over; the interpreter's shutdown (JAX's and Orbax's threads, the backends)
+    # must not die by a late Ctrl-C: Python's finalization stops running signal handlers, and a
+    # SIGINT there would end the process by the signal.
+    interrupts.ignore_from_now()
+    return status
+
 
 if __name__ == "__main__":
     sys.exit(main())

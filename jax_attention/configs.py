@@ -29,7 +29,10 @@ from pathlib import Path
 from jax_attention import _checks
 
 __all__ = ["BahdanauConfig", "TransformerConfig", "TrainConfig", "LongRunConfig", "DeviceConfig",
-           "ModelConfig", "DEFAULT_KEEP"]
+           "ModelConfig", "DEFAULT_KEEP", "MAX_SEED"]
+
+#: The largest seed: JAX's keys take a signed 64-bit seed.
+MAX_SEED = 2**63 - 1
 
 #: Training checkpoints kept by default (``--keep``): the newest, and two to fall back on.
 DEFAULT_KEEP = 3
@@ -176,7 +179,7 @@ class TrainConfig(_Validated):
     val_fraction: float = _option(
         0.0, ("rate",), "hold out this fraction of the pairs and report their corpus BLEU "
                         "(k = 4) and mean sentence BLEU, greedy decoding", "P")
-    seed: int = _option(0, ("int", 0), "seeds the batch order, the parameters and dropout; the "
+    seed: int = _option(0, ("int_range", 0, MAX_SEED), "seeds the batch order, the parameters and dropout; the "
                                        "same seed gives the same losses bit for bit on CPU", "N")
     clip_global_norm: float = _option(1.0, ("positive_float",), "global gradient norm clip",
                                       flag=False)

@@ -14,6 +14,7 @@ float64 NumPy before plotting.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,10 +42,20 @@ DPI = 150
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Write ``fig`` to ``path`` as a PNG, creating the parent folders; returns the path."""
+    """Write ``fig`` to ``path`` as a PNG, creating the parent folders; returns the path.
+
+    The image goes to a temporary file beside ``path`` that then replaces it, so that a stopped
+    or failed write (a full disk) never leaves half an image or destroys the one there before.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        fig.savefig(temporary, format="png", dpi=DPI)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path
 
 

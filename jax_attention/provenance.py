@@ -9,13 +9,15 @@ exported model — takes its versions from :func:`versions` and its machine from
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "write_json"]
+__all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "json_ready", "write_json",
+           "os_reason", "rescue_path"]
 
 #: The distributions whose versions a record carries, in this order (the keys of :func:`versions`).
 DISTRIBUTIONS = ("jax-attention", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
@@ -68,16 +70,45 @@ def environment() -> dict:
             "devices": [str(device) for device in jax.devices()], "git_commit": git_commit()}
 
 
+def json_ready(record):
+    """``(record with every NaN and infinity replaced by None, the paths of those values)``.
+
+    JSON has no NaN or Infinity (Python's ``json`` writes bare ``NaN``, which other readers
+    reject). Paths read ``losses[3]`` or ``validation.corpus_bleu``. NumPy scalars become
+    Python numbers.
+    """
+    found: list[str] = []
+
+    def clean(value, path: str):
+        if isinstance(value, dict):
+            return {key: clean(item, f"{path}.{key}" if path else str(key))
+                    for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(item, f"{path}[{index}]") for index, item in enumerate(value)]
+        if hasattr(value, "item") and getattr(value, "shape", None) == ():  # NumPy/JAX scalar
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(path)
+            return None
+        return value
+
+    return clean(record, ""), found
+
+
 def write_json(path: str | os.PathLike, record: dict) -> Path:
     """Write ``record`` to ``path`` as JSON, indented by 2, with a final newline; returns the path.
 
     The parent folders are created. The text goes to a temporary file beside ``path`` that then
-    replaces it (``os.replace``), so that a reader never sees half a file. Values JSON cannot
-    hold are written as ``float(value)`` (NumPy and JAX scalars).
+    replaces it (``os.replace``), so that a reader never sees half a file. NaN and infinities
+    are written as ``null`` and their paths listed under ``"null_for_non_finite"``
+    (:func:`json_ready`); other values JSON cannot hold are written as ``float(value)``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=2, default=float) + "\n"
+    clean, nonfinite = json_ready(record)
+    if nonfinite and isinstance(clean, dict):
+        clean["null_for_non_finite"] = nonfinite
+    text = json.dumps(clean, indent=2, allow_nan=False, default=_json_number) + "\n"
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(temporary, "x", encoding="utf-8") as file:  # the umask's permissions, as open()
@@ -87,3 +118,43 @@ def write_json(path: str | os.PathLike, record: dict) -> Path:
         temporary.unlink(missing_ok=True)
         raise
     return path
+
+
+def _json_number(value):
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def os_reason(error: BaseException) -> str:
+    """The operating system's reason in an ``OSError`` (``[Errno 28] No space left on device``),
+    else the error's text."""
+    if isinstance(error, OSError) and error.errno is not None and error.strerror:
+        return f"[Errno {error.errno}] {error.strerror}"
+    return str(error) or type(error).__name__
+
+
+def rescue_path(name: str) -> Path:
+    """A fresh path for an output that could not be written where asked: ``rescued/<time>-
+    <name>`` in this package's user cache (``$XDG_CACHE_HOME/jax-attention``), else in the
+    temporary directory — the first place where its parent can be made. The path itself is not
+    created.
+
+    Raises:
+      OSError: no such place can be made.
+    """
+    import tempfile
+    import time
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jax-attention"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    last = None
+    for root in (cache, Path(tempfile.gettempdir()) / "jax-attention"):
+        try:
+            parent = root / "rescued"
+            parent.mkdir(parents=True, exist_ok=True)
+            probe = Path(tempfile.mkdtemp(prefix=f"{stamp}-{name}-", dir=parent))
+            probe.rmdir()  # a unique name, free for the caller's atomic write
+            return probe
+        except OSError as error:
+            last = error
+    raise last

@@ -352,7 +352,7 @@ def test_missing_data_file_gives_the_clear_error(monkeypatch, tmp_path):
     ({"lr": -1.0}, r"lr must be a finite number > 0, got -1.0"),
     ({"dropout": 1.0}, r"dropout must be a number with 0 <= dropout < 1, got 1.0"),
     ({"num_layers": 0}, r"num_layers must be an integer >= 1, got 0"),
-    ({"seed": -1}, r"seed must be an integer >= 0, got -1"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 9223372036854775807\], got -1"),
 ])
 def test_training_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -17,8 +17,10 @@ import pytest
 
 from jax_attention.bench.attention import (PEERS, attention_flops, bench_attention,
                                            format_attention, padding_lens)
-from jax_attention.bench.memory import bench_memory, format_memory, plain_estimate_bytes, run_child
+from jax_attention.bench.memory import (bench_memory, format_memory, nothing_measured,
+                                        plain_estimate_bytes, run_child)
 from jax_attention.cli import main
+from tests.fault_support import assert_one_line, run_command
 
 # PyTorch is optional: without it the torch peer must be recorded as skipped, with the reason.
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -225,13 +227,51 @@ def test_memory_child_failure_is_recorded():
 
 def test_memory_cli_writes_json(tmp_path, capsys):
     path = tmp_path / "memory.json"
-    # The cap skips plain attention at this size, so no child runs: the CLI path alone.
+    # The cap skips plain attention at this size, so no child runs: the CLI path alone. Nothing
+    # was measured: status 1 and one line saying why, after the table and the record.
     assert main(["bench", "memory", "--sizes", "4096", "--variants", "plain", "--cap-gib", "0.001",
-                 "--json", str(path), "--no-progress"]) == 0
+                 "--json", str(path), "--no-progress"]) == 1
     record = json.loads(path.read_text())
     assert record["command"] == "bench memory" and record["settings"]["sizes"] == [4096]
     assert record["results"][0]["status"] == "skipped"
-    assert "not measured:" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "not measured:" in captured.out
+    assert_one_line(captured.err, "jax-attention bench memory: error: nothing was measured: "
+                                  "every run was skipped (plain at N = 4096 skipped: plain "
+                                  "attention would hold at least 192.0 MiB", "--cap-gib")
+
+
+def test_memory_cli_nothing_measured_when_every_child_fails(tmp_path):
+    # Every child (the baseline and efficient attention) is killed by the tiny timeout.
+    status, out, err = run_command("bench", "memory", "--sizes", "16", "--variants", "efficient",
+                                   "--head-size", "4", "--timeout", "0.01", "--no-progress")
+    assert status == 1
+    line = assert_one_line(err, "nothing was measured: every run failed (efficient at N = 16 "
+                                "failed: timed out after 0.01 s)")
+    assert "--cap-gib" not in line
+    assert "not measured:" in out
+
+
+def test_nothing_measured():
+    ok = {"n": 64, "variant": "plain", "status": "ok"}
+    skipped = {"n": 128, "variant": "plain", "status": "skipped", "reason": "over the cap"}
+    failed = {"n": 64, "variant": "efficient", "status": "failed",
+              "reason": "child exited with status -9: killed"}
+    assert nothing_measured({"results": [ok, skipped]}) is None
+    assert nothing_measured({"results": [skipped]}) == (
+        "every run was skipped (plain at N = 128 skipped: over the cap)")
+    assert nothing_measured({"results": [failed, skipped]}) == (
+        "every run was skipped or failed (efficient at N = 64 failed: child exited with status "
+        "-9: killed; plain at N = 128 skipped: over the cap)")
+
+
+def test_memory_dtype_has_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "memory", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--dtype {float32,bfloat16} dtype of the queries, keys and values" in text
+    assert "Exit status: 0 when at least one run was measured; 1 when nothing was" in text
 
 
 @pytest.mark.parametrize("kwargs", [{"sizes": []}, {"sizes": [0]}, {"variants": ["flash"]},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 
 import matplotlib.image
 import numpy as np
@@ -117,3 +118,21 @@ def test_train_refuses_heads_that_do_not_divide_the_width(tmp_path, capsys):
     assert error.value.code == 2
     assert ("num_hiddens must be divisible by num_heads, got num_hiddens=10 and num_heads=4"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("max_positions", [5, "x"])
+def test_translate_with_a_config_whose_table_is_too_short_is_one_usage_error(trained, tmp_path,
+                                                                             max_positions):
+    """A hand-edited export whose positional table (max_positions) is shorter than its num_steps
+    is refused when loaded, naming the file and both values — not a traceback at decoding."""
+    broken = tmp_path / "broken"
+    shutil.copytree(trained["checkpoint"], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "max_positions": max_positions}))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
+        main(["translate", "--checkpoint", str(broken), "go ."])
+    assert stop.value.code == 2
+    text = err.getvalue()
+    assert "Traceback" not in text and "usage:" not in text
+    assert "argument --checkpoint" in text and "config.json" in text and "max_positions" in text

@@ -193,7 +193,7 @@ def test_sigint_saves_exits_130_and_resume_equals_the_uninterrupted_run(referenc
     assert process.returncode == EXIT_INTERRUPTED == 130, stderr
     assert "Traceback" not in stderr
     saved = max(int(p.name) for p in (tmp_path / "train").iterdir() if p.name.isdigit())
-    assert f"interrupted (SIGINT) after step {saved} " in stderr
+    assert f"interrupted (Ctrl-C) after step {saved} " in stderr
     assert f"saved training checkpoint {saved} in {tmp_path / 'train'}" in stderr
     assert "--resume" in stderr and saved < TOTAL
 

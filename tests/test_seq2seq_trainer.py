@@ -31,8 +31,13 @@ def test_the_configs_flow_into_the_result(run):
         **TINY[spec.name], src_vocab_size=len(result.src_vocab),
         tgt_vocab_size=len(result.tgt_vocab))
     assert result.train_config == spec.train_config(**TRAINING)
+    fingerprint = result.config["data"]
     assert result.config == {"model": spec.name, **result.model_config.record(),
-                             "training": result.train_config.record()}
+                             "training": result.train_config.record(), "data": fingerprint}
+    # The data's fingerprint: the pairs used (training and held out) and the vocabularies.
+    assert (fingerprint["src_vocab_size"], fingerprint["tgt_vocab_size"]) == (
+        len(result.src_vocab), len(result.tgt_vocab))
+    assert fingerprint["num_pairs"] == TRAINING["num_examples"]
     assert len(result.losses) == 1 and len(result.translations) == 4
 
 

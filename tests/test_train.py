@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jax_attention.train import train_kernel_regression
+from tests.fault_support import assert_one_line, run_command
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +94,69 @@ def test_rejects_bad_lr(lr):
 def test_rejects_too_few_training_points():
     with pytest.raises(ValueError, match=r"n_train.*got n_train=1"):
         train_kernel_regression(n_train=1, progress=False, log=None)
+
+
+# --------------------------------------------------------------------------- runs that cannot work
+
+
+def test_rejects_n_train_that_does_not_fit_before_any_work(monkeypatch):
+    import jax_attention.train.kernel_regression as kernel_regression
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the data were built before the memory check")
+
+    monkeypatch.setattr(kernel_regression, "kernel_regression_data", no_work)
+    with pytest.raises(ValueError, match=r"n_train=1000000000 needs about \d+ bytes .* but \d+ "
+                                         r"bytes .* are available; at most about n_train=\d+"):
+        train_kernel_regression(n_train=10**9, progress=False, log=None)
+
+
+def test_memory_estimate_and_check():
+    from jax_attention.train.kernel_regression import (available_memory_bytes,
+                                                       check_kernel_regression_fits,
+                                                       kernel_regression_bytes)
+
+    assert kernel_regression_bytes(50) == 48 * 50 * 49 + 32 * 50 * 50
+    available, source = available_memory_bytes()
+    assert available > 0 and source
+    check_kernel_regression_fits(50)  # the book's run fits anywhere
+    needed = kernel_regression_bytes(1000)
+    check_kernel_regression_fits(1000, available=needed)
+    with pytest.raises(ValueError, match=rf"n_train=1000 needs about {needed} bytes .* but "
+                                         rf"{needed - 1} bytes \(0.0 GiB, given\) are available; "
+                                         r"at most about n_train=999 fits"):
+        check_kernel_regression_fits(1000, available=needed - 1)
+
+
+def test_diverging_lr_stops_with_non_finite_error():
+    from jax_attention.train import NonFiniteLossError
+
+    # lr 1e38 makes the first SGD step overflow float32: w = inf after epoch 1.
+    with pytest.raises(NonFiniteLossError, match=r"diverged at epoch 1 of 5: w became inf") as info:
+        train_kernel_regression(lr=1e38, progress=False, log=None)
+    assert (info.value.epoch, info.value.step, info.value.batch) == (1, 1, 1)
+    # With seed 1 w stays finite one epoch longer and becomes NaN in the second update.
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 2 of 5: w became nan") as info:
+        train_kernel_regression(lr=1e38, seed=1, progress=False, log=None)
+    assert info.value.epoch == 2
+
+
+def test_cli_n_train_too_large_is_a_usage_error():
+    status, out, err = run_command("train", "kernel-regression", "--n-train", "1000000000",
+                                   "--no-progress", timeout=120)
+    assert status == 2
+    line = assert_one_line(err, "jax-attention train kernel-regression: error: "
+                                "n_train=1000000000 needs about ", ") are available")
+    assert re.search(r"needs about \d+ bytes .* but \d+ bytes \(", line), line
+    assert out == ""
+
+
+def test_cli_diverging_lr_exits_non_finite():
+    from jax_attention.cli import EXIT_NONFINITE
+
+    status, out, err = run_command("train", "kernel-regression", "--lr", "1e38", "--no-progress",
+                                   timeout=120)
+    assert status == EXIT_NONFINITE == 3
+    assert_one_line(err, "jax-attention train kernel-regression: error: kernel regression "
+                         "diverged at epoch 1 of 5: w became inf", "lr 1e+38")
+    assert "learned w" not in out and "nan" not in out

@@ -38,7 +38,8 @@ from jax_attention.bench.common import (environment, format_environment, format_
                                         source_fingerprint)
 
 __all__ = ["VARIANTS", "DEFAULT_SIZES", "DEFAULT_CAP_BYTES", "plain_estimate_bytes", "peak_rss_bytes",
-           "ru_maxrss_bytes", "run_child", "bench_memory", "format_memory", "child_main"]
+           "ru_maxrss_bytes", "run_child", "bench_memory", "format_memory", "nothing_measured",
+           "child_main"]
 
 VARIANTS = ("plain", "efficient")
 DEFAULT_SIZES = (4096, 8192, 16384, 32768, 65536)
@@ -247,6 +248,24 @@ def bench_memory(sizes: Sequence[int] = DEFAULT_SIZES, *, variants: Sequence[str
             "sources_changed_during_run":
                 source_fingerprint(*SOURCES)["modules"] != sources["modules"],
             "loadavg_after": load_average()}
+
+
+def nothing_measured(record: dict) -> str | None:
+    """Why :func:`bench_memory`'s ``record`` holds no measurement, on one line, or ``None`` when
+    at least one (size, variant) was measured.
+
+    Nothing is measured when every run was skipped (plain attention over the cap, the only
+    variant asked for) or failed (a child out of memory, killed or past its timeout).
+    """
+    results = record["results"]
+    if any(r["status"] == "ok" for r in results):
+        return None
+    statuses = {r["status"] for r in results}
+    what = ("every run was skipped" if statuses == {"skipped"} else
+            "every run failed" if statuses == {"failed"} else "every run was skipped or failed")
+    details = [f"{r['variant']} at N = {r['n']} {r['status']}: {r.get('reason', 'no reason given')}"
+               for r in results]
+    return f"{what} ({'; '.join(' '.join(d.split()) for d in details)})"
 
 
 def _size(nbytes: float) -> str:

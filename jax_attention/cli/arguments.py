@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from jax_attention import provenance
+from jax_attention import interrupts, provenance
 
-__all__ = ["int_at_least", "positive_int", "positive_float", "dropout_rate",
+__all__ = ["int_at_least", "int_in_range", "seed", "positive_int", "positive_float", "dropout_rate",
            "add_output_arguments", "check_output_arguments", "check_json_argument",
-           "check_checkpoint_argument", "check_data_argument", "EXIT_NONFINITE",
+           "check_checkpoint_argument", "check_data_argument", "check_writable",
+           "writable_problem", "EXIT_NONFINITE", "EXIT_WRITE_FAILED", "EXIT_BUSY", "PROG",
            "EXIT_INTERRUPTED", "LONG_RUNS_EPILOG", "add_long_run_arguments",
            "add_device_arguments", "check_long_run_arguments",
            "add_compilation_cache_argument", "start_compilation_cache",
@@ -43,6 +46,30 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+
+
+def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
+    """argparse type: an integer in ``[minimum, maximum]``."""
+    at_least = int_at_least(minimum)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{minimum}, {maximum}], "
+                                             f"got {value}")
+        return value
+
+    return parse
+
+
+def _seed_type() -> Callable[[str], int]:
+    from jax_attention.configs import MAX_SEED
+
+    return int_in_range(0, MAX_SEED)
+
+
+#: argparse type of ``--seed``: ``0 <= N < 2**63`` (JAX's keys take a signed 64-bit seed).
+seed = _seed_type()
 
 
 def positive_float(text: str) -> float:
@@ -107,23 +134,60 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not show a progress bar")
 
 
+def writable_problem(path: Path, *, directory: bool) -> str | None:
+    """Why ``path`` (a directory when ``directory``, else a file) cannot be created or written,
+    in words, or ``None`` when it can.
+
+    The nearest existing folder on its way is tried for real: a temporary file is made in it and
+    removed (permissions, a read-only filesystem, a full disk's inodes). Nothing else is created.
+    """
+    if path.exists():
+        if directory and not path.is_dir():
+            return f"{str(path)!r} exists and is not a directory"
+        if not directory and path.is_dir():
+            return f"{str(path)!r} is a directory, expected a file path"
+        folder = path if directory else path.parent
+    else:
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            return f"{str(path)!r} cannot be created: {str(folder)!r} is a file"
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".jax-attention-write-test-", dir=folder)
+    except OSError as error:
+        return (f"{str(path)!r} cannot be written: {provenance.os_reason(error)} "
+                f"(in {str(folder)!r})")
+    os.close(handle)
+    os.unlink(probe)
+    return None
+
+
+def check_writable(path: Path | None, argument: str, parser: argparse.ArgumentParser, *,
+                   directory: bool) -> None:
+    """Fail before the work starts, not after, when ``path`` (the value of ``argument``) cannot
+    be created and written (:func:`writable_problem`); ``None`` passes."""
+    if path is None:
+        return
+    problem = writable_problem(path, directory=directory)
+    if problem is not None:
+        parser.error(f"argument {argument}: {problem}")
+
+
 def check_json_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail when ``--json`` names a directory."""
-    if args.json is not None and args.json.is_dir():
-        parser.error(f"argument --json: {str(args.json)!r} is a directory, expected a file path")
+    """Fail when ``--json`` names a directory or a file that cannot be written."""
+    check_writable(args.json, "--json", parser, directory=False)
 
 
 def check_output_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail before the work starts, not after, when ``--out`` or ``--json`` cannot be used."""
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"argument --out: {str(args.out)!r} exists and is not a directory")
+    """Fail before the work starts, not after, when ``--out`` or ``--json`` cannot be written."""
+    check_writable(args.out, "--out", parser, directory=True)
     check_json_argument(args, parser)
 
 
 def check_checkpoint_argument(path: Path, parser: argparse.ArgumentParser) -> None:
     """Fail before training, not after, when the trained model cannot be written to ``path``."""
-    if path.exists() and not path.is_dir():
-        parser.error(f"argument --checkpoint: {str(path)!r} exists and is not a directory")
+    check_writable(path, "--checkpoint", parser, directory=True)
     if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
         parser.error(f"argument --checkpoint: {str(path)!r} is a non-empty directory that holds "
                      "no checkpoint; choose another")
@@ -142,23 +206,31 @@ def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParse
 
 # --------------------------------------------------------------------------- long runs, devices
 
-# Exit statuses of the train commands besides 0 (done) and argparse's 2 (bad usage, a checkpoint
-# that cannot be resumed): see LONG_RUNS_EPILOG.
+# Exit statuses besides 0 (done), 1 (a check that failed: conformance, a benchmark that measured
+# nothing) and argparse's 2 (bad arguments or inputs: a path that cannot be written, damaged
+# data, a checkpoint that cannot be resumed). README "Long runs" lists them.
 EXIT_NONFINITE = 3
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program stopped by Ctrl-C
+EXIT_WRITE_FAILED = 4  # an output could not be written (a full disk); what it held was kept
+EXIT_BUSY = 5  # the training-checkpoint directory is in use by another run
+EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED  # 130: Ctrl-C, as a shell reports it
+PROG = "jax-attention"
 
 LONG_RUNS_EPILOG = (
     "Long runs: with --checkpoint-dir DIR, training checkpoints (parameters, optimizer state, "
     "dropout stream, step, data position and loss history; Orbax, written atomically) are saved "
     "every --checkpoint-every steps (default: every epoch), at the end and on Ctrl-C; the newest "
-    "--keep are kept. --resume continues the run from the newest readable one (a damaged one is "
-    "reported, moved aside and the one before it used) and returns what the uninterrupted run "
-    "would have, bit for bit on CPU; a checkpoint of another configuration is refused (only "
-    "--epochs may grow). A NaN or Inf loss, gradient or update stops training (no checkpoint of "
-    "that state is written) unless --skip-nonfinite skips the step. Exit status: 0 done, 2 bad "
-    f"arguments or a checkpoint that cannot be resumed, {EXIT_NONFINITE} stopped on a non-finite "
-    f"step, {EXIT_INTERRUPTED} interrupted by Ctrl-C (SIGINT; checkpoint saved with "
-    "--checkpoint-dir).")
+    "--keep are kept; one run at a time may use DIR (a lock). --resume continues the run from "
+    "the newest readable one (a damaged one is reported, moved aside and the one before it "
+    "used) and returns what the uninterrupted run would have, bit for bit on CPU; a checkpoint "
+    "of another configuration or other data is refused (only --epochs may grow). A NaN or Inf "
+    "loss, gradient or update stops training (no checkpoint of that state is written) unless "
+    "--skip-nonfinite skips the step. Ctrl-C stops after the current steps (saving a checkpoint "
+    "with --checkpoint-dir; after the last step the model is still exported); a second Ctrl-C "
+    "stops at once. Exit status: 0 done, 2 bad arguments or inputs (an output path that cannot "
+    "be written, damaged data, a checkpoint that cannot be resumed), "
+    f"{EXIT_NONFINITE} stopped on a non-finite step, {EXIT_WRITE_FAILED} an output could not be "
+    f"written (the result kept elsewhere, as the message says), {EXIT_BUSY} another run uses "
+    f"--checkpoint-dir, {EXIT_INTERRUPTED} interrupted by Ctrl-C.")
 
 
 def add_long_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,30 +288,51 @@ def check_long_run_arguments(args: argparse.Namespace, parser: argparse.Argument
         if args.resume:
             parser.error("argument --resume: needs --checkpoint-dir")
         return
-    if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
-        parser.error(f"argument --checkpoint-dir: {str(args.checkpoint_dir)!r} exists and is not "
-                     "a directory")
+    check_writable(args.checkpoint_dir, "--checkpoint-dir", parser, directory=True)
     if args.checkpoint_dir.absolute() == args.checkpoint.absolute():
         parser.error("argument --checkpoint-dir: must differ from --checkpoint (the trained "
                      "model is written there)")
 
 
-def write_json_report(path: Path, record: dict) -> None:
-    """Write ``record`` to ``path`` (:func:`jax_attention.provenance.write_json`) and say so."""
-    print(f"wrote {provenance.write_json(path, record)}")
+def write_json_report(path: Path, record: dict) -> Path:
+    """Write ``record`` to ``path`` (:func:`jax_attention.provenance.write_json`) and say so, with
+    a note when values that JSON cannot hold (NaN, infinities) were written as ``null``; returns
+    the path. Raises ``OSError`` when it cannot be written."""
+    written = provenance.write_json(path, record)
+    nonfinite = provenance.json_ready(record)[1]
+    note = (f" ({len(nonfinite)} NaN or infinite value{'s' if len(nonfinite) != 1 else ''} "
+            f"written as null, listed under \"null_for_non_finite\")" if nonfinite else "")
+    print(f"wrote {written}{note}")
+    return written
 
 
 def finish_outputs(args: argparse.Namespace, command: str, record: Mapping,
-                   plots: Mapping[str, Path], environment: Mapping | None = None) -> int:
+                   plots: Mapping[str, Path], environment: Mapping | None = None, *,
+                   failures: list[str] | None = None) -> int:
     """Say which plots were written, then write ``--json`` (when given) as ``{"command": ...,
-    **record, **environment, "plots": {name: path}}``; returns the exit status 0.
+    **record, **environment, "plots": {name: path}}``; returns the exit status: 0, or
+    :data:`EXIT_WRITE_FAILED` when the JSON could not be written where asked (then it is written
+    to :func:`jax_attention.provenance.rescue_path` and the error line printed says where).
 
-    ``environment`` defaults to :func:`jax_attention.provenance.environment`.
+    ``environment`` defaults to :func:`jax_attention.provenance.environment`. ``failures``: a
+    list to which the line is appended instead of printed (the caller prints it).
     """
     for path in plots.values():
         print(f"wrote {path}")
-    if args.json is not None:
-        environment = provenance.environment() if environment is None else environment
-        write_json_report(args.json, {"command": command, **record, **environment,
-                                      "plots": {name: str(path) for name, path in plots.items()}})
-    return 0
+    if args.json is None:
+        return 0
+    environment = provenance.environment() if environment is None else environment
+    report = {"command": command, **record, **environment,
+              "plots": {name: str(path) for name, path in plots.items()}}
+    try:
+        write_json_report(args.json, report)
+        return 0
+    except OSError as error:
+        rescued = write_json_report(provenance.rescue_path(args.json.name), report)
+        line = (f"could not write {args.json} ({provenance.os_reason(error)}); wrote the report "
+                f"to {rescued} instead")
+    if failures is None:
+        print(f"{PROG}: error: {line}", file=sys.stderr)
+    else:
+        failures.append(line)
+    return EXIT_WRITE_FAILED

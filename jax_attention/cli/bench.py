@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from jax_attention.cli.arguments import (check_data_argument, check_json_argument, int_at_least,
-                                         positive_float, positive_int, write_json_report)
+                                         positive_float, positive_int, seed,
+                                         write_json_report)
 from jax_attention.cli.registry import register, register_group
 
 __all__ = ["run_bench_attention", "run_bench_memory", "run_bench_train", "run_bench_decode"]
@@ -95,7 +96,7 @@ def _bench_attention(parser: argparse.ArgumentParser) -> None:
                         help="query chunk of ours_efficient (default: the library's)")
     parser.add_argument("--key-chunk-size", metavar="N", type=positive_int, default=None,
                         help="key chunk of ours_efficient (default: the library's)")
-    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+    parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the inputs and the padding (default: %(default)s)")
     _add_json_and_progress(parser, "do not print a line per case on stderr")
     parser.set_defaults(handler=run_bench_attention)
@@ -124,7 +125,10 @@ def run_bench_attention(args: argparse.Namespace, parser: argparse.ArgumentParse
                       "forward+backward at (B, heads, T = S, H) = (1, 1, N, 64) in a fresh "
                       "process and report its peak resident set size, next to a baseline "
                       "process that only imports and allocates the inputs. Plain attention is "
-                      "skipped where 3·itemsize·N² bytes would exceed --cap-gib.")
+                      "skipped where 3·itemsize·N² bytes would exceed --cap-gib. Exit "
+                      "status: 0 when at least one run was measured; 1 when nothing was "
+                      "(every run skipped or failed: the table, --json and one line on stderr "
+                      "say why); 2 a usage error.")
 def _bench_memory(parser: argparse.ArgumentParser) -> None:
     from jax_attention.bench.memory import DEFAULT_CAP_BYTES, DEFAULT_SIZES, VARIANTS
 
@@ -138,7 +142,9 @@ def _bench_memory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-size", metavar="H", type=positive_int, default=64,
                         help="per-head size (default: %(default)s)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="(default: %(default)s)")
+                        help="dtype of the queries, keys and values, and so of the scores and "
+                             "weights attention holds; sets the itemsize of the --cap-gib "
+                             "estimate (default: %(default)s)")
     parser.add_argument("--cap-gib", metavar="GIB", type=positive_float,
                         default=DEFAULT_CAP_BYTES / 2**30,
                         help="skip plain attention where 3·itemsize·N² bytes exceed this "
@@ -146,7 +152,7 @@ def _bench_memory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=3600.0,
                         help="per child process; a slower one is reported as failed "
                              "(default: %(default)s)")
-    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+    parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the inputs (default: %(default)s)")
     _add_json_and_progress(parser, "do not print a line per child process on stderr")
     parser.set_defaults(handler=run_bench_memory)
@@ -155,12 +161,21 @@ def _bench_memory(parser: argparse.ArgumentParser) -> None:
 def run_bench_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``bench memory``; see its ``--help``."""
     check_json_argument(args, parser)
-    from jax_attention.bench.memory import bench_memory, format_memory
+    from jax_attention.bench.memory import bench_memory, format_memory, nothing_measured
 
     record = bench_memory(args.sizes, variants=args.variants, head_size=args.head_size,
                           dtype=args.dtype, cap_bytes=int(args.cap_gib * 2**30),
                           timeout_s=args.timeout, seed=args.seed, log=_bench_progress(args))
-    return _finish(args, format_memory(record), record)
+    status = _finish(args, format_memory(record), record)
+    why = nothing_measured(record)
+    if why is not None:
+        # The table and the JSON record say what happened to each run; the status says that
+        # the benchmark has no figure to give.
+        hint = ("; --cap-gib raises the cap"
+                if any(r["status"] == "skipped" for r in record["results"]) else "")
+        print(f"{parser.prog}: error: nothing was measured: {why}{hint}", file=sys.stderr)
+        return 1
+    return status
 
 
 # --------------------------------------------------------------------------- bench train, decode
@@ -173,7 +188,7 @@ def _add_bench_common(parser: argparse.ArgumentParser, *, repeats: int) -> None:
     parser.add_argument("--warmup", metavar="N", type=int_at_least(0), default=1,
                         help="untimed rounds after the first (compiling) call (default: "
                              "%(default)s)")
-    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+    parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the batch order, the weights and dropout (default: "
                              "%(default)s)")
     parser.add_argument("--data", metavar="PATH", type=Path, default=None,

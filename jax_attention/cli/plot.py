@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from jax_attention.cli.arguments import (check_output_arguments, finish_outputs, int_at_least,
-                                         positive_int)
+                                         positive_int, seed)
 from jax_attention.cli.registry import register, register_group
 
 __all__ = ["run_plot_positional_encoding", "run_plot_attention"]
@@ -20,7 +20,7 @@ def _add_plot_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None
                         help="write the plots (PNG) into DIR (created if missing)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the paths written, the shapes and the seed to FILE as JSON")
-    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0, help=seed_help)
+    parser.add_argument("--seed", metavar="N", type=seed, default=0, help=seed_help)
 
 
 @register("plot positional-encoding",

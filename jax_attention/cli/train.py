@@ -14,14 +14,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from jax_attention import provenance
-from jax_attention.cli.arguments import (EXIT_INTERRUPTED, EXIT_NONFINITE,
+from jax_attention import interrupts, provenance
+from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_NONFINITE, EXIT_WRITE_FAILED,
                                          add_compilation_cache_argument, add_device_arguments,
                                          add_long_run_arguments, add_output_arguments,
                                          check_checkpoint_argument, check_data_argument,
                                          check_long_run_arguments, check_output_arguments,
-                                         dropout_rate, finish_outputs, int_at_least,
-                                         positive_float, positive_int, start_compilation_cache)
+                                         dropout_rate, finish_outputs, int_at_least, int_in_range,
+                                         positive_float, positive_int, seed,
+                                         start_compilation_cache)
 from jax_attention.cli.registry import register, register_group
 from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models import MODELS
@@ -42,9 +43,13 @@ register_group("train", help="train a model of the chapter and report its figure
                       "full-batch SGD. Prints the loss of each epoch, the learned w and the test "
                       "MSE of average pooling, the Gaussian kernel (w = 1) and the learned kernel.")
 def _train_kernel_regression(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (f"Exit status: 0 trained; 2 a usage error, including an --n-train whose "
+                     f"n_train x (n_train - 1) attention would not fit in the memory available "
+                     f"(checked before any work); {EXIT_NONFINITE} the loss or w became NaN or "
+                     f"Inf (an --lr that diverges), naming the epoch.")
     parser.add_argument("--epochs", metavar="N", type=positive_int, default=5,
                         help="full-batch SGD steps (default: %(default)s, as the book)")
-    parser.add_argument("--seed", metavar="N", type=int_at_least(0), default=0,
+    parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the data and the initial w; the same seed gives the same "
                              "losses bit for bit on CPU (default: %(default)s)")
     parser.add_argument("--lr", metavar="LR", type=positive_float, default=0.5,
@@ -58,10 +63,16 @@ def _train_kernel_regression(parser: argparse.ArgumentParser) -> None:
 def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``train kernel-regression``; see its ``--help``."""
     check_output_arguments(args, parser)
-    from jax_attention.train import train_kernel_regression
+    from jax_attention.train import NonFiniteLossError, train_kernel_regression
 
-    result = train_kernel_regression(seed=args.seed, epochs=args.epochs, lr=args.lr,
-                                     n_train=args.n_train, progress=args.progress)
+    try:
+        result = train_kernel_regression(seed=args.seed, epochs=args.epochs, lr=args.lr,
+                                         n_train=args.n_train, progress=args.progress)
+    except NonFiniteLossError as error:  # a diverging lr: no figures to report
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return EXIT_NONFINITE
+    except ValueError as error:  # e.g. an --n-train whose attention would not fit in memory
+        parser.error(str(error))
     mse = result.test_mse
     print(f"learned w = {result.w:.6f} (initial {result.w_init:.6f})")
     print("test MSE:")
@@ -90,7 +101,7 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
 # the model's config and of TrainConfig (jax_attention.configs: help, metavar and check in each
 # field's metadata), then the run's own options and the long-run and device groups.
 
-_ARGUMENT_TYPES = {"int": int_at_least, "rate": lambda: dropout_rate,
+_ARGUMENT_TYPES = {"int": int_at_least, "int_range": int_in_range, "rate": lambda: dropout_rate,
                    "positive_float": lambda: positive_float}
 
 
@@ -129,7 +140,8 @@ def _configure_seq2seq(spec, parser: argparse.ArgumentParser) -> None:
     add_compilation_cache_argument(parser)
     add_long_run_arguments(parser)
     add_device_arguments(parser, tensor_parallel=spec.tensor_parallel)
-    parser.set_defaults(handler=functools.partial(run_train_seq2seq, spec))
+    parser.set_defaults(handler=functools.partial(run_train_seq2seq, spec),
+                        graceful_interrupt=_acknowledge_interrupt, resume_argument="--resume")
 
 
 for _spec in MODELS.values():
@@ -163,7 +175,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     # A ValueError (e.g. a --val-fraction that leaves no training pair) is a usage error.
     result, status = _run_training(functools.partial(train_seq2seq, spec, *configs), {
         "data": args.data, "checkpoint": args.checkpoint, "progress": args.progress,
-        "log_every": args.log_every}, parser, checkpoint_dir=args.checkpoint_dir)
+        "log_every": args.log_every}, parser)
     if status is not None:
         return status
     from jax_attention.distributed import is_main_process
@@ -172,49 +184,71 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
         return 0  # process 0 of a multi-process run reports and writes the files
     environment = provenance.environment()
     _print_seq2seq_summary(result, environment["backend"], cache)
+    if interrupts.requested():
+        raise interrupts.Interrupted(
+            f"interrupted (Ctrl-C) after the run; the trained model is in {result.checkpoint}; "
+            "plots and --json not written")
+    failures = [] if result.export_error is None else [result.export_error]
     plots = {}
     if args.out is not None:
         from jax_attention.plotting import plot_curve
 
-        plots["loss"] = args.out / f"{spec.name}_loss.png"
-        plot_curve(result.losses, ylabel="loss", path=plots["loss"],
-                   title=f"{spec.title}, training loss")
-        # The book's figures: the weights of the last sentence, keys cut to its source tokens.
-        plots.update(spec.attention_plots(result.translations[-1][1], args.out))
+        try:
+            plots["loss"] = args.out / f"{spec.name}_loss.png"
+            plot_curve(result.losses, ylabel="loss", path=plots["loss"],
+                       title=f"{spec.title}, training loss")
+            # The book's figures: the weights of the last sentence, keys cut to its source tokens.
+            plots.update(spec.attention_plots(result.translations[-1][1], args.out))
+        except OSError as error:
+            failures.append(f"could not write the plots into {args.out} "
+                            f"({provenance.os_reason(error)})")
+            plots = {name: path for name, path in plots.items() if path.is_file()}
     figures = {**result.figures(), "compilation_cache": None if cache is None else str(cache)}
-    return finish_outputs(args, f"train {spec.name}", figures, plots, environment)
+    finish_outputs(args, f"train {spec.name}", figures, plots, environment, failures=failures)
+    for failure in failures:
+        print(f"{parser.prog}: error: {failure}", file=sys.stderr)
+    return EXIT_WRITE_FAILED if failures else 0
 
 
 run_train_bahdanau = functools.partial(run_train_seq2seq, MODELS["bahdanau"])
 run_train_transformer = functools.partial(run_train_seq2seq, MODELS["transformer"])
 
 
-def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParser, *,
-                  checkpoint_dir=None):
+def _acknowledge_interrupt(args: argparse.Namespace) -> str:
+    """What the first Ctrl-C of a training run says (:mod:`jax_attention.interrupts`)."""
+    if args.checkpoint_dir is None:
+        return ("stopping after the current training steps (without --checkpoint-dir nothing "
+                "of the training is kept)")
+    return "stopping after the current training steps and saving a training checkpoint"
+
+
+def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParser):
     """``train(**options)`` -> ``(result, None)``, or ``(None, exit status)`` when it stopped.
 
-    A non-finite step: its message on stderr, status 3. Ctrl-C: the message (where the
-    checkpoint went, or that none was saved: no ``--checkpoint-dir``, or a Ctrl-C before or after
-    the training steps) on stderr, status 130. A ``ValueError`` (e.g. a configuration that
-    cannot resume the checkpoint), a directory of another run's checkpoints (``FileExistsError``)
-    or no readable checkpoint (``FileNotFoundError``): a usage error, status 2.
+    A non-finite step: its message on stderr, status 3. A training checkpoint that could not be
+    written (a full disk): its one line, status 4. Another run using ``--checkpoint-dir``: status
+    5. A ``ValueError`` (e.g. a configuration that cannot resume the checkpoint, damaged data),
+    a directory of another run's checkpoints or of other files (``FileExistsError``), no
+    readable checkpoint (``FileNotFoundError``) or a checkpoint directory that cannot be
+    created: a usage error, status 2. Ctrl-C
+    (:class:`~jax_attention.train.TrainingInterrupted`) is left to :func:`jax_attention.cli.main`.
     """
-    from jax_attention.train import NonFiniteLossError, TrainingInterrupted
+    from jax_attention.checkpointing import (CheckpointDirectoryBusy, CheckpointDirectoryError,
+                                             CheckpointWriteError)
+    from jax_attention.train import NonFiniteLossError
 
     try:
         return train(**options), None
     except NonFiniteLossError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return None, EXIT_NONFINITE
-    except TrainingInterrupted as stop:
-        print(f"{parser.prog}: {stop}", file=sys.stderr)
-        return None, EXIT_INTERRUPTED
-    except KeyboardInterrupt:  # without --checkpoint-dir, or outside the training steps
-        hint = ("" if checkpoint_dir is not None
-                else " (--checkpoint-dir DIR keeps training checkpoints)")
-        print(f"{parser.prog}: interrupted (SIGINT); no checkpoint saved{hint}", file=sys.stderr)
-        return None, EXIT_INTERRUPTED
-    except (ValueError, FileExistsError, FileNotFoundError) as error:
+    except CheckpointWriteError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return None, EXIT_WRITE_FAILED
+    except CheckpointDirectoryBusy as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return None, EXIT_BUSY
+    except (ValueError, FileExistsError, FileNotFoundError, CheckpointDirectoryError) as error:
         parser.error(str(error))
 
 

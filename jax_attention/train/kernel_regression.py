@@ -7,6 +7,9 @@ only from ``seed``; on CPU the same seed gives bit-identical losses and ``w``.
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,9 +28,24 @@ from jax_attention.attention_pooling import (
     leave_one_out,
     nadaraya_watson,
 )
-from jax_attention.train.loop import ProgressLog
+from jax_attention.train.loop import NonFiniteLossError, ProgressLog
 
-__all__ = ["KernelRegressionResult", "train_kernel_regression", "summed_squared_error"]
+__all__ = ["KernelRegressionResult", "train_kernel_regression", "summed_squared_error",
+           "kernel_regression_bytes", "available_memory_bytes", "check_kernel_regression_fits"]
+
+#: Test queries of the run (the book's 50, evenly spaced over ``[0, 5)``).
+N_TEST = 50
+#: Peak host bytes per entry of the ``n_train x (n_train - 1)`` leave-one-out matrices. The index
+#: of :func:`~jax_attention.attention_pooling.leave_one_out` is first built as Python ints (about
+#: 36 bytes an entry) and converted to int32; then keys, values, the scores, the weights and
+#: their gradients are float32 arrays of that shape. Measured on XLA:CPU: 40 to 45 bytes an entry
+#: above the interpreter's own memory at n_train = 3000 and 6000; 48 leaves a margin.
+BYTES_PER_TRAIN_ENTRY = 48
+#: Per entry of the ``n_test x n_train`` test attention: scores, weights (sown), and the
+#: average-pooling and Gaussian-kernel baselines, float32.
+BYTES_PER_TEST_ENTRY = 32
+#: What :func:`available_memory_bytes` assumes when the machine does not say.
+FALLBACK_AVAILABLE_BYTES = 8 * 2**30
 
 
 
@@ -109,6 +127,93 @@ def _kernel_regression_step(model: NWKernelRegression, optimizer: nnx.Optimizer,
     return loss
 
 
+def kernel_regression_bytes(n_train: int, n_test: int = N_TEST) -> int:
+    """Estimated peak host memory, in bytes, of :func:`train_kernel_regression` beyond the
+    interpreter's own: :data:`BYTES_PER_TRAIN_ENTRY` per entry of the ``n_train x (n_train - 1)``
+    leave-one-out attention, :data:`BYTES_PER_TEST_ENTRY` per entry of the ``n_test x n_train``
+    test attention."""
+    return (BYTES_PER_TRAIN_ENTRY * n_train * (n_train - 1)
+            + BYTES_PER_TEST_ENTRY * n_test * n_train)
+
+
+def _cgroup_available_bytes() -> int | None:
+    """What a cgroup v2 memory limit leaves (``memory.max - memory.current``), if one is set:
+    containers often have far less than the machine's MemAvailable."""
+    base = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(base, "memory.max")) as file:
+            limit = file.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(base, "memory.current")) as file:
+            current = int(file.read().strip())
+        return max(int(limit) - current, 0)
+    except (OSError, ValueError):
+        return None
+
+
+def available_memory_bytes() -> tuple[int, str]:
+    """``(bytes, where that figure comes from)``: the memory a new allocation can get now.
+
+    Linux's ``MemAvailable`` (``/proc/meminfo``: free memory plus what the kernel can reclaim),
+    else the free pages of ``os.sysconf``, else :data:`FALLBACK_AVAILABLE_BYTES`; lowered to what
+    a cgroup memory limit leaves, where one is set.
+    """
+    available, source = None, None
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    available, source = int(line.split()[1]) * 1024, "MemAvailable of /proc/meminfo"
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+            source = "free pages (os.sysconf)"
+        except (AttributeError, ValueError, OSError):
+            available, source = FALLBACK_AVAILABLE_BYTES, "a fixed bound: this system does not say"
+    limit = _cgroup_available_bytes()
+    if limit is not None and limit < available:
+        available, source = limit, "the cgroup memory limit less its usage"
+    return available, source
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def check_kernel_regression_fits(n_train: int, n_test: int = N_TEST,
+                                 available: int | None = None) -> None:
+    """Raise ``ValueError`` before any work when the run would not fit in memory.
+
+    Args:
+      n_train, n_test: the run's sizes.
+      available: bytes to compare with (default: :func:`available_memory_bytes`).
+
+    Raises:
+      ValueError: naming ``n_train``, the bytes needed (:func:`kernel_regression_bytes`), the
+        bytes available and the largest ``n_train`` that would fit.
+    """
+    needed = kernel_regression_bytes(n_train, n_test)
+    source = "given"
+    if available is None:
+        available, source = available_memory_bytes()
+    if needed <= available:
+        return
+    # The largest n with 48 n (n - 1) + 32 n_test n <= available (the positive root, rounded down).
+    a, b = BYTES_PER_TRAIN_ENTRY, BYTES_PER_TEST_ENTRY * n_test - BYTES_PER_TRAIN_ENTRY
+    largest = int((-b + math.sqrt(b * b + 4 * a * available)) / (2 * a))
+    while largest > 2 and kernel_regression_bytes(largest, n_test) > available:
+        largest -= 1
+    raise ValueError(
+        f"n_train={n_train} needs about {needed} bytes ({_gib(needed)}: the n_train x "
+        f"(n_train - 1) leave-one-out attention, {BYTES_PER_TRAIN_ENTRY} bytes an entry) but "
+        f"{available} bytes ({_gib(available)}, {source}) are available; at most about "
+        f"n_train={largest} fits here")
+
+
 def _mse(predictions, targets) -> float:
     return float(jnp.mean((predictions - targets) ** 2))
 
@@ -138,13 +243,22 @@ def train_kernel_regression(*, seed: int = 0, epochs: int = 5, lr: float = 0.5, 
 
     Returns:
       A :class:`KernelRegressionResult`.
+
+    Raises:
+      ValueError: a bad argument, or an ``n_train`` whose ``n_train x (n_train - 1)`` attention
+        would not fit in the memory available (:func:`check_kernel_regression_fits`), checked
+        before any work.
+      NonFiniteLossError: the loss of an epoch, or ``w`` after its update, is NaN or Inf (a
+        learning rate that makes the SGD step overflow float32); ``epoch`` and ``step`` name it.
     """
     check_setting("epochs", epochs, ("int", 1))
     check_setting("lr", lr, ("positive_float",))
+    if isinstance(n_train, numbers.Integral) and not isinstance(n_train, bool) and n_train >= 2:
+        check_kernel_regression_fits(int(n_train), N_TEST)  # other values: the data's own check
     start = time.perf_counter()
     # Independent streams for the data and the initial w, both derived from the one seed.
     data_rng, params_rng = jax.random.split(jax.random.key(seed))
-    data = kernel_regression_data(data_rng, n_train)
+    data = kernel_regression_data(data_rng, n_train, N_TEST)
     x_train, y_train, x_test, y_truth = (data[k] for k in ("x_train", "y_train", "x_test", "y_truth"))
     keys, values = leave_one_out(x_train), leave_one_out(y_train)
 
@@ -156,6 +270,13 @@ def train_kernel_regression(*, seed: int = 0, epochs: int = 5, lr: float = 0.5, 
     with ProgressLog(epochs, desc="kernel regression", progress=progress, log=log) as bar:
         for epoch in range(1, epochs + 1):
             loss = float(_kernel_regression_step(model, optimizer, x_train, keys, values, y_train))
+            w = float(model.w[...])
+            if not (math.isfinite(loss) and math.isfinite(w)):
+                what = (f"the loss is {loss}" if not math.isfinite(loss) else
+                        f"w became {w} in its SGD update (loss before it {loss:.6f})")
+                raise NonFiniteLossError(
+                    f"kernel regression diverged at epoch {epoch} of {epochs}: {what}, with "
+                    f"lr {lr:g}; a smaller lr keeps it finite", step=epoch, epoch=epoch, batch=1)
             losses.append(loss)
             bar.epoch_done(loss=f"{loss:.4f}")
             bar.emit(f"epoch {epoch}, loss {loss:.6f}")

@@ -37,7 +37,7 @@ from flax import nnx
 from jax import lax
 from tqdm import tqdm
 
-from jax_attention import distributed
+from jax_attention import distributed, interrupts
 from jax_attention.configs import LongRunConfig
 from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
 
@@ -67,17 +67,19 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT (Ctrl-C) stopped training after a completed step, and the state was saved.
+    """SIGINT (Ctrl-C) stopped training at a safe point: after a completed compiled call of steps
+    (the state saved, when the run keeps training checkpoints), or before the first one.
 
     A subclass of :class:`KeyboardInterrupt`, so that code that handles Ctrl-C handles it too; the
     CLI prints its message and exits with status 130 (128 + SIGINT, the shell's convention).
 
     Attributes:
-      step: the steps done, which is the step of the checkpoint.
-      checkpoint: the training checkpoint's directory.
+      step: the steps done.
+      checkpoint: the newest training checkpoint's directory (saved at the stop, or earlier),
+        or ``None`` when there is none.
     """
 
-    def __init__(self, message: str, *, step: int, checkpoint: Path):
+    def __init__(self, message: str, *, step: int, checkpoint: Path | None):
         super().__init__(message)
         self.step, self.checkpoint = step, checkpoint
 
@@ -446,12 +448,19 @@ class ProgressLog:
 def sigint_requests(enabled: bool):
     """Turn the first SIGINT (Ctrl-C) into a request, checked between compiled calls.
 
-    Yields an event that the first SIGINT sets. That handler then puts the previous one back, so
-    that a second Ctrl-C interrupts at once (a half-written checkpoint is never a checkpoint:
-    Orbax renames a step's directory only when it is complete). Nothing is installed when not
-    ``enabled``, off the main thread (Python runs signal handlers there only), or when SIGINT is
-    ignored (``nohup``, a background job): the previous behaviour stays.
+    Under the command line's handler (:func:`jax_attention.interrupts.handle_sigint`) yields its
+    request, whatever ``enabled``: the command stops at the next safe point and a second Ctrl-C
+    stops the process. Otherwise yields an event that the first SIGINT sets when ``enabled``;
+    that handler then puts the previous one back, so that a second Ctrl-C interrupts at once (a
+    half-written checkpoint is never a checkpoint: Orbax renames a step's directory only when it
+    is complete). Nothing is installed when not ``enabled``, off the main thread (Python runs
+    signal handlers there only), or when SIGINT is ignored (``nohup``, a background job): the
+    previous behaviour stays.
     """
+    shared = interrupts.request_event()
+    if shared is not None:
+        yield shared
+        return
     requested = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
     if (not enabled or threading.current_thread() is not threading.main_thread()
@@ -533,8 +542,11 @@ def open_checkpoints(long_run: LongRunConfig, config: dict, state, schedule: Sch
         restored = checkpoints.restore(state) if long_run.resume else None
         if restored is None:
             if long_run.resume:
-                lines.append(f"no training checkpoint in {checkpoints.directory} yet; starting "
-                             "from step 0")
+                damaged = checkpoints.set_aside
+                what = (f"only damaged ones, set aside earlier ({', '.join(damaged)})" if damaged
+                        else "none yet")
+                lines.append(f"no readable training checkpoint in {checkpoints.directory}: "
+                             f"{what}; starting from step 0")
             return checkpoints, state, done, None, lines
         state, record = restored
         where = f"training checkpoint {record['step']} in {checkpoints.directory}"
@@ -577,6 +589,39 @@ def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every:
     if finished % log_every == 0 or finished == schedule.epochs:
         bar.emit(f"epoch {finished}, loss {done.losses[-1]:.4f}, "
                  f"{done.tokens_per_sec[-1]:.1f} tokens/sec")
+
+
+def _note_saved(checkpoints, saved: int | None) -> None:
+    """Tell the command line's Ctrl-C handler what a stop at once leaves on disk."""
+    if checkpoints is None:
+        interrupts.set_note("no training checkpoint is kept without --checkpoint-dir")
+    elif saved is None:
+        interrupts.set_note(f"no training checkpoint in {checkpoints.directory} yet")
+    else:
+        interrupts.set_note(f"training checkpoint {saved} in {checkpoints.directory} is the "
+                            "newest", resumable=True)
+
+
+def _interrupted(done: Progress, schedule: Schedule, checkpoints, saved: int | None,
+                 started: int) -> TrainingInterrupted:
+    """The stop after a Ctrl-C request, ``done.step`` steps done (``started`` before this run)."""
+    if done.step == started:
+        where = "before the first training step of this run"
+    else:
+        where = (f"after step {done.step} of {schedule.total} (next: "
+                 f"{schedule.position(done.step)})")
+    if checkpoints is None:
+        kept = ("nothing saved: without --checkpoint-dir (checkpoint_dir=) no training "
+                "checkpoint is kept")
+    elif saved is None:
+        kept = f"no training checkpoint in {checkpoints.directory} yet"
+    elif saved == done.step and done.step != started:
+        kept = f"saved training checkpoint {saved} in {checkpoints.directory}"
+    else:
+        kept = f"training checkpoint {saved} in {checkpoints.directory} is the newest"
+    return TrainingInterrupted(
+        f"interrupted (Ctrl-C) {where}; {kept}", step=done.step,
+        checkpoint=None if saved is None else checkpoints.step_path(saved))
 
 
 def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
@@ -624,8 +669,11 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                             initial=len(done.losses)) as bar:
             for line in lines:
                 bar.emit(line)
-            loaded_epoch = None
+            loaded_epoch, started = None, done.step
+            _note_saved(checkpoints, saved)
             while done.step < schedule.total:
+                if stop_requested.is_set():  # before this call: nothing new to save
+                    raise _interrupted(done, schedule, checkpoints, saved, started)
                 start = time.perf_counter()
                 epoch, batch = divmod(done.step, schedule.steps_per_epoch)
                 if loaded_epoch != epoch:
@@ -639,25 +687,22 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                                             long_run.skip_nonfinite)
                 losses = distributed.to_host(losses)  # the call's one device sync
                 done.epoch_seconds += time.perf_counter() - start
-                if after_first_call is not None:
+                stopping = stop_requested.is_set()
+                if after_first_call is not None and not stopping:
                     after_first_call()
                     after_first_call = None
                 _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
                                  long_run.skip_nonfinite, bar)
                 done.add(losses, batch_tokens[batch:end])
                 _after_call(done, schedule, bar, log_every)
-                stopping = stop_requested.is_set()
                 if (checkpoints is not None and saved != done.step
                         and schedule.checkpoint_due(done.step, stopping=stopping)):
                     checkpoints.save(done.step, distributed.to_local(state),
                                      done.record(schedule.steps_per_epoch))
                     saved = done.step
+                    _note_saved(checkpoints, saved)
                 if stopping and done.step < schedule.total:
-                    raise TrainingInterrupted(
-                        f"interrupted (SIGINT) after step {done.step} (next: "
-                        f"{schedule.position(done.step)}); saved training checkpoint "
-                        f"{done.step} in {checkpoints.directory}; resume with --resume "
-                        "(resume=True)", step=done.step, checkpoint=checkpoints.step_path(done.step))
+                    raise _interrupted(done, schedule, checkpoints, saved, started)
     finally:
         nnx.update((model, optimizer), distributed.to_local(state))
         if checkpoints is not None:

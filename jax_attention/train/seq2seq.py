@@ -26,12 +26,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_attention import distributed
+from jax_attention import distributed, interrupts, provenance
 from jax_attention._checks import check_int
 from jax_attention.compilation import CompileTimer
 from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models import MODELS, ModelSpec, get_model
-from jax_attention.train.loop import clipped_adam, train_epochs, training_mesh
+from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, train_epochs,
+                                      training_mesh)
 
 __all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
            "train_seq2seq", "train_bahdanau", "train_transformer", "evaluate_translations",
@@ -60,12 +61,15 @@ class Seq2SeqResult:
       model: the trained NNX model, in eval mode.
       params: its parameters as the nested dict of NumPy arrays.
       src_vocab, tgt_vocab: the vocabularies of the data.
-      config: the model's sizes and the training settings (JSON-ready; stored in checkpoints
-        and exports): ``{"model": name, **model_config.record(), "training": {...}}``.
+      config: the model's sizes, the training settings and the data's fingerprint (JSON-ready;
+        stored in training checkpoints): ``{"model": name, **model_config.record(),
+        "training": {...}, "data": {...}}``.
       translations: ``(reference, translation)`` for each of the book's sentences.
       bleu: the BLEU (``k = 2``) of each translation against its reference.
       wall_time_s: seconds for the whole run (data, compilation, training, translation).
       checkpoint: where the trained model was exported, or ``None``.
+      export_error: ``None``, or what kept the export from ``checkpoint`` (then it is in a
+        rescue directory, which ``checkpoint`` names): one line.
       skipped_steps: steps skipped for a non-finite loss, gradient or update
         (``skip_nonfinite``); 0 otherwise.
       resumed_from_step: the training checkpoint's step this run resumed from, or ``None``.
@@ -105,6 +109,7 @@ class Seq2SeqResult:
     train_config: TrainConfig | None = None
     steady_tokens_per_sec: float | None = None
     timing: dict | None = None
+    export_error: str | None = None
 
     def figures(self) -> dict:
         """The results as JSON-ready Python values (no arrays)."""
@@ -127,6 +132,7 @@ class Seq2SeqResult:
             "config": self.config,
             "wall_time_s": self.wall_time_s,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+            "export_error": self.export_error,
             "skipped_steps": self.skipped_steps,
             "resumed_from_step": self.resumed_from_step,
             "checkpoint_dir": None if self.checkpoint_dir is None else str(self.checkpoint_dir),
@@ -209,6 +215,11 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
     t = train_config
     nmt = load_data_nmt(t.batch_size, model_config.num_steps, t.num_examples, data=data,
                         seed=t.seed, val_fraction=t.val_fraction)
+    if t.batch_size > len(nmt.train):
+        # The last batch of an epoch is padded to the batch size: a batch far beyond the data
+        # would allocate for rows that hold nothing.
+        raise ValueError(f"batch_size = {t.batch_size} (--batch-size) is larger than the "
+                         f"{len(nmt.train)} training pairs; use at most {len(nmt.train)}")
     model_config = dataclasses.replace(model_config, src_vocab_size=len(nmt.src_vocab),
                                        tgt_vocab_size=len(nmt.tgt_vocab))
     # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
@@ -221,9 +232,12 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
     return nmt, model_config, model, optimizer
 
 
-def _run_record(spec: ModelSpec, model_config, train_config: TrainConfig) -> dict:
-    """The run's configuration as checkpoints and exports store it."""
-    return {"model": spec.name, **model_config.record(), "training": train_config.record()}
+def _run_record(spec: ModelSpec, model_config, train_config: TrainConfig, nmt) -> dict:
+    """The run's configuration as checkpoints store it: the model, the training settings and
+    the data's fingerprint (:attr:`jax_attention.data.TranslationData.fingerprint`: the pairs
+    used and the vocabularies), so that a resumption on other data is refused."""
+    return {"model": spec.name, **model_config.record(), "training": train_config.record(),
+            "data": nmt.fingerprint}
 
 
 def _book_translations(spec: ModelSpec, params, model_config, nmt):
@@ -269,14 +283,56 @@ class _EvaluationCompile(threading.Thread):
             self.join()
 
 
+def _trained_params(model) -> dict:
+    """The trained model's parameters as NumPy arrays; the model put in eval mode."""
+    model.eval()
+    return jax.tree.map(np.asarray, model.params_dict())
+
+
+def _export(checkpoint, spec: ModelSpec, params, nmt, model_config, train_config
+            ) -> tuple[Path, str | None]:
+    """Export the trained model to ``checkpoint``; where that cannot be written (a full disk, a
+    path that became read-only), to a rescue directory instead (:func:`jax_attention.provenance.
+    rescue_path`): ``(the directory written, None or the line that says what happened)``."""
+    from jax_attention.export import save_model
+
+    def save(directory):
+        return save_model(directory, params, nmt.src_vocab, nmt.tgt_vocab, model_config,
+                          training=train_config)
+
+    try:
+        return save(checkpoint), None
+    except OSError as error:
+        rescued = save(provenance.rescue_path(f"{spec.name}-model"))
+        return rescued, (f"could not write the trained model to {checkpoint} "
+                         f"({provenance.os_reason(error)}); wrote it to {rescued} instead")
+
+
+def _stopped_after_training(long_run: LongRunConfig, total: int, written: Path | None,
+                            export_error: str | None) -> TrainingInterrupted:
+    """The stop after a Ctrl-C that came once the last step was done: the model exported, the
+    evaluation skipped."""
+    kept = [f"all {total} steps done"]
+    checkpoint = None
+    if long_run.directory is not None:
+        checkpoint = long_run.directory / str(total)
+        kept.append(f"training checkpoint {total} in {long_run.directory} holds them")
+    if export_error is not None:
+        kept.append(export_error)
+    elif written is not None:
+        kept.append(f"the trained model was written to {written}")
+    return TrainingInterrupted(
+        f"interrupted (Ctrl-C) after training; {'; '.join(kept)}; the translations and the "
+        "held-out evaluation were skipped", step=total, checkpoint=checkpoint)
+
+
 def _evaluate(spec: ModelSpec, model, model_config, nmt, early: _EvaluationCompile | None = None):
     """The trained model's parameters (NumPy), the book's sentences translated and scored, and
     the held-out evaluation (``None`` without held-out pairs). ``early``: the
     :class:`_EvaluationCompile` of the run, waited for first (its compilations are reused)."""
     if early is not None:
         early.wait()
-    model.eval()
-    params = jax.tree.map(np.asarray, model.params_dict())
+    params = _trained_params(model)
     translations, scores = _book_translations(spec, params, model_config, nmt)
     validation = (score_held_out(spec, params, model_config, nmt.val, nmt.src_vocab,
                                  nmt.tgt_vocab) if len(nmt.val) else None)
@@ -321,7 +377,9 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
     Raises:
       NonFiniteLossError: a step was not finite (and ``skip_nonfinite`` is False).
       TrainingInterrupted: SIGINT, with a ``checkpoint_dir`` (without it Ctrl-C raises a plain
-        :class:`KeyboardInterrupt`).
+        :class:`KeyboardInterrupt`), or under the command line's Ctrl-C handling
+        (:mod:`jax_attention.interrupts`): then also after the last step, once the model is
+        exported (the evaluation is skipped).
       FileExistsError: ``checkpoint_dir`` holds training checkpoints and ``resume`` is False.
     """
     spec = get_model(model)
@@ -348,7 +406,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         with phases("setup_s"):
             nmt, model_config, module, optimizer = setup(spec, model_config, train_config,
                                                          data=data)
-        config = _run_record(spec, model_config, train_config)
+        config = _run_record(spec, model_config, train_config, nmt)
         early = (_EvaluationCompile(spec, module, model_config, nmt)
                  if distributed.is_main_process() else None)
         try:
@@ -362,16 +420,23 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
             if early is not None:
                 early.wait()
             raise
+        stopping = interrupts.requested()  # a Ctrl-C after the last step: export, then stop
+        if stopping and early is not None:
+            early.wait()
         with phases("evaluation_s"), CompileTimer(this_thread=True) as evaluation_compile:
-            params, translations, scores, validation = _evaluate(spec, module, model_config, nmt,
-                                                                 early)
-        written = None
+            if stopping:
+                params, translations, scores, validation = _trained_params(module), [], [], None
+            else:
+                params, translations, scores, validation = _evaluate(spec, module, model_config,
+                                                                     nmt, early)
+        written = export_error = None
         with phases("export_s"):
             if checkpoint is not None and distributed.is_main_process():
-                from jax_attention.export import save_model
-
-                written = save_model(checkpoint, params, nmt.src_vocab, nmt.tgt_vocab,
-                                     model_config, training=train_config)
+                written, export_error = _export(checkpoint, spec, params, nmt, model_config,
+                                                train_config)
+        if stopping:
+            raise _stopped_after_training(long_run, train_config.epochs * nmt.num_batches,
+                                          written, export_error)
     timing = {**phases.seconds, "compile_s": compiling.seconds,
               "training_compile_s": training_compile.seconds,
               "evaluation_compile_s": evaluation_compile.seconds,
@@ -383,7 +448,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         tokens_per_sec=trained.tokens_per_sec, model=module, params=params,
         src_vocab=nmt.src_vocab, tgt_vocab=nmt.tgt_vocab, config=config,
         translations=translations, bleu=scores, wall_time_s=time.perf_counter() - start,
-        checkpoint=written, skipped_steps=trained.skipped_steps,
+        checkpoint=written, export_error=export_error, skipped_steps=trained.skipped_steps,
         resumed_from_step=trained.resumed_from_step,
         checkpoint_dir=long_run.directory, validation=validation,
         model_config=model_config, train_config=train_config,
