@@ -179,8 +179,9 @@ class TrainConfig(_Validated):
     val_fraction: float = _option(
         0.0, ("rate",), "hold out this fraction of the pairs and report their corpus BLEU "
                         "(k = 4) and mean sentence BLEU, greedy decoding", "P")
-    seed: int = _option(0, ("int_range", 0, MAX_SEED), "seeds the batch order, the parameters and dropout; the "
-                                       "same seed gives the same losses bit for bit on CPU", "N")
+    seed: int = _option(0, ("int_range", 0, MAX_SEED),
+                        "seeds the batch order, the parameters and dropout; the same seed gives "
+                        "the same losses bit for bit on CPU", "N")
     clip_global_norm: float = _option(1.0, ("positive_float",), "global gradient norm clip",
                                       flag=False)
 

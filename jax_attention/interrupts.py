@@ -37,8 +37,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["EXIT_INTERRUPTED", "handle_sigint", "stop_outside_commands", "ignore_from_now", "active", "requested", "request_event",
-           "set_note", "resume_command", "Interrupted"]
+__all__ = ["EXIT_INTERRUPTED", "handle_sigint", "stop_outside_commands", "ignore_from_now",
+           "active", "requested", "request_event", "set_note", "resume_command", "Interrupted"]
 
 #: The exit status after Ctrl-C: 128 + SIGINT, what a shell reports for a program it stopped.
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -104,8 +104,12 @@ class _Handler:
 
 def _write_line(line: str) -> None:
     """``line`` to stderr in one system call, past Python's buffers (a thread may hold them)."""
+    try:
+        descriptor = sys.__stderr__.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr object: the process's own
+        descriptor = 2
     with contextlib.suppress(OSError):
-        os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, (line + "\n").encode())
+        os.write(descriptor, (line + "\n").encode())
 
 
 _active: _Handler | None = None
@@ -125,10 +129,11 @@ def ignore_from_now() -> None:
 
 
 def stop_outside_commands(prog: str) -> None:
-    """Before and after :func:`handle_sigint` — while Python imports JAX (a second or more),
-    parses the command line, or shuts down — a Ctrl-C ends the process at once with status 130
-    and one line, not with Python's ``KeyboardInterrupt`` traceback and a death by signal.
-    Installed only over Python's default handler (an ignored SIGINT stays ignored)."""
+    """Outside :func:`handle_sigint` — while Python imports JAX (a second or more) and parses
+    the command line, and after the command until :func:`ignore_from_now` — a Ctrl-C ends the
+    process at once with status 130 and one line, not with Python's ``KeyboardInterrupt``
+    traceback and a death by signal. Installed only over Python's default handler (an ignored
+    SIGINT stays ignored)."""
     _outside["prog"] = prog
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_outside)

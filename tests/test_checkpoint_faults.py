@@ -29,7 +29,7 @@ from jax_attention.checkpointing import (LOCK_FILE, CheckpointDirectoryBusy,
                                          CheckpointWriteError, CorruptCheckpointWarning,
                                          ForeignEntryError, TrainingCheckpoints,
                                          read_training_checkpoint)
-from tests.fault_support import fill, full_dir, read_only_dir, tree_snapshot, wait_for
+from tests.fault_support import fill, finish, full_dir, read_only_dir, tree_snapshot, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"model": "tiny", "training": {"lr": 0.001, "epochs": 1, "seed": 0}}
@@ -83,14 +83,7 @@ def _python(code: str, *args: str, **options) -> subprocess.Popen:
 
 
 def _run(code: str, *args: str, timeout: float = 240) -> tuple[int, str, str]:
-    process = _python(code, *args)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"the subprocess did not end within {timeout} s; stderr:\n{err}")
-    return process.returncode, out, err
+    return finish(_python(code, *args), timeout)
 
 
 # --------------------------------------------------------------------------- the user's entries
