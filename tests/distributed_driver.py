@@ -49,7 +49,7 @@ def train(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, seed
     from flax import nnx
 
     from jax_attention.models import MODELS
-    from jax_attention.train.loop import epoch_batches, train_steps
+    from jax_attention.train.loop import epoch_batches, leaf_shardings, train_steps
     from jax_attention.train.seq2seq import setup
 
     spec = MODELS[kind]
@@ -73,7 +73,8 @@ def train(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, seed
         if mesh is not None:
             batches = distributed.shard_batches(batches, mesh)
             info["batch_spec"] = str(batches[0].sharding.spec)
-        state, batch_losses = train_steps(graphdef, state, batches, bos_id)
+        state, batch_losses = train_steps(graphdef, state, batches, bos_id, False,
+                                          leaf_shardings(state))
         losses.extend(float(loss) for loss in distributed.to_host(batch_losses))
     leaves = jax.tree.leaves(state)
     info.update(

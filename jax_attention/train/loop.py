@@ -42,7 +42,8 @@ from jax_attention.configs import LongRunConfig
 from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
-           "pure_step", "guarded_step", "jit_step", "train_steps", "train_step", "pad_batch",
+           "pure_step", "guarded_step", "jit_step", "train_steps", "leaf_shardings",
+           "train_step", "pad_batch",
            "epoch_batches", "Schedule", "Progress", "ProgressLog", "EpochsResult",
            "sigint_requests", "training_mesh", "nonfinite_error", "open_checkpoints",
            "train_epochs"]
@@ -220,8 +221,8 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
 jit_step = jax.jit(pure_step, static_argnums=0, donate_argnums=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=1)
-def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False):
+@functools.partial(jax.jit, static_argnums=(0, 3, 5), donate_argnums=1)
+def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, shardings=None):
     """Several training steps in one compiled call: ``lax.scan`` of :func:`guarded_step`.
 
     ``batches = (src, src_valid_len, tgt, tgt_valid_len)``, each stacked along a leading steps
@@ -237,10 +238,23 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False):
     Scanning the ``K`` steps in several calls (``K1`` then ``K - K1`` batches) gives the same
     state and losses, bit for bit on CPU.
 
+    ``shardings`` (static; :func:`leaf_shardings`): on a mesh, the placement of each of the
+    state's leaves (in ``jax.tree.leaves`` order), which every step's new state keeps — without
+    it, XLA's sharding propagation through the step's conditionals split leaves that were
+    placed replicated. ``None`` on one device.
+
     Returns:
       ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss (NaN
       for a rejected step).
     """
+
+    def keep_placement(state):
+        if shardings is None:
+            return state
+        leaves, treedef = jax.tree.flatten(state)
+        return jax.tree.unflatten(treedef, [
+            lax.with_sharding_constraint(leaf, sharding)
+            for leaf, sharding in zip(leaves, shardings, strict=True)])
 
     def body(carry, batch):
         state, halted = carry
@@ -249,10 +263,20 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False):
         state, loss, halted = guarded_step(
             graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len), halted,
             skip_nonfinite)
-        return (state, halted), loss
+        return (keep_placement(state), halted), loss
 
     (state, _), losses = lax.scan(body, (state, jnp.asarray(False)), batches)
-    return state, losses
+    return keep_placement(state), losses
+
+
+def leaf_shardings(state) -> tuple | None:
+    """The ``shardings`` argument of :func:`train_steps` for a placed ``state``: each leaf's
+    sharding, in ``jax.tree.leaves`` order, or ``None`` when it lives on one device (the
+    one-device program stays the one it was)."""
+    leaves = jax.tree.leaves(state)
+    if all(len(leaf.sharding.device_set) == 1 for leaf in leaves):
+        return None
+    return tuple(leaf.sharding for leaf in leaves)
 
 
 def train_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, tgt,
@@ -664,6 +688,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
             long_run, config, state, schedule)
         saved = done.step if resumed_from is not None else None
         state = distributed.place_state(state, mesh)  # after the restore (one device's arrays)
+        shardings = leaf_shardings(state)
         with sigint_requests(checkpoints is not None) as stop_requested, \
                 ProgressLog(epochs, desc=desc, progress=progress, log=log,
                             initial=len(done.losses)) as bar:
@@ -684,7 +709,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                     array[batch:end] for array in batches)
                 chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
                 state, losses = train_steps(graphdef, state, chunk, bos_id,
-                                            long_run.skip_nonfinite)
+                                            long_run.skip_nonfinite, shardings)
                 losses = distributed.to_host(losses)  # the call's one device sync
                 done.epoch_seconds += time.perf_counter() - start
                 stopping = stop_requested.is_set()
