@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -160,3 +161,32 @@ def test_cli_diverging_lr_exits_non_finite():
     assert_one_line(err, "jax-attention train kernel-regression: error: kernel regression "
                          "diverged at epoch 1 of 5: w became inf", "lr 1e+38")
     assert "learned w" not in out and "nan" not in out
+
+
+def test_the_log_says_compiling_at_once_then_what_it_took_and_the_time_left(monkeypatch):
+    """Progress from the first second, without a terminal: a line before the first call (which
+    compiles), one after it with the compile seconds, then epoch lines with the time left — at
+    least every ProgressLog.LINE_EVERY_S (0 here: every epoch)."""
+    from jax_attention.train import loop, train_bahdanau
+
+    monkeypatch.setattr(loop.ProgressLog, "LINE_EVERY_S", 0.0)
+    lines = []
+    train_bahdanau(epochs=4, num_examples=64, batch_size=32, embed_size=8, num_hiddens=8,
+                   num_layers=1, num_steps=6, progress=False, log=lines.append, log_every=100)
+    assert lines[0].startswith("compiling the training step")
+    compiled = lines[1]
+    assert compiled.startswith(("compiled the training step in ",
+                                "loaded the training step from the compilation cache in "))
+    assert "the first 2 steps took" in compiled
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(",")[0] for line in epochs] == ["epoch 1", "epoch 2", "epoch 3", "epoch 4"]
+    assert all("left" in line for line in epochs[1:-1]) and "left" not in epochs[-1]
+
+
+def test_the_time_left_comes_from_the_steps_after_the_first_call():
+    from jax_attention.train.loop import Progress, Schedule, _time_left
+
+    schedule = Schedule(epochs=10, steps_per_epoch=2)
+    done = Progress(step=4)
+    assert _time_left(done, schedule, None) == ""
+    assert _time_left(done, schedule, (time.perf_counter() - 2.0, 2)) == ", about 16 s left"

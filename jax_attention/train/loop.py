@@ -38,6 +38,7 @@ from jax import lax
 from tqdm import tqdm
 
 from jax_attention import distributed, interrupts
+from jax_attention.compilation import CompileTimer
 from jax_attention.configs import LongRunConfig
 from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
 
@@ -439,14 +440,24 @@ class EpochsResult:
 
 class ProgressLog:
     """A tqdm bar over the epochs (stderr, only on a terminal) and log lines that do not garble
-    it. A context manager; :meth:`emit` logs a line, :meth:`epoch_done` moves the bar."""
+    it. A context manager; :meth:`emit` logs a line, :meth:`epoch_done` moves the bar,
+    :meth:`restart_clock` starts its rate and ETA afresh (after the first call, which compiles).
+
+    The bar's rate is the average since the clock started (no smoothing): an epoch that
+    included seconds of compilation would otherwise show a rate and an ETA far off for a while.
+    """
+
+    #: Without a bar (not a terminal: a log, a pipe, a notebook's ``!``), an epoch line is logged
+    #: at least this often, besides every ``log_every`` epochs.
+    LINE_EVERY_S = 10.0
 
     def __init__(self, epochs: int, *, desc: str, progress: bool, log, initial: int = 0):
         # Updated by hand, not by iterating: tqdm's iterator syncs its count only when it
         # redraws, so a bar redrawn after a log line would show a stale epoch.
         self.bar = tqdm(total=epochs, initial=initial, desc=desc, unit="epoch",
-                        disable=None if progress else True, leave=False)
+                        disable=None if progress else True, leave=False, smoothing=0)
         self.log = log
+        self.last_line = time.monotonic()
 
     def __enter__(self) -> ProgressLog:
         return self
@@ -454,9 +465,19 @@ class ProgressLog:
     def __exit__(self, *exc_info) -> None:
         self.bar.close()
 
+    @property
+    def terminal(self) -> bool:
+        """Whether the bar is shown (a terminal, and progress asked for)."""
+        return not self.bar.disable
+
+    def quiet_for(self) -> float:
+        """Seconds since the last line logged."""
+        return time.monotonic() - self.last_line
+
     def emit(self, line: str) -> None:
         if self.log is None:
             return
+        self.last_line = time.monotonic()
         if self.bar.disable:
             self.log(line)
         else:
@@ -466,6 +487,14 @@ class ProgressLog:
     def epoch_done(self, **postfix) -> None:
         self.bar.set_postfix(refresh=False, **postfix)
         self.bar.update(1)
+
+    def restart_clock(self) -> None:
+        """Rate and ETA from now on: the epochs done so far (and their compilation) left out."""
+        if self.bar.disable:
+            return
+        self.bar.initial = self.bar.n
+        self.bar.start_t = self.bar.last_print_t = self.bar._time()
+        self.bar.refresh()
 
 
 @contextlib.contextmanager
@@ -603,16 +632,40 @@ def _report_rejected(losses: np.ndarray, done: Progress, tokens: np.ndarray, sch
              f"{', '.join(map(str, numbers[:5]))}" + (", ..." if len(numbers) > 5 else ""))
 
 
-def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every: int) -> None:
-    """Close the epoch when the call ended one: its loss, the bar, the periodic log line."""
+def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every: int,
+                left: str) -> None:
+    """Close the epoch when the call ended one: its loss, the bar, the log line (every
+    ``log_every`` epochs, after the last, and without a bar at least every
+    :attr:`ProgressLog.LINE_EVERY_S`); ``left``: the estimate of the time left, or ``""``."""
     if done.step % schedule.steps_per_epoch:
         return
     done.end_epoch()
     bar.epoch_done(loss=f"{done.losses[-1]:.4f}", tok_s=f"{done.tokens_per_sec[-1]:.0f}")
     finished = len(done.losses)
-    if finished % log_every == 0 or finished == schedule.epochs:
+    if (finished % log_every == 0 or finished == schedule.epochs
+            or (not bar.terminal and bar.quiet_for() >= bar.LINE_EVERY_S)):
         bar.emit(f"epoch {finished}, loss {done.losses[-1]:.4f}, "
-                 f"{done.tokens_per_sec[-1]:.1f} tokens/sec")
+                 f"{done.tokens_per_sec[-1]:.1f} tokens/sec{left}")
+
+
+def _time_left(done: Progress, schedule: Schedule, clock: tuple[float, int] | None) -> str:
+    """``", about N s left"`` from the steps since ``clock = (time, step)`` (the end of the first
+    call, which compiles), or ``""`` before there is a rate or at the end."""
+    if clock is None or done.step == schedule.total or done.step == clock[1]:
+        return ""
+    per_step = (time.perf_counter() - clock[0]) / (done.step - clock[1])
+    seconds = per_step * (schedule.total - done.step)
+    if seconds >= 120:
+        return f", about {seconds / 60:.0f} min left"
+    return f", about {seconds:.0f} s left" if seconds >= 10 else f", about {seconds:.1f} s left"
+
+
+def _report_compiled(bar: ProgressLog, timer: CompileTimer, steps: int, seconds: float) -> None:
+    """The line after the first call: what compiling (or loading it from the cache) took."""
+    how = ("loaded the training step from the compilation cache" if timer.cache_hits
+           else "compiled the training step")
+    bar.emit(f"{how} in {timer.seconds:.1f} s; the first {steps} step{'s' if steps != 1 else ''} "
+             f"took {seconds:.1f} s with it")
 
 
 def _note_saved(checkpoints, saved: int | None) -> None:
@@ -694,8 +747,11 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                             initial=len(done.losses)) as bar:
             for line in lines:
                 bar.emit(line)
-            loaded_epoch, started = None, done.step
+            loaded_epoch, started, clock = None, done.step, None
             _note_saved(checkpoints, saved)
+            if done.step < schedule.total:
+                bar.emit("compiling the training step (seconds, once per run; the compilation "
+                         "cache keeps it for the next run) ...")
             while done.step < schedule.total:
                 if stop_requested.is_set():  # before this call: nothing new to save
                     raise _interrupted(done, schedule, checkpoints, saved, started)
@@ -708,10 +764,13 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 chunk = batches if (batch, end) == (0, schedule.steps_per_epoch) else tuple(
                     array[batch:end] for array in batches)
                 chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
-                state, losses = train_steps(graphdef, state, chunk, bos_id,
-                                            long_run.skip_nonfinite, shardings)
-                losses = distributed.to_host(losses)  # the call's one device sync
+                with CompileTimer(this_thread=True) as compiling:
+                    state, losses = train_steps(graphdef, state, chunk, bos_id,
+                                                long_run.skip_nonfinite, shardings)
+                    losses = distributed.to_host(losses)  # the call's one device sync
                 done.epoch_seconds += time.perf_counter() - start
+                if clock is None:
+                    _report_compiled(bar, compiling, end - batch, time.perf_counter() - start)
                 stopping = stop_requested.is_set()
                 if after_first_call is not None and not stopping:
                     after_first_call()
@@ -719,7 +778,10 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
                                  long_run.skip_nonfinite, bar)
                 done.add(losses, batch_tokens[batch:end])
-                _after_call(done, schedule, bar, log_every)
+                _after_call(done, schedule, bar, log_every, _time_left(done, schedule, clock))
+                if clock is None:
+                    clock = (time.perf_counter(), done.step)
+                    bar.restart_clock()
                 if (checkpoints is not None and saved != done.step
                         and schedule.checkpoint_due(done.step, stopping=stopping)):
                     checkpoints.save(done.step, distributed.to_local(state),
