@@ -28,7 +28,8 @@ from jax_attention.attention_pooling import (
     leave_one_out,
     nadaraya_watson,
 )
-from jax_attention.train.loop import NonFiniteLossError, ProgressLog
+from jax_attention.train.loop import NonFiniteLossError
+from jax_attention.train.progress import ProgressLog
 
 __all__ = ["KernelRegressionResult", "train_kernel_regression", "summed_squared_error",
            "kernel_regression_bytes", "available_memory_bytes", "check_kernel_regression_fits"]

@@ -7,7 +7,8 @@
 - the data of an epoch: :func:`pad_batch`, :func:`epoch_batches`;
 - run control: :class:`Schedule` (where a step is, where a compiled call ends, when a training
   checkpoint is due), :class:`Progress` (the bookkeeping a resumed run needs),
-  :func:`sigint_requests`, :func:`training_mesh`, :class:`ProgressLog` (bar and log lines),
+  :func:`sigint_requests`, :func:`training_mesh`, the bar and log lines
+  (:class:`~jax_attention.train.progress.ProgressLog`),
   :func:`nonfinite_error`, :func:`open_checkpoints` (start or resume a run's training
   checkpoints);
 - :func:`train_epochs`: the whole loop, for any registered seq2seq model.
@@ -35,10 +36,10 @@ import numpy as np
 import optax
 from flax import nnx
 from jax import lax
-from tqdm import tqdm
 
 from jax_attention import distributed, interrupts
 from jax_attention.compilation import CompileTimer
+from jax_attention.train.progress import ProgressLog, report_compiled, time_left
 from jax_attention.configs import LongRunConfig
 from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
 
@@ -438,65 +439,6 @@ class EpochsResult:
     steady_tokens_per_sec: float | None = None
 
 
-class ProgressLog:
-    """A tqdm bar over the epochs (stderr, only on a terminal) and log lines that do not garble
-    it. A context manager; :meth:`emit` logs a line, :meth:`epoch_done` moves the bar,
-    :meth:`restart_clock` starts its rate and ETA afresh (after the first call, which compiles).
-
-    The bar's rate is the average since the clock started (no smoothing): an epoch that
-    included seconds of compilation would otherwise show a rate and an ETA far off for a while.
-    """
-
-    #: Without a bar (not a terminal: a log, a pipe, a notebook's ``!``), an epoch line is logged
-    #: at least this often, besides every ``log_every`` epochs.
-    LINE_EVERY_S = 10.0
-
-    def __init__(self, epochs: int, *, desc: str, progress: bool, log, initial: int = 0):
-        # Updated by hand, not by iterating: tqdm's iterator syncs its count only when it
-        # redraws, so a bar redrawn after a log line would show a stale epoch.
-        self.bar = tqdm(total=epochs, initial=initial, desc=desc, unit="epoch",
-                        disable=None if progress else True, leave=False, smoothing=0)
-        self.log = log
-        self.last_line = time.monotonic()
-
-    def __enter__(self) -> ProgressLog:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.bar.close()
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the bar is shown (a terminal, and progress asked for)."""
-        return not self.bar.disable
-
-    def quiet_for(self) -> float:
-        """Seconds since the last line logged."""
-        return time.monotonic() - self.last_line
-
-    def emit(self, line: str) -> None:
-        if self.log is None:
-            return
-        self.last_line = time.monotonic()
-        if self.bar.disable:
-            self.log(line)
-        else:
-            with tqdm.external_write_mode():
-                self.log(line)
-
-    def epoch_done(self, **postfix) -> None:
-        self.bar.set_postfix(refresh=False, **postfix)
-        self.bar.update(1)
-
-    def restart_clock(self) -> None:
-        """Rate and ETA from now on: the epochs done so far (and their compilation) left out."""
-        if self.bar.disable:
-            return
-        self.bar.initial = self.bar.n
-        self.bar.start_t = self.bar.last_print_t = self.bar._time()
-        self.bar.refresh()
-
-
 @contextlib.contextmanager
 def sigint_requests(enabled: bool):
     """Turn the first SIGINT (Ctrl-C) into a request, checked between compiled calls.
@@ -648,26 +590,6 @@ def _after_call(done: Progress, schedule: Schedule, bar: ProgressLog, log_every:
                  f"{done.tokens_per_sec[-1]:.1f} tokens/sec{left}")
 
 
-def _time_left(done: Progress, schedule: Schedule, clock: tuple[float, int] | None) -> str:
-    """``", about N s left"`` from the steps since ``clock = (time, step)`` (the end of the first
-    call, which compiles), or ``""`` before there is a rate or at the end."""
-    if clock is None or done.step == schedule.total or done.step == clock[1]:
-        return ""
-    per_step = (time.perf_counter() - clock[0]) / (done.step - clock[1])
-    seconds = per_step * (schedule.total - done.step)
-    if seconds >= 120:
-        return f", about {seconds / 60:.0f} min left"
-    return f", about {seconds:.0f} s left" if seconds >= 10 else f", about {seconds:.1f} s left"
-
-
-def _report_compiled(bar: ProgressLog, timer: CompileTimer, steps: int, seconds: float) -> None:
-    """The line after the first call: what compiling (or loading it from the cache) took."""
-    how = ("loaded the training step from the compilation cache" if timer.cache_hits
-           else "compiled the training step")
-    bar.emit(f"{how} in {timer.seconds:.1f} s; the first {steps} step{'s' if steps != 1 else ''} "
-             f"took {seconds:.1f} s with it")
-
-
 def _note_saved(checkpoints, saved: int | None) -> None:
     """Tell the command line's Ctrl-C handler what a stop at once leaves on disk."""
     if checkpoints is None:
@@ -770,7 +692,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                     losses = distributed.to_host(losses)  # the call's one device sync
                 done.epoch_seconds += time.perf_counter() - start
                 if clock is None:
-                    _report_compiled(bar, compiling, end - batch, time.perf_counter() - start)
+                    report_compiled(bar, compiling, end - batch, time.perf_counter() - start)
                 stopping = stop_requested.is_set()
                 if after_first_call is not None and not stopping:
                     after_first_call()
@@ -778,7 +700,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
                                  long_run.skip_nonfinite, bar)
                 done.add(losses, batch_tokens[batch:end])
-                _after_call(done, schedule, bar, log_every, _time_left(done, schedule, clock))
+                _after_call(done, schedule, bar, log_every, time_left(done.step, schedule.total, clock))
                 if clock is None:
                     clock = (time.perf_counter(), done.step)
                     bar.restart_clock()
