@@ -3,6 +3,19 @@
 The functional core lives in one module per book section (``masking``, ``scoring``,
 ``attention_pooling``, ...); the most used functions and modules are re-exported here.
 Every function is checked against the float64 NumPy reference in :mod:`reference_numpy`.
+
+In a notebook::
+
+    >>> import jax_attention as ja
+    >>> model = ja.load_model("runs/transformer")      # kind, heads and sizes from the export
+    >>> [t.translation for t in model.translate(["i lost .", "go ."], beam=2)]
+    >>> t = model.translate("go .")
+    >>> ja.show_heatmaps(t.weights[None, None], "source", "translation",
+    ...                  xticklabels=t.source_tokens, yticklabels=t.tokens + ["<eos>"])
+    >>> result = ja.train_transformer(epochs=5, num_examples=600)     # or ja.train_bahdanau(...)
+    >>> seq2seq = ja.TransformerSeq2Seq(len(result.src_vocab), len(result.tgt_vocab),
+    ...                                 params=result.params, rngs=flax.nnx.Rngs(0))
+    >>> weights = ja.masked_softmax(jnp.ones((2, 2, 4)), jnp.array([2, 3]))
 """
 
 import importlib
@@ -21,6 +34,10 @@ _EXPORTS = {
     "positional_encoding": "positional", "rotary_embedding": "positional",
     "AdditiveAttention": "scoring", "DotProductAttention": "scoring",
     "additive_attention": "scoring", "dot_product_attention": "scoring",
+    "load_model": "export", "show_heatmaps": "plotting",
+    "BahdanauSeq2Seq": "bahdanau", "TransformerSeq2Seq": "transformer",
+    "train_bahdanau": "train.seq2seq", "train_seq2seq": "train.seq2seq",
+    "train_transformer": "train.seq2seq",
 }
 
 
@@ -38,15 +55,18 @@ def __dir__():
 
 __all__ = [
     "AdditiveAttention",
+    "BahdanauSeq2Seq",
     "DotProductAttention",
     "MultiHeadAttention",
     "NWKernelRegression",
     "PositionalEncoding",
     "RelativePositionBias",
+    "TransformerSeq2Seq",
     "additive_attention",
     "average_pooling",
     "causal_mask",
     "dot_product_attention",
+    "load_model",
     "masked_softmax",
     "multi_head_attention",
     "nadaraya_watson",
@@ -54,4 +74,8 @@ __all__ = [
     "positional_encoding",
     "rotary_embedding",
     "sequence_mask",
+    "show_heatmaps",
+    "train_bahdanau",
+    "train_seq2seq",
+    "train_transformer",
 ]

@@ -3,7 +3,9 @@
 The book's translation data is the Tatoeba English–French file ``fra-eng/fra.txt``, in d2l's
 ``fra-eng.zip``. This module finds it (:func:`find_data`: ``--data``, ``$JAX_ATTENTION_DATA``,
 ``shared/data`` beside the checkout, the user cache), downloads d2l's archive when allowed
-(:func:`download_fra_eng`, SHA-1 checked), and reads its raw text (:func:`read_fra_eng`,
+(:func:`download_fra_eng`, SHA-1 checked, written atomically; :func:`ensure_data` is what the
+commands call: the download unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids
+it), and reads its raw text (:func:`read_fra_eng`,
 :func:`read_text`) from a zip, a folder or the text file itself, never failing on the file's
 contents (invalid UTF-8 and stray carriage returns are kept for the tokeniser to skip).
 
@@ -20,11 +22,14 @@ neither JAX nor Flax.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import numbers
 import os
 import struct
+import sys
 import tempfile
+import urllib.error
 import urllib.request
 import warnings
 import zipfile
@@ -37,12 +42,18 @@ __all__ = [
     "DATA_SHA1",
     "DATA_URL",
     "DamagedArchiveError",
+    "DownloadError",
     "ENV_VAR",
     "KNOWN_ARCHIVE_SHA1S",
+    "NO_DOWNLOAD_VAR",
+    "SHA1_VAR",
+    "URL_VAR",
     "UnknownArchiveWarning",
     "cache_dir",
     "checkout_candidates",
+    "download_forbidden",
     "download_fra_eng",
+    "ensure_data",
     "find_data",
     "read_fra_eng",
     "read_text",
@@ -79,6 +90,15 @@ KNOWN_ARCHIVE_SHA1S = {
 }
 #: The environment variable that points at the data (a zip, a folder or ``fra.txt``).
 ENV_VAR = "JAX_ATTENTION_DATA"
+#: Set to anything but ``""``/``0``/``false``/``no``, it forbids every download of the archive
+#: (the tests set it: they never touch the internet); the commands' ``--no-download`` does the same.
+NO_DOWNLOAD_VAR = "JAX_ATTENTION_NO_DOWNLOAD"
+#: For testing mirrors only: the URL and the SHA-1 to download instead of :data:`DATA_URL` and
+#: :data:`DATA_SHA1` (both read at the time of the download).
+URL_VAR = "JAX_ATTENTION_DATA_URL"
+SHA1_VAR = "JAX_ATTENTION_DATA_SHA1"
+#: Seconds to wait for the server to answer (and for each read) before giving up.
+DOWNLOAD_TIMEOUT = 30
 # Where the text lies inside an archive or a folder, most specific first: d2l's archive holds
 # ``fra-eng/fra.txt``; the manythings.org original holds ``fra.txt`` at its root.
 _MEMBERS = ("fra-eng/fra.txt", "fra.txt")
@@ -88,6 +108,45 @@ _HOW_TO_SUPPLY = (
     f"{ARCHIVE_NAME} (holding fra-eng/fra.txt), a folder holding fra-eng/fra.txt or fra.txt, or "
     f"fra.txt itself; or allow the download of d2l's archive ({DATA_URL})."
 )
+# The same, when the download failed or is forbidden: only the ways by hand.
+_HOW_TO_SUPPLY_BY_HAND = (
+    f"Supply the file with '--data PATH' or {ENV_VAR}=PATH, where PATH is {ARCHIVE_NAME} "
+    f"(d2l's, {DATA_URL}, fetched some other way; or a folder holding fra-eng/fra.txt, or "
+    f"fra.txt itself)."
+)
+
+
+def _data_url() -> str:
+    # DATA_URL read at call time: tests patch it (or set URL_VAR for a subprocess).
+    return os.environ.get(URL_VAR) or DATA_URL
+
+
+def _data_sha1() -> str:
+    return (os.environ.get(SHA1_VAR) or DATA_SHA1).lower()
+
+
+def download_forbidden() -> bool:
+    """Whether ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids the download (set, and not ``""``, ``0``,
+    ``false`` or ``no``)."""
+    value = os.environ.get(NO_DOWNLOAD_VAR, "").strip().lower()
+    return value not in ("", "0", "false", "no")
+
+
+class DownloadError(OSError):
+    """The archive could not be downloaded: the server is unreachable or answered with an error,
+    or the transfer ended before the ``Content-Length`` it announced. Nothing is left behind.
+
+    The message, one line: ``cannot download <url>: <reason>`` or ``truncated download of <url>:
+    received <n> of the <m> bytes of its Content-Length``. Attributes: ``url``, ``reason``.
+    """
+
+    def __init__(self, url: str, message: str, reason: str = ""):
+        self.url = url
+        self.reason = reason
+        super().__init__(" ".join(message.split()))
+
+    def __reduce__(self):
+        return type(self), (self.url, str(self), self.reason)
 
 
 def checkout_candidates() -> list[Path]:
@@ -232,8 +291,10 @@ def find_data(path: str | os.PathLike | None = None, *, download: bool = False) 
     2. the environment variable ``JAX_ATTENTION_DATA``;
     3. ``shared/data/fra-eng.zip`` beside the checkout (:func:`checkout_candidates`);
     4. the user cache, ``<cache_dir()>/fra-eng.zip`` (:func:`cache_dir`);
-    5. only with ``download=True``: d2l's published archive, downloaded into the cache and
-       checked against its SHA-1 (:func:`download_fra_eng`).
+    5. only with ``download=True`` and unless ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids it: d2l's
+       published archive (``$JAX_ATTENTION_DATA_URL``, for testing mirrors, else
+       :data:`DATA_URL`), downloaded into the cache and checked against its SHA-1
+       (``$JAX_ATTENTION_DATA_SHA1``, else :data:`DATA_SHA1`; :func:`download_fra_eng`).
 
     ``path`` and the environment variable are choices of the user: when one is given but does not
     hold the data, that is an error, not a reason to look elsewhere.
@@ -243,9 +304,28 @@ def find_data(path: str | os.PathLike | None = None, *, download: bool = False) 
 
     Raises:
       FileNotFoundError: nothing found; the message lists every place looked at and says how to
-        supply the file.
+        supply the file. With ``download=True``: the download failed (one line: why, and how to
+        supply the file by hand).
       ValueError: the download's SHA-1 does not match (the download is deleted).
     """
+    return _find_data(path, download=download, not_downloaded="download=False")
+
+
+def ensure_data(path: str | os.PathLike | None = None, *, no_download: bool = False) -> Path:
+    """What the commands call before any work: :func:`find_data`, downloading d2l's archive into
+    the user cache when it is found nowhere, unless ``no_download`` (``--no-download``) or
+    ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids it.
+
+    Raises:
+      FileNotFoundError: nothing found and the download forbidden or failed; the first line of
+        the message says why and how to supply the file.
+      ValueError: the download's SHA-1 does not match (the download is deleted).
+    """
+    return _find_data(path, download=not no_download,
+                      not_downloaded="--no-download" if no_download else None)
+
+
+def _find_data(path, *, download: bool, not_downloaded: str | None) -> Path:
     if path is not None:
         return _check_given(Path(path).expanduser(), "argument path (--data)")
     from_env = os.environ.get(ENV_VAR)
@@ -260,53 +340,116 @@ def find_data(path: str | os.PathLike | None = None, *, download: bool = False) 
         state = "exists but holds no fra-eng/fra.txt" if candidate.exists() else "not found"
         looked.append(f"{candidate} ({state})")
 
+    url = _data_url()
+    if download and download_forbidden():
+        download, not_downloaded = False, f"{NO_DOWNLOAD_VAR}={os.environ[NO_DOWNLOAD_VAR]}"
     if download:
         try:
-            return download_fra_eng(DATA_URL, DATA_SHA1)  # read at call time: tests patch them
-        except OSError as error:  # no network, HTTP error, unwritable cache
-            looked.append(f"{DATA_URL} (download failed: {error})")
-    else:
-        looked.append(f"{DATA_URL} (not downloaded: download=False)")
+            return download_fra_eng(url, _data_sha1())
+        except ValueError as error:  # SHA-1 mismatch: the download is gone
+            raise ValueError(f"{error}. {_HOW_TO_SUPPLY_BY_HAND}") from error
+        except OSError as error:  # no network, HTTP error, truncated, unwritable cache
+            reason = " ".join(str(error).split())
+            raise FileNotFoundError(
+                f"the English–French data (fra-eng/fra.txt) is not here and its download "
+                f"failed ({reason}). {_HOW_TO_SUPPLY_BY_HAND}") from error
+    looked.append(f"{url} (not downloaded: {not_downloaded})")
     places = "\n".join(f"  - {place}" for place in looked)
-    raise FileNotFoundError(
-        f"the English–French data (fra-eng/fra.txt) was not found. Looked at:\n{places}\n"
-        f"{_HOW_TO_SUPPLY}"
+    if not_downloaded == "download=False":  # the library's caller chose: all the ways
+        raise FileNotFoundError(
+            f"the English–French data (fra-eng/fra.txt) was not found. Looked at:\n{places}\n"
+            f"{_HOW_TO_SUPPLY}"
+        )
+    raise FileNotFoundError(  # the user forbade the download: the first line says it all
+        f"the English–French data (fra-eng/fra.txt) was not found and {not_downloaded} forbids "
+        f"its download. {_HOW_TO_SUPPLY_BY_HAND} Looked at:\n{places}"
     )
 
 
-def download_fra_eng(url: str = DATA_URL, sha1: str = DATA_SHA1, *,
-                     directory: str | os.PathLike | None = None) -> Path:
+def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
+                     directory: str | os.PathLike | None = None,
+                     progress: bool | None = None) -> Path:
     """Download ``url`` into ``directory/fra-eng.zip`` (default :func:`cache_dir`), SHA-1 checked.
 
     The bytes go to a temporary file in the same folder, which is renamed onto the target only
-    once the checksum matches, so that an interrupted or corrupt download never sits where the
-    lookup would take it for the data.
+    once the transfer is complete and the checksum matches, so that an interrupted, truncated or
+    corrupt download never sits where the lookup would take it for the data.
 
     Args:
-      url: where to download from (any URL ``urllib`` opens, ``file://`` included).
-      sha1: the expected SHA-1 of the downloaded bytes, hexadecimal.
+      url: where to download from (any URL ``urllib`` opens, ``file://`` included); default
+        ``$JAX_ATTENTION_DATA_URL``, else :data:`DATA_URL`.
+      sha1: the expected SHA-1 of the downloaded bytes, hexadecimal; default
+        ``$JAX_ATTENTION_DATA_SHA1``, else :data:`DATA_SHA1`.
       directory: where to put ``fra-eng.zip``; created if missing.
+      progress: a progress bar on stderr (tqdm); ``None``: only when stderr is a terminal,
+        otherwise one line ``downloading <url> (<n> MiB) into <directory>``.
 
     Returns:
       The path of the downloaded archive.
 
     Raises:
       ValueError: the SHA-1 does not match; nothing is left behind.
-      OSError: the download or the write failed (``urllib.error.URLError`` is an ``OSError``).
+      DownloadError: the server is unreachable, answered with an error or sent fewer bytes than
+        its Content-Length (an OSError); nothing is left behind.
+      OSError: the write failed.
     """
+    url = _data_url() if url is None else url
+    sha1 = _data_sha1() if sha1 is None else sha1.lower()
     directory = cache_dir() if directory is None else Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / ARCHIVE_NAME
     digest = hashlib.sha1()
     handle, temporary = tempfile.mkstemp(prefix=ARCHIVE_NAME + ".", suffix=".part", dir=directory)
     try:
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if digest.hexdigest() != sha1.lower():
+        with os.fdopen(handle, "wb") as out:
+            try:
+                response = urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT)
+            except urllib.error.HTTPError as error:
+                raise DownloadError(url, f"cannot download {url}: HTTP {error.code} "
+                                         f"{error.reason}", str(error.reason)) from error
+            except urllib.error.URLError as error:
+                reason = _os_reason(error.reason)
+                raise DownloadError(url, f"cannot download {url}: {reason}", reason) from error
+            except (OSError, http.client.HTTPException) as error:  # timeout, reset, bad answer
+                reason = _os_reason(error)
+                raise DownloadError(url, f"cannot download {url}: {reason}", reason) from error
+            with response:
+                length = response.headers.get("Content-Length")
+                expected = int(length) if length and length.isdigit() else None
+                received = 0
+                bar = _progress_bar(url, expected, directory, progress)
+                try:
+                    while True:
+                        try:
+                            chunk = response.read(1 << 16)
+                        except http.client.IncompleteRead as error:
+                            chunk = error.partial
+                            digest.update(chunk)
+                            out.write(chunk)
+                            received += len(chunk)
+                            break
+                        except (OSError, http.client.HTTPException) as error:
+                            reason = _os_reason(error)
+                            raise DownloadError(
+                                url, f"cannot download {url}: {reason} after {received} bytes",
+                                reason) from error
+                        if not chunk:
+                            break
+                        digest.update(chunk)
+                        out.write(chunk)
+                        received += len(chunk)
+                        if bar is not None:
+                            bar.update(len(chunk))
+                finally:
+                    if bar is not None:
+                        bar.close()
+        if expected is not None and received != expected:
+            raise DownloadError(
+                url, f"truncated download of {url}: received {received} of the {expected} "
+                     f"bytes of its Content-Length; nothing was kept", "truncated")
+        if digest.hexdigest() != sha1:
             raise ValueError(
-                f"SHA-1 mismatch for {url}: got {digest.hexdigest()}, expected {sha1.lower()}; "
+                f"SHA-1 mismatch for {url}: got {digest.hexdigest()}, expected {sha1}; "
                 "the download was deleted"
             )
         os.replace(temporary, target)  # atomic within one file system
@@ -314,6 +457,32 @@ def download_fra_eng(url: str = DATA_URL, sha1: str = DATA_SHA1, *,
         Path(temporary).unlink(missing_ok=True)
         raise
     return target
+
+
+def _os_reason(error) -> str:
+    """The operating system's words for ``error`` (``Connection refused``, ``timed out``...)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _progress_bar(url: str, size: int | None, directory: Path, progress: bool | None):
+    """A tqdm bar on stderr when ``progress`` (``None``: stderr is a terminal); otherwise one line
+    announcing the download, and ``None``."""
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
+    if progress:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            progress = False
+        else:
+            return tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024,
+                        desc=f"downloading {ARCHIVE_NAME}", file=sys.stderr, leave=True)
+    mib = f"{size / (1 << 20):.1f} MiB" if size is not None else "size unknown"
+    if sys.stderr is not None:
+        print(f"downloading {url} ({mib}) into {directory}", file=sys.stderr, flush=True)
+    return None
 
 # --------------------------------------------------------------------------- reading the text
 
@@ -455,8 +624,9 @@ def _archive_sha1(location: Path) -> str:
 
 
 def _known_archive_sha1s() -> set[str]:
-    # DATA_SHA1 read at call time: tests stand in another archive for d2l's by patching it.
-    return {DATA_SHA1.lower(), *KNOWN_ARCHIVE_SHA1S}
+    # DATA_SHA1 read at call time: tests stand in another archive for d2l's by patching it (or
+    # by naming a mirror's SHA-1 in $JAX_ATTENTION_DATA_SHA1).
+    return {DATA_SHA1.lower(), _data_sha1(), *KNOWN_ARCHIVE_SHA1S}
 
 
 def _check_known_archive(location: Path, stacklevel: int) -> None:

@@ -707,19 +707,44 @@ class BahdanauSeq2Seq(Seq2SeqModule):
       sow_weights: sow the attention weights on every call.
       param_dtype: the parameters' dtype.
       rngs: ``nnx.Rngs`` with ``params`` (and ``dropout``) streams; a single seed serves both.
+      params: initial values (the nested dict of :func:`param_shapes`, e.g. a trained model's
+        ``load_model(path).params``), as :class:`~jax_attention.transformer.TransformerSeq2Seq`
+        takes them; ``ValueError`` when their shapes differ; default: fresh ones.
+
+    >>> model = BahdanauSeq2Seq(len(src_vocab), len(tgt_vocab), rngs=nnx.Rngs(0))
+    >>> exported = jax_attention.load_model("runs/bahdanau")
+    >>> c = exported.model_config
+    >>> trained = BahdanauSeq2Seq(c.src_vocab_size, c.tgt_vocab_size, c.embed_size,
+    ...                           c.num_hiddens, c.num_layers, params=exported.params,
+    ...                           rngs=nnx.Rngs(0))
     """
 
     greedy_decode_function = staticmethod(greedy_decode)
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 32,
                  num_hiddens: int = 32, num_layers: int = 2, dropout: float = 0.0, *,
-                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 params: dict | None = None):
         self.encoder = Seq2SeqEncoder(src_vocab_size, embed_size, num_hiddens, num_layers,
                                       dropout, param_dtype=param_dtype, rngs=rngs)
         self.decoder = Seq2SeqAttentionDecoder(tgt_vocab_size, embed_size, num_hiddens,
                                                num_layers, dropout, param_dtype=param_dtype,
                                                rngs=rngs)
+        if params is not None:
+            self._load(params, param_dtype)
         self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)
+
+    def _load(self, params: dict, param_dtype) -> None:
+        """Put ``params`` (checked against the module's own shapes) into the parameters."""
+        variables = self.param_variables()
+        flat = {path: jnp.asarray(value, param_dtype)
+                for path, value in flatten_params(params).items()}
+        expected = {path: tuple(variable[...].shape) for path, variable in variables.items()}
+        got = {path: value.shape for path, value in flat.items()}
+        if got != expected:
+            raise ValueError(f"params must have the shapes {expected}, got {got}")
+        for path, value in flat.items():
+            variables[path][...] = value
 
     def forward(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`."""

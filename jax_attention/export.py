@@ -67,9 +67,36 @@ class ExportedModel:
     model_config: object
     train_config: TrainConfig | None
 
-    def translate(self, sentences, *, max_len: int | None = None, beam_size: int = 1):
-        """Translate with this model (:attr:`ModelSpec.translate`); ``ValueError`` for a
-        ``beam_size`` or ``max_len`` the model cannot take (:meth:`ModelSpec.check_translation`)."""
+    @property
+    def kind(self) -> str:
+        """The model's registry name, ``"bahdanau"`` or ``"transformer"``."""
+        return self.spec.name
+
+    def translate(self, sentences, *, max_len: int | None = None, beam_size: int = 1,
+                  beam: int | None = None):
+        """Translate with this model (:attr:`ModelSpec.translate`), its sizes (heads, layers,
+        ``num_steps``, ...) read from the export.
+
+        >>> model = jax_attention.load_model("runs/transformer")
+        >>> [t.translation for t in model.translate(["i lost .", "go ."], beam=2)]
+        >>> model.translate("go .").weights          # one sentence: one Translation
+
+        Args:
+          sentences: one sentence (returns one :class:`~jax_attention.translation.Translation`)
+            or a sequence of them (returns a list).
+          max_len: decoding steps (default the model's ``num_steps``).
+          beam_size: ``1`` greedy, ``k > 1`` beam search (the Transformer only).
+          beam: the same as ``beam_size`` (the ``translate --beam`` spelling).
+
+        Raises:
+          ValueError: a ``beam_size`` or ``max_len`` the model cannot take
+            (:meth:`ModelSpec.check_translation`), or ``beam`` and ``beam_size`` that disagree.
+        """
+        if beam is not None:
+            if beam_size not in (1, beam):
+                raise ValueError(f"beam and beam_size are the same option; got beam={beam!r} "
+                                 f"and beam_size={beam_size!r}")
+            beam_size = beam
         self.spec.check_translation(self.model_config, max_len=max_len, beam_size=beam_size)
         return self.spec.translate(self.params, sentences, self.src_vocab, self.tgt_vocab,
                                    self.model_config, max_len=max_len, beam_size=beam_size)
@@ -234,6 +261,16 @@ class _Reader:
 
 def load_model(directory: str | os.PathLike) -> ExportedModel:
     """Read and validate a model exported by :func:`save_model` (or by earlier versions).
+
+    The returned :class:`ExportedModel` knows its kind (``.kind``), sizes (``.model_config``:
+    heads, layers, widths, ``num_steps``) and vocabularies, so translating needs nothing else:
+
+    >>> import jax_attention
+    >>> model = jax_attention.load_model("runs/transformer")   # what `make run` writes
+    >>> model.kind, model.model_config.num_heads
+    ('transformer', 4)
+    >>> for t in model.translate(["i lost .", "he's calm ."], beam=2):
+    ...     print(t.source, "=>", t.translation)
 
     Checks that every file is there and readable, the format tag, the model's config (as its
     config class validates it), that the vocabularies have the sizes of the config and hold

@@ -87,26 +87,56 @@ def _as_vector(name: str, x, length: int | None = None, like: str | None = None)
     return x
 
 
+def _check_labels(name: str, labels, length: int, axis: str):
+    if labels is None:
+        return None
+    labels = [str(label) for label in labels]
+    if len(labels) != length:
+        raise ValueError(f"{name} must have one entry per {axis}, got {len(labels)}")
+    return labels
+
+
 def show_heatmaps(matrices, xlabel: str, ylabel: str, titles: Sequence[str] | None = None,
-                  figsize=(2.5, 2.5), cmap: str = "Reds", *, path: str | os.PathLike | None = None
-                  ) -> Figure:
+                  figsize=(2.5, 2.5), cmap: str = "Reds", *, path: str | os.PathLike | None = None,
+                  xticklabels: Sequence[str] | None = None,
+                  yticklabels: Sequence[str] | None = None,
+                  row_titles: Sequence[str] | None = None, suptitle: str | None = None,
+                  vmin: float | None = 0.0, vmax: float | None = 1.0) -> Figure:
     """A grid of attention-weight heatmaps with one colour bar — d2l §11.1 ``show_heatmaps``.
 
-    ``matrices[i, j]`` is drawn in row ``i``, column ``j``; all heatmaps share their axes and one
-    colour scale (so the single colour bar holds for every panel, which the book's version, scaled
-    per panel, does not guarantee). ``xlabel`` goes under the bottom row, ``ylabel`` beside the left
-    column, ``titles[j]`` above column ``j``.
+    ``matrices[i, j]`` is drawn in row ``i``, column ``j`` (e.g. layer ``i``, head ``j``); all
+    heatmaps share their axes and one colour scale, by default the fixed ``[0, 1]`` of attention
+    weights, so that the colours mean the same in every panel and every figure (the book's
+    version scales each figure to its own range). ``xlabel`` goes under the bottom row,
+    ``ylabel`` beside the left column, ``titles[j]`` above column ``j``, ``row_titles[i]`` beside
+    row ``i`` and ``suptitle`` above the whole figure.
+
+    >>> import numpy as np
+    >>> weights = np.full((2, 4, 3, 5), 0.2)               # (layers, heads, T, S)
+    >>> fig = show_heatmaps(weights, "keys", "queries",
+    ...                     titles=[f"Head {n}" for n in range(1, 5)],
+    ...                     row_titles=["Layer 1", "Layer 2"],
+    ...                     xticklabels=["i", "lost", ".", "<eos>", "<pad>"],
+    ...                     yticklabels=["j'ai", "perdu", "."],
+    ...                     suptitle="encoder-decoder attention", path="attention.png")
 
     Args:
       matrices: ``(rows, cols, T, S)``, e.g. ``(1, 1, T, S)`` for one weight matrix or
         ``(layers, heads, T, S)`` for multi-head attention.
       xlabel: label of the key axis ``S``.
       ylabel: label of the query axis ``T``.
-      titles: ``cols`` column titles, or ``None``.
+      titles: ``cols`` column titles (e.g. ``"Head 1"``), or ``None``.
       figsize: ``(width, height)`` in inches of ONE heatmap; the figure is ``cols`` × ``rows`` of
         them, so the book's default ``(2.5, 2.5)`` gives the book's figure for a single matrix.
       cmap: a Matplotlib colour-map name.
       path: where to write the PNG, or ``None``.
+      xticklabels: ``S`` labels (e.g. the source tokens), one tick per key; ``None``: automatic
+        ticks.
+      yticklabels: ``T`` labels, one tick per query; ``None``: automatic ticks.
+      row_titles: ``rows`` labels (e.g. ``"Layer 1"``), written above the ``ylabel`` of each row.
+      suptitle: the figure's title (what it shows), or ``None``.
+      vmin, vmax: the colour scale; ``None`` for the data's minimum or maximum (use it for
+        matrices that are not attention weights, e.g. a positional encoding).
 
     Returns:
       The :class:`~matplotlib.figure.Figure`, of ``cols * width`` × ``rows * height`` inches.
@@ -116,29 +146,35 @@ def show_heatmaps(matrices, xlabel: str, ylabel: str, titles: Sequence[str] | No
         raise ValueError(
             f"matrices must have shape (rows, cols, T, S) with no empty axis, got {matrices.shape}"
         )
-    num_rows, num_cols = matrices.shape[:2]
-    if titles is not None:
-        titles = list(titles)
-        if len(titles) != num_cols:
-            raise ValueError(
-                f"titles must have one entry per column ({num_cols} for matrices of shape "
-                f"{matrices.shape}), got {len(titles)}"
-            )
+    num_rows, num_cols, T, S = matrices.shape
+    of_shape = f"for matrices of shape {matrices.shape}"
+    titles = _check_labels("titles", titles, num_cols, f"column ({num_cols} {of_shape})")
+    row_titles = _check_labels("row_titles", row_titles, num_rows, f"row ({num_rows} {of_shape})")
+    xticklabels = _check_labels("xticklabels", xticklabels, S, f"key ({S} {of_shape})")
+    yticklabels = _check_labels("yticklabels", yticklabels, T, f"query ({T} {of_shape})")
     width, height = figsize
     fig = _new_figure((num_cols * width, num_rows * height))
     axes = fig.subplots(num_rows, num_cols, sharex=True, sharey=True, squeeze=False)
     finite = matrices[np.isfinite(matrices)]
-    vmin, vmax = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    vmin = low if vmin is None else vmin
+    vmax = high if vmax is None else vmax
     for i, (row_axes, row_matrices) in enumerate(zip(axes, matrices)):
         for j, (ax, matrix) in enumerate(zip(row_axes, row_matrices)):
             image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
             if i == num_rows - 1:
                 ax.set_xlabel(xlabel)
             if j == 0:
-                ax.set_ylabel(ylabel)
+                ax.set_ylabel(ylabel if row_titles is None else f"{row_titles[i]}\n{ylabel}")
             if titles is not None:
                 ax.set_title(titles[j])
+            if xticklabels is not None:
+                ax.set_xticks(range(S), labels=xticklabels, rotation=90)
+            if yticklabels is not None:
+                ax.set_yticks(range(T), labels=yticklabels)
     fig.colorbar(image, ax=axes, shrink=0.6)
+    if suptitle is not None:
+        fig.suptitle(suptitle)
     if path is not None:
         save_figure(fig, path)
     return fig
@@ -260,6 +296,9 @@ def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
     for i, column in enumerate(columns):
         ax.plot(positions, P[:, column], _LINE_FORMATS[i % len(_LINE_FORMATS)], label=f"Col {column}")
     ax.set_xlabel("Row (position)")
+    ax.set_ylabel("Encoding value")
+    ax.set_title(f"Sinusoidal positional encoding ({P.shape[0]} positions × {P.shape[1]} "
+                 f"dimensions):\ncolumns {', '.join(map(str, columns))} over the positions")
     ax.set_xlim(0, P.shape[0] - 1 if P.shape[0] > 1 else 1)
     ax.legend()
     ax.grid(True)
@@ -284,62 +323,86 @@ def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figu
     """
     P = _as_table("P", P)
     return show_heatmaps(P[None, None], xlabel="Column (encoding dimension)", ylabel="Row (position)",
-                         figsize=(3.5, 4), cmap="Blues", path=path)
+                         figsize=(3.5, 4), cmap="Blues", path=path, vmin=-1.0, vmax=1.0,
+                         suptitle=f"Sinusoidal positional encoding\n({P.shape[0]} positions × "
+                                  f"{P.shape[1]} dimensions)")
 
 
 # --------------------------------------------------------------------------- one translation's weights
 
 
-def translation_heatmap(translation, path: str | os.PathLike) -> Figure:
+def _quoted(translation) -> str:
+    """``"source" → "translation"``, for a figure's title."""
+    return f"\u201c{translation.source}\u201d \u2192 \u201c{translation.translation}\u201d"
+
+
+def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
+                        title: str | None = None) -> Figure:
     """The book's heatmap of one translation's attention weights, with the tokens as tick labels:
-    the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down.
+    the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down,
+    on the fixed ``[0, 1]`` colour scale.
+
+    The default title names the model and what is drawn — Bahdanau's additive attention, or the
+    Transformer's last-layer encoder–decoder attention averaged over the heads (the
+    translation's ``weights``) — and the sentence with its translation.
+
+    >>> model = jax_attention.load_model("runs/transformer")
+    >>> fig = translation_heatmap(model.translate("go ."), "go.png")
 
     Args:
       translation: a translation result with ``weights`` ``(steps, S)``, ``source_tokens``
         (``S`` of them), ``tokens`` (the predicted ones) and ``finished`` (whether ``<eos>``
-        was predicted, the last query then).
-      path: where to write the PNG.
+        was predicted, the last query then); a Transformer's also has ``encoder_decoder``
+        ``(L, N, steps, S)``.
+      path: where to write the PNG, or ``None``.
+      title: the figure's title instead of the default one.
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
     steps, keys = translation.weights.shape
     queries = translation.tokens + (["<eos>"] if translation.finished else [])
-    fig = show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
-                        ylabel="Translation (queries)",
-                        figsize=(max(2.5, 0.45 * keys + 1.2), max(2.5, 0.35 * steps + 1.2)))
-    axes = fig.axes[0]
-    axes.set_xticks(range(keys), labels=translation.source_tokens, rotation=90)
-    axes.set_yticks(range(steps), labels=queries)
-    save_figure(fig, path)
-    return fig
+    if title is None:
+        cross = getattr(translation, "encoder_decoder", None)
+        what = ("Bahdanau (additive) attention" if cross is None else
+                f"Transformer encoder\u2013decoder attention,\nlayer {cross.shape[0]} of "
+                f"{cross.shape[0]} (last), mean over {cross.shape[1]} heads")
+        title = f"{what}\n{_quoted(translation)}"
+    return show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
+                         ylabel="Translation (queries)",
+                         figsize=(max(3.5, 0.45 * keys + 1.2), max(3.0, 0.35 * steps + 1.8)),
+                         xticklabels=translation.source_tokens, yticklabels=queries,
+                         suptitle=title, path=path)
 
 
-def layer_head_heatmaps(weights, path: str | os.PathLike, *, xlabel: str, ylabel: str,
-                        xticks: Sequence[str], yticks: Sequence[str]) -> Figure:
+def layer_head_heatmaps(weights, path: str | os.PathLike | None = None, *, xlabel: str,
+                        ylabel: str, xticks: Sequence[str], yticks: Sequence[str],
+                        title: str | None = None) -> Figure:
     """``(L, N, T, S)`` weights as a grid, one row per layer (block) and one column per head,
-    with the tokens as tick labels and ``"Layer l"`` beside each row.
+    with the tokens as tick labels, ``"Layer l"`` beside each row and ``"Head n"`` above each
+    column: :func:`show_heatmaps` with those options.
+
+    >>> t = jax_attention.load_model("runs/transformer").translate("go .")
+    >>> fig = layer_head_heatmaps(t.encoder_self, "enc.png", xlabel="Keys", ylabel="Queries",
+    ...                           xticks=t.source_tokens, yticks=t.source_tokens)
 
     Args:
       weights: ``(L, N, T, S)``.
-      path: where to write the PNG.
+      path: where to write the PNG, or ``None``.
       xlabel, ylabel: labels of the key axis ``S`` and the query axis ``T``.
       xticks, yticks: ``S`` and ``T`` tick labels (tokens).
+      title: the figure's title, or ``None``.
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
-    L, N, T, S = weights.shape
-    fig = show_heatmaps(weights, xlabel=xlabel, ylabel=ylabel,
-                        titles=[f"Head {n}" for n in range(1, N + 1)],
-                        figsize=(max(2.0, 0.4 * S + 1.0), max(2.0, 0.35 * T + 1.0)))
-    for layer, axes in enumerate(fig.axes[:L * N]):
-        axes.set_xticks(range(S), labels=xticks, rotation=90)
-        axes.set_yticks(range(T), labels=yticks)
-        if axes.get_subplotspec().is_first_col():
-            axes.set_ylabel(f"Layer {layer // N + 1}\n{ylabel}")
-    save_figure(fig, path)
-    return fig
+    L, N, T, S = np.shape(weights)
+    return show_heatmaps(weights, xlabel=xlabel, ylabel=ylabel,
+                         titles=[f"Head {n}" for n in range(1, N + 1)],
+                         row_titles=[f"Layer {layer}" for layer in range(1, L + 1)],
+                         xticklabels=xticks, yticklabels=yticks, suptitle=title,
+                         # tall enough for "Layer l" above the query label, even for T = 1
+                         figsize=(max(2.0, 0.4 * S + 1.0), max(2.8, 0.35 * T + 1.0)), path=path)
 
 
 def bahdanau_attention_plots(translation, out_dir: str | os.PathLike) -> dict[str, Path]:
@@ -378,10 +441,16 @@ def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict
              "decoder_self": out_dir / "transformer_decoder_self_attention.png",
              "encoder_decoder": out_dir / "transformer_encoder_decoder_attention.png"}
     layer_head_heatmaps(t.encoder_self, plots["encoder_self"], xlabel="Key positions",
-                        ylabel="Query positions", xticks=t.source_tokens, yticks=t.source_tokens)
+                        ylabel="Query positions", xticks=t.source_tokens, yticks=t.source_tokens,
+                        title=f"Transformer encoder self-attention, every layer and head\n"
+                              f"{_quoted(t)}")
     layer_head_heatmaps(t.decoder_self, plots["decoder_self"], xlabel="Key positions",
-                        ylabel="Query positions", xticks=inputs, yticks=inputs)
+                        ylabel="Query positions", xticks=inputs, yticks=inputs,
+                        title=f"Transformer decoder self-attention (causal), every layer and "
+                              f"head\n{_quoted(t)}")
     layer_head_heatmaps(t.encoder_decoder, plots["encoder_decoder"],
                         xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)",
-                        xticks=t.source_tokens, yticks=inputs)
+                        xticks=t.source_tokens, yticks=inputs,
+                        title=f"Transformer encoder\u2013decoder attention, every layer and "
+                              f"head\n{_quoted(t)}")
     return plots

@@ -27,6 +27,12 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # correlating the draws. tests/test_randomness.py checks that no legacy key is left.
 jax.config.update("jax_debug_key_reuse", True)
 
+# The tests never touch the internet: nothing in the session (the library, the commands, the
+# subprocesses, which inherit the variable) downloads d2l's archive. The tests of the download
+# opt in (monkeypatch.delenv, or a subprocess environment without it) against a local server on
+# 127.0.0.1 (tests/test_download.py).
+os.environ["JAX_ATTENTION_NO_DOWNLOAD"] = "1"
+
 
 # One persistent compilation cache for the whole test session: the xdist workers and the
 # subprocesses the tests start (the CLI, the distributed driver, the benchmark children) load the

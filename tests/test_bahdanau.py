@@ -370,3 +370,22 @@ def test_the_books_run_translates_three_of_four_sentences_exactly():
     assert run.losses[-1] < 0.03  # the book: loss 0.020
     assert sum(score == 1.0 for score in run.bleu) >= 3, [
         (t.source, t.translation, score) for (_, t), score in zip(run.translations, run.bleu)]
+
+
+def test_module_takes_params_like_the_transformer():
+    """``BahdanauSeq2Seq(params=...)`` holds exactly those values; wrong shapes are refused."""
+    from jax_attention.bahdanau import BahdanauSeq2Seq as Module
+    from jax_attention.bahdanau import init_params as init
+    from jax_attention.params import flatten_params as flat
+
+    params = init(jax.random.key(3), 11, 13, 8, 16, 2)
+    module = Module(11, 13, 8, 16, 2, rngs=nnx.Rngs(0), params=params)
+    got, want = flat(module.params_dict()), flat(params)
+    assert set(got) == set(want)
+    for path in want:
+        np.testing.assert_array_equal(np.asarray(got[path]), np.asarray(want[path]))
+    fresh = flat(Module(11, 13, 8, 16, 2, rngs=nnx.Rngs(0)).params_dict())
+    assert not np.array_equal(np.asarray(fresh["decoder/dense/W"]),
+                              np.asarray(want["decoder/dense/W"]))
+    with pytest.raises(ValueError, match="params must have the shapes"):
+        Module(11, 13, 8, 32, 2, rngs=nnx.Rngs(0), params=params)

@@ -114,3 +114,39 @@ def test_bad_arguments_exit_2(tmp_path, capsys, argv, message):
     assert exit_info.value.code == 2
     assert message.format(**fill) in capsys.readouterr().err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def _figures(monkeypatch):
+    """The Figures the command draws, as written."""
+    from jax_attention import plotting
+
+    figures = {}
+    original = plotting.save_figure
+    monkeypatch.setattr(plotting, "save_figure",
+                        lambda fig, path: figures.setdefault(path.name, fig) and original(fig, path))
+    return figures
+
+
+def test_plot_attention_labels_rows_and_every_key(tmp_path, monkeypatch):
+    figures = _figures(monkeypatch)
+    assert main(["plot", "attention", "--out", str(tmp_path), "--num-queries", "6",
+                 "--valid-lens", "5", "2"]) == 0
+    fig = figures["multihead_attention.png"]
+    assert "Multi-head self-attention" in fig.get_suptitle()
+    *heatmaps, _ = fig.axes
+    assert [ax.get_ylabel() for ax in heatmaps[::5]] == [
+        "Sequence 1\n(valid length 5)\nQuery positions",
+        "Sequence 2\n(valid length 2)\nQuery positions"]
+    for ax in heatmaps:
+        assert list(ax.get_xticks()) == list(range(6))  # a tick on every key
+        assert ax.images[0].get_clim() == (0.0, 1.0)
+    assert [t.get_text() for t in heatmaps[-1].get_xticklabels()] == [str(i) for i in range(6)]
+
+
+def test_plot_positional_encoding_has_titles_and_y_label(tmp_path, monkeypatch):
+    figures = _figures(monkeypatch)
+    assert main(["plot", "positional-encoding", "--out", str(tmp_path)]) == 0
+    (columns,) = figures["positional_encoding_columns.png"].axes
+    assert columns.get_ylabel() == "Encoding value"
+    assert "columns 6, 7, 8, 9" in columns.get_title()
+    assert "positional encoding" in figures["positional_encoding_heatmap.png"].get_suptitle()

@@ -98,7 +98,7 @@ def test_translate_detects_the_model_and_writes_heatmaps(trained, tmp_path, beam
     assert "he's calm . => " in printed and "go . => " in printed
     record = json.loads(path.read_text())
     assert record["model"] == "transformer" and record["beam"] == int(beam)
-    assert (out / "translation_1.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert (out / "translation_hes-calm.png").read_bytes()[:8] == PNG_SIGNATURE
     weights = np.asarray(record["translations"][1]["attention_weights"])
     assert weights.shape[1] == len(record["translations"][1]["source_tokens"])
 

@@ -77,20 +77,22 @@ def test_train_writes_checkpoint_json_and_plots(trained):
 def test_translate_prints_the_translations(trained, tmp_path, capsys):
     out, record_path = tmp_path / "heatmaps", tmp_path / "t.json"
     status = main(["translate", "--checkpoint", str(trained["checkpoint"]), "--out", str(out),
-                   "--json", str(record_path), "i lost .", "", "go go go go go go go go .",
+                   "--json", str(record_path), "i lost .", "go go go go go go go go .",
                    "zorglub ."])
     assert status == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
     assert lines[0].startswith("i lost . => ")
-    assert any(line.startswith(" => ") for line in lines)  # the empty sentence
     assert "note: source truncated" in printed and "num_steps = 6" in printed
     assert "note: unknown words read as <unk>: zorglub" in printed
     record = json.loads(record_path.read_text())
     assert [t["source"] for t in record["translations"]] == [
-        "i lost .", "", "go go go go go go go go .", "zorglub ."]
-    assert record["translations"][2]["truncated"]
-    assert record["translations"][3]["unknown_words"] == ["zorglub"]
+        "i lost .", "go go go go go go go go .", "zorglub ."]
+    assert record["translations"][1]["truncated"]
+    assert record["translations"][2]["unknown_words"] == ["zorglub"]
+    # Each heatmap is named after its sentence.
+    assert sorted(record["plots"]) == ["translation_go-go-go-go-go-go-go-go",
+                                       "translation_i-lost", "translation_zorglub"]
     for name, path in record["plots"].items():
         assert path.endswith(f"{name}.png")
         with open(path, "rb") as stream:
@@ -210,6 +212,7 @@ def test_missing_data_file_exits_2_with_the_clear_error(monkeypatch, tmp_path, c
     (["train", "bahdanau", "--num-layers", "0"], "--num-layers: expected an integer >= 1"),
     (["train", "bahdanau", "--lr", "0"], "--lr: expected a finite number > 0"),
     (["translate"], "the following arguments are required: SENTENCE"),
+    (["translate", ""], "argument SENTENCE: the sentence is empty"),
     (["translate", "--max-len", "0", "go ."], "--max-len: expected an integer >= 1"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):

@@ -254,6 +254,7 @@ def test_download_with_a_wrong_checksum_leaves_nothing(tmp_path, published):
 def test_find_data_downloads_into_the_cache_only_when_allowed(no_data_anywhere, tmp_path,
                                                                published, monkeypatch):
     url, sha1, _ = published
+    monkeypatch.delenv(archive.NO_DOWNLOAD_VAR, raising=False)  # opt in: a file:// URL
     monkeypatch.setattr(archive, "DATA_URL", url)
     monkeypatch.setattr(archive, "DATA_SHA1", "f" * 40)
     with pytest.raises(ValueError, match="SHA-1 mismatch"):
@@ -269,6 +270,7 @@ def test_find_data_downloads_into_the_cache_only_when_allowed(no_data_anywhere, 
 
 
 def test_failed_download_is_listed_in_the_error(no_data_anywhere, tmp_path, monkeypatch):
+    monkeypatch.delenv(archive.NO_DOWNLOAD_VAR, raising=False)  # opt in: a file:// URL
     monkeypatch.setattr(archive, "DATA_URL", (tmp_path / "no-such.zip").as_uri())
     with pytest.raises(FileNotFoundError, match="download failed"):
         data.find_data(download=True)

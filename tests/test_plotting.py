@@ -101,3 +101,87 @@ def test_curve(tmp_path):
         plot_curve(np.zeros((2, 2)))
     with pytest.raises(ValueError, match=r"values.*at least one.*\(0,\)"):
         plot_curve([])
+
+
+# --------------------------------------------------------------------------- readable figures
+
+
+def test_heatmap_token_labels_row_titles_suptitle_and_fixed_scale():
+    fig = show_heatmaps(np.full((2, 3, 2, 4), 0.1), "keys", "queries",
+                        titles=["Head 1", "Head 2", "Head 3"], row_titles=["Layer 1", "Layer 2"],
+                        xticklabels=["a", "b", "c", "<eos>"], yticklabels=["x", "y"],
+                        suptitle="what it shows")
+    *heatmaps, _ = fig.axes
+    assert fig.get_suptitle() == "what it shows"
+    assert [ax.get_ylabel() for ax in heatmaps[::3]] == ["Layer 1\nqueries", "Layer 2\nqueries"]
+    for ax in heatmaps:  # shared axes: the labels show on the bottom row and the left column
+        assert list(ax.get_xticks()) == [0, 1, 2, 3] and list(ax.get_yticks()) == [0, 1]
+        assert ax.images[0].get_clim() == (0.0, 1.0)  # weights of 0.1 are not drawn dark
+    assert [t.get_text() for t in heatmaps[-1].get_xticklabels()] == ["a", "b", "c", "<eos>"]
+    assert [t.get_text() for t in heatmaps[0].get_yticklabels()] == ["x", "y"]
+    data_scale = show_heatmaps(np.array([[[[1.0, 3.0], [2.0, 2.0]]]]), "k", "q", vmin=None,
+                               vmax=None)
+    assert data_scale.axes[0].images[0].get_clim() == (1.0, 3.0)
+
+
+@pytest.mark.parametrize("option, value", [("xticklabels", ["a"]), ("yticklabels", ["a"] * 3),
+                                           ("row_titles", ["r"] * 2)])
+def test_heatmap_rejects_labels_of_the_wrong_length(option, value):
+    with pytest.raises(ValueError, match=rf"{option} must have one entry per"):
+        show_heatmaps(np.zeros((1, 1, 2, 4)), "k", "q", **{option: value})
+
+
+def test_positional_encoding_figures_say_what_they_show():
+    from jax_attention.plotting import plot_positional_columns, plot_positional_heatmap
+    from jax_attention.positional import positional_encoding
+
+    P = positional_encoding(60, 32)
+    (ax,) = plot_positional_columns(P).axes
+    assert ax.get_ylabel() and "positional encoding" in ax.get_title()
+    heatmap = plot_positional_heatmap(P)
+    assert "positional encoding" in heatmap.get_suptitle()
+    assert heatmap.axes[0].images[0].get_clim() == (-1.0, 1.0)
+
+
+def _translation(transformer: bool):
+    from jax_attention.translation import Translation
+
+    cross = np.full((3, 2, 2, 3), 1 / 3) if transformer else None
+    return Translation(source="go .", source_tokens=["go", ".", "<eos>"], tokens=["va"],
+                       translation="va", weights=np.full((2, 3), 1 / 3), finished=True,
+                       truncated=False, unknown_words=[], notes=[],
+                       encoder_self=None if cross is None else np.full((3, 2, 3, 3), 1 / 3),
+                       decoder_self=None if cross is None else np.full((3, 2, 2, 2), 0.5),
+                       encoder_decoder=cross)
+
+
+def test_translation_heatmap_names_the_model_the_layer_and_the_sentence(tmp_path):
+    from jax_attention.plotting import translation_heatmap
+
+    transformer = translation_heatmap(_translation(True), tmp_path / "t.png")
+    title = transformer.get_suptitle()
+    assert "Transformer" in title and "layer 3 of 3" in title and "mean over 2 heads" in title
+    assert "go ." in title and "va" in title
+    ax = transformer.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["go", ".", "<eos>"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["va", "<eos>"]
+    assert ax.images[0].get_clim() == (0.0, 1.0)
+    bahdanau = translation_heatmap(_translation(False))
+    assert "Bahdanau" in bahdanau.get_suptitle() and "go ." in bahdanau.get_suptitle()
+
+
+def test_transformer_attention_plots_have_titles_and_layer_rows(tmp_path, monkeypatch):
+    from jax_attention import plotting
+
+    figures = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: figures.append(fig))
+    plotting.transformer_attention_plots(_translation(True), tmp_path)
+    titles = [fig.get_suptitle() for fig in figures]
+    assert [part in title for part, title in zip(
+        ["encoder self", "decoder self", "encoder\u2013decoder"], titles)] == [True] * 3
+    assert all("Transformer" in title and "go ." in title for title in titles)
+    for fig in figures:
+        *heatmaps, _ = fig.axes
+        assert [ax.get_ylabel().split("\n")[0] for ax in heatmaps[::2]] == \
+            ["Layer 1", "Layer 2", "Layer 3"]
+        assert {ax.get_title() for ax in heatmaps} == {"Head 1", "Head 2"}

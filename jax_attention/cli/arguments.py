@@ -20,7 +20,8 @@ from jax_attention import interrupts, provenance
 
 __all__ = ["int_at_least", "int_in_range", "seed", "positive_int", "positive_float", "dropout_rate",
            "add_output_arguments", "check_output_arguments", "check_json_argument",
-           "check_checkpoint_argument", "check_data_argument", "check_writable",
+           "check_checkpoint_argument", "add_data_argument", "check_data_argument",
+           "check_writable",
            "writable_problem", "EXIT_NONFINITE", "EXIT_WRITE_FAILED", "EXIT_BUSY", "PROG",
            "EXIT_INTERRUPTED", "LONG_RUNS_EPILOG", "add_long_run_arguments",
            "add_device_arguments", "check_long_run_arguments",
@@ -193,14 +194,30 @@ def check_checkpoint_argument(path: Path, parser: argparse.ArgumentParser) -> No
                      "no checkpoint; choose another")
 
 
+def add_data_argument(parser: argparse.ArgumentParser) -> None:
+    """``--data PATH`` and ``--no-download``, for every command that reads the English–French
+    data; :func:`check_data_argument` acts on them."""
+    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
+                        help="the English–French data: fra-eng.zip, a folder or fra.txt "
+                             "(default: $JAX_ATTENTION_DATA, then ../shared/data/fra-eng.zip "
+                             "beside the checkout, then the user cache, then d2l's fra-eng.zip "
+                             "downloaded into the user cache, SHA-1 checked)")
+    parser.add_argument("--no-download", action="store_true",
+                        help="never download d2l's fra-eng.zip when the data is found nowhere "
+                             "(as JAX_ATTENTION_NO_DOWNLOAD=1): fail with how to supply it")
+
+
 def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail before compiling anything when the English–French data of ``--data`` (or the default
-    places) cannot be found: a missing file is a usage error."""
-    from jax_attention.data import find_data
+    """Make sure of the English–French data of ``--data`` (or the default places) before
+    compiling anything: when it is found nowhere, download d2l's archive into the user cache here
+    (with its progress on stderr), unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD``
+    forbids it. Data that cannot be found or downloaded is a usage error (exit status 2, one line
+    that says why and how to supply the file)."""
+    from jax_attention.data import ensure_data
 
     try:
-        find_data(args.data)
-    except FileNotFoundError as error:
+        ensure_data(args.data, no_download=getattr(args, "no_download", False))
+    except (OSError, ValueError) as error:  # not found, download failed, SHA-1 mismatch
         parser.error(str(error))
 
 

@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from jax_attention.cli.arguments import (check_data_argument, check_json_argument, int_at_least,
+from jax_attention.cli.arguments import (add_data_argument, check_data_argument,
+                                         check_json_argument, int_at_least,
                                          positive_float, positive_int, seed,
                                          write_json_report)
 from jax_attention.cli.registry import register, register_group
@@ -61,9 +62,9 @@ def _bench_shape(text: str) -> tuple[int, int, int, int]:
                       "forward+backward, against jax.nn.dot_product_attention, "
                       "flax.nnx.dot_product_attention, torch.nn.functional."
                       "scaled_dot_product_attention and the float64 NumPy reference (forward "
-                      "only), interleaved in one run, with and without a padding mask (~25%% of "
+                      "only), interleaved in one run, with and without a padding mask (~25% of "
                       "the keys). Prints the environment and a table: median ms, effective "
-                      "GFLOP/s (4·B·N·T·S·H forward, 3× with backward), %% of a float32 GEMM "
+                      "GFLOP/s (4·B·N·T·S·H forward, 3× with backward), % of a float32 GEMM "
                       "ceiling measured in the same run, time ratios to jax.nn and torch, and "
                       "the largest error against float64.")
 def _bench_attention(parser: argparse.ArgumentParser) -> None:
@@ -191,8 +192,7 @@ def _add_bench_common(parser: argparse.ArgumentParser, *, repeats: int) -> None:
     parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the batch order, the weights and dropout (default: "
                              "%(default)s)")
-    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
-                        help="the English–French data (default: as 'train bahdanau')")
+    add_data_argument(parser)
     _add_json_and_progress(parser, "do not print progress lines on stderr")
 
 
@@ -229,9 +229,11 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     from jax_attention.bench.train import MODELS
     from jax_attention.bench.whole_run import CACHES
 
-    parser.add_argument("--model", choices=MODELS, default=None,
-                        help="the model to train (default: bahdanau; transformer with "
-                             "--whole-run, the project's main job)")
+    parser.add_argument("--model", "--models", dest="model", metavar="MODEL", choices=MODELS,
+                        default=None,
+                        help=f"the model to train, one of {', '.join(MODELS)} (default: "
+                             "bahdanau; transformer with --whole-run, the project's main job); "
+                             "--models is the same option, as spelled by 'bench decode'")
     parser.add_argument("--steps", metavar="N", type=positive_int, default=20,
                         help="training steps per timed round, batches in training order "
                              "(default: %(default)s, two epochs of the 600 pairs)")
@@ -241,11 +243,12 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
                         help="n of the n³ float32 GEMM that sets the ceiling (default: "
                              "%(default)s)")
-    parser.add_argument("--devices", metavar="N,N,...", type=_device_counts, default=None,
-                        help="time our training on each of these device counts instead, one "
-                             "fresh process each (forced host devices on CPU; on a machine "
-                             "with accelerators JAX_PLATFORMS=cpu asks for host devices); no "
-                             "PyTorch peer or GEMM ceiling then")
+    parser.add_argument("--devices", metavar="N[,N...]", type=_device_counts, default=None,
+                        help="time our training on N devices ('train --devices N'), or on each "
+                             "of several device counts (1,2,4) to see the scaling, instead: "
+                             "one fresh process per count (forced host devices on CPU; on a "
+                             "machine with accelerators JAX_PLATFORMS=cpu asks for host "
+                             "devices); no PyTorch peer or GEMM ceiling then")
     whole = parser.add_argument_group(
         "whole runs", "--whole-run: the whole training command against the book's PyTorch "
                       "training, each a fresh process (--steps, --repeats, --warmup, "
@@ -360,8 +363,10 @@ def _checkpoint_or_default(path: Path | None, default: Path) -> Path | None:
 def _bench_decode(parser: argparse.ArgumentParser) -> None:
     from jax_attention.bench.decode import MODELS
 
-    parser.add_argument("--models", metavar="MODEL", nargs="+", choices=MODELS,
-                        default=list(MODELS), help="among transformer, bahdanau (default: both)")
+    parser.add_argument("--models", "--model", dest="models", metavar="MODEL", nargs="+",
+                        choices=MODELS, default=list(MODELS),
+                        help=f"one or more of {', '.join(MODELS)} (default: all); --model is "
+                             "the same option, as spelled by 'bench train'")
     parser.add_argument("--transformer-checkpoint", metavar="DIR", type=Path, default=None,
                         help="a 'train transformer' checkpoint (default: runs/transformer if "
                              "there is one, else train here)")

@@ -126,8 +126,15 @@ def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser
         X, X, X, jnp.asarray(valid_lens, jnp.int32))
     (weights,) = intermediates["attention"]["attention_weights"].get_value()  # (B, N, T, S)
     plots = {"attention": args.out / "multihead_attention.png"}
+    positions = [str(position) for position in range(args.num_queries)]
     show_heatmaps(weights, xlabel="Key positions", ylabel="Query positions",
-                  titles=[f"Head {n}" for n in range(1, args.num_heads + 1)], figsize=(2, 2),
+                  titles=[f"Head {n}" for n in range(1, args.num_heads + 1)],
+                  row_titles=[f"Sequence {b}\n(valid length {length})"
+                              for b, length in enumerate(valid_lens, start=1)],
+                  xticklabels=positions, yticklabels=positions, figsize=(2, 2),
+                  suptitle=f"Multi-head self-attention weights ({args.num_heads} heads, "
+                           f"{args.num_hiddens} hiddens, random initial weights)\n"
+                           "one row per sequence of the batch, one column per head",
                   path=plots["attention"])
     record = {"seed": args.seed, "num_hiddens": args.num_hiddens, "num_heads": args.num_heads,
               "batch_size": args.batch_size, "num_queries": args.num_queries,

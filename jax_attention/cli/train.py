@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from jax_attention import interrupts, provenance
 from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_NONFINITE, EXIT_WRITE_FAILED,
-                                         add_compilation_cache_argument, add_device_arguments,
+                                         add_compilation_cache_argument, add_data_argument,
+                                         add_device_arguments,
                                          add_long_run_arguments, add_output_arguments,
                                          check_checkpoint_argument, check_data_argument,
                                          check_long_run_arguments, check_output_arguments,
@@ -92,7 +94,9 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
                                title=f"learned kernel, w = {result.w:.2f}")
         plots["attention"] = args.out / "kernel_regression_attention.png"
         show_heatmaps(result.weights[None, None], xlabel="Sorted training inputs",
-                      ylabel="Sorted testing inputs", path=plots["attention"])
+                      ylabel="Sorted testing inputs", path=plots["attention"], figsize=(3.5, 3.5),
+                      suptitle=f"Nadaraya\u2013Watson attention weights,\nlearned Gaussian "
+                               f"kernel (w = {result.w:.2f})")
     return finish_outputs(args, "train kernel-regression", result.figures(), plots)
 
 
@@ -127,10 +131,7 @@ def _configure_seq2seq(spec, parser: argparse.ArgumentParser) -> None:
                                    (TrainConfig, {"epochs": spec.default_epochs})):
         for flag, options in config_flags(config_class, defaults):
             parser.add_argument(flag, **options)
-    parser.add_argument("--data", metavar="PATH", type=Path, default=None,
-                        help="the English–French data: fra-eng.zip, a folder or fra.txt "
-                             "(default: $JAX_ATTENTION_DATA, then ../shared/data/fra-eng.zip "
-                             "beside the checkout, then the user cache)")
+    add_data_argument(parser)
     parser.add_argument("--checkpoint", metavar="DIR", type=Path,
                         default=Path(f"runs/{spec.name}"),
                         help="write the trained model here (default: %(default)s)")
@@ -172,6 +173,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
 
     check_data_argument(args, parser)
     cache = start_compilation_cache(args, parser)
+    previous = _previous_model(args.checkpoint)  # read before the export replaces it
     # A ValueError (e.g. a --val-fraction that leaves no training pair) is a usage error.
     result, status = _run_training(functools.partial(train_seq2seq, spec, *configs), {
         "data": args.data, "checkpoint": args.checkpoint, "progress": args.progress,
@@ -183,7 +185,8 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     if not is_main_process():
         return 0  # process 0 of a multi-process run reports and writes the files
     environment = provenance.environment()
-    _print_seq2seq_summary(result, environment["backend"], cache)
+    _print_seq2seq_summary(result, environment["backend"], cache, previous=previous,
+                           destination=args.checkpoint)
     if interrupts.requested():
         raise interrupts.Interrupted(
             f"interrupted (Ctrl-C) after the run; the trained model is in {result.checkpoint}; "
@@ -205,6 +208,8 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
             plots = {name: path for name, path in plots.items() if path.is_file()}
     figures = {**result.figures(), "compilation_cache": None if cache is None else str(cache)}
     finish_outputs(args, f"train {spec.name}", figures, plots, environment, failures=failures)
+    if args.out is None:
+        print("no plots written (--out DIR writes them)")
     for failure in failures:
         print(f"{parser.prog}: error: {failure}", file=sys.stderr)
     return EXIT_WRITE_FAILED if failures else 0
@@ -252,7 +257,66 @@ def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParse
         parser.error(str(error))
 
 
-def _print_seq2seq_summary(result, backend: str, cache) -> None:
+def _previous_model(directory: Path) -> dict | None:
+    """What the export at ``directory`` holds before a run replaces it: ``{"model", "epochs",
+    "num_examples"}`` from its ``config.json`` (values ``None`` where not recorded), or ``None``
+    when there is no export there."""
+    config = directory / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        record = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not isinstance(record, dict):
+        return {"model": None, "epochs": None, "num_examples": None}
+    training = record.get("training") if isinstance(record.get("training"), dict) else {}
+
+    def number(value):
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    model = record.get("model", "bahdanau")
+    return {"model": model if isinstance(model, str) else None,
+            "epochs": number(training.get("epochs")),
+            "num_examples": number(training.get("num_examples"))}
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def _export_lines(result, previous: dict | None, destination: Path) -> list[str]:
+    """The summary's last lines: where the model went, what it replaced, and a note when the
+    replaced model came from a longer run (more epochs, or more pairs) than this one."""
+    if result.checkpoint is None:
+        return []
+    if result.export_error is not None or previous is None \
+            or Path(result.checkpoint) != Path(destination):
+        return [f"wrote checkpoint {result.checkpoint}"]
+    training = result.train_config
+    epochs = None if training is None else training.epochs
+    examples = None if training is None else training.num_examples
+    this = f"trained {_plural(epochs, 'epoch')}" if epochs is not None else "trained"
+    if previous["epochs"] is not None:
+        before = f"the one before had {previous['epochs']}"
+    else:
+        before = "the one before did not record its epochs"
+    kind = f"the {previous['model']} model" if previous["model"] else "the model"
+    lines = [f"replaced {kind} in {destination} ({this}; {before})"]
+    longer = []
+    if previous["epochs"] is not None and epochs is not None and previous["epochs"] > epochs:
+        longer.append(f"{previous['epochs']} epochs, this run {epochs}")
+    if (previous["num_examples"] is not None and examples is not None
+            and previous["num_examples"] > examples):
+        longer.append(f"{previous['num_examples']} pairs, this run {examples}")
+    if longer:
+        lines.append(f"note: the model replaced came from a longer run ({'; '.join(longer)}); "
+                     "to keep a longer run's model, give shorter runs another --checkpoint DIR")
+    return lines
+
+
+def _print_seq2seq_summary(result, backend: str, cache, *, previous: dict | None = None,
+                           destination: Path | None = None) -> None:
     # The book's summary line: its loss is the cross-entropy per token divided by num_steps.
     print(f"loss {result.losses[-1]:.3f} (cross-entropy per token "
           f"{result.cross_entropy[-1]:.3f}), {result.tokens_per_sec[-1]:.1f} tokens/sec on "
@@ -279,4 +343,8 @@ def _print_seq2seq_summary(result, backend: str, cache) -> None:
     if result.steady_tokens_per_sec is not None:
         print(f"steady {result.steady_tokens_per_sec:.1f} tokens/sec (the epochs after the "
               "first, which compiles)")
-    print(f"wrote checkpoint {result.checkpoint}")
+    if destination is None:
+        print(f"wrote checkpoint {result.checkpoint}")
+        return
+    for line in _export_lines(result, previous, destination):
+        print(line)

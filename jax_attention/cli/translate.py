@@ -1,8 +1,11 @@
-"""``jax-attention translate``: English sentences into French with a trained checkpoint."""
+"""``jax-attention translate``: English sentences into French with a trained model."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
 from pathlib import Path
 
 from jax_attention.cli.arguments import (add_compilation_cache_argument, check_output_arguments,
@@ -10,32 +13,43 @@ from jax_attention.cli.arguments import (add_compilation_cache_argument, check_o
 from jax_attention.cli.registry import register
 from jax_attention.models import MODELS
 
-__all__ = ["run_translate"]
+__all__ = ["run_translate", "find_models", "plot_name"]
+
+#: Where the train commands export their models (``--checkpoint``, default ``runs/<model>``).
+RUNS = Path("runs")
 
 
 @register("translate",
-          help="translate English sentences with a trained Bahdanau or Transformer checkpoint",
-          description="Translate one or more English sentences into French with a checkpoint "
-                      "written by 'jax-attention train bahdanau' or 'train transformer' (the "
-                      "kind is read from the checkpoint): the book's preprocessing, greedy "
-                      "decoding or, with --beam K, beam search (Transformer). Unknown words are read as <unk>; a sentence longer than "
-                      "the model's num_steps is cut, with a note. Quote each sentence.")
+          help="translate English sentences with a trained Bahdanau or Transformer model",
+          description="Translate one or more English sentences into French with a model "
+                      "exported by 'jax-attention train bahdanau' or 'train transformer' (their "
+                      "--checkpoint, default runs/<model>; the kind is read from the model): "
+                      "the book's preprocessing, greedy decoding or, with --beam K, beam search "
+                      "(Transformer). Without --checkpoint the newest model under runs/ is used "
+                      "(with --model, the newest of that kind), and a note on stderr says which. "
+                      "Unknown words are read as <unk>; a sentence longer than the model's "
+                      "num_steps is cut, with a note; an empty sentence is a usage error. Quote "
+                      "each sentence.")
 def _translate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sentences", metavar="SENTENCE", nargs="+",
                         help="an English sentence, e.g. \"i lost .\"")
-    parser.add_argument("--checkpoint", metavar="DIR", type=Path, default=Path("runs/bahdanau"),
-                        help="the checkpoint directory (default: %(default)s)")
+    parser.add_argument("--checkpoint", metavar="DIR", type=Path, default=None,
+                        help="the exported model: the --checkpoint directory of a train command "
+                             "(not its --checkpoint-dir of training checkpoints) (default: the "
+                             "newest model under runs/, e.g. runs/transformer after 'make run')")
     parser.add_argument("--max-len", metavar="N", type=positive_int, default=None,
                         help="decoding steps (default: the checkpoint's num_steps)")
     parser.add_argument("--model", choices=("auto", *MODELS), default="auto",
-                        help="the checkpoint's model; 'auto' reads it from the checkpoint "
-                             "(default: %(default)s)")
+                        help="the checkpoint's model; 'auto' reads it from the checkpoint; "
+                             "without --checkpoint, picks the newest model of this kind under "
+                             "runs/ (default: %(default)s)")
     parser.add_argument("--beam", metavar="K", type=positive_int, default=1,
                         help="beam size: 1 is greedy decoding, K > 1 beam search with length "
                              "normalisation (Transformer only; default: %(default)s)")
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,
-                        help="write the attention heatmap of each sentence into DIR "
-                             "(translation_1.png, ...)")
+                        help="write the attention heatmap of each sentence into DIR, named "
+                             "after it (translation_i-lost.png, ...); a name already there gets "
+                             "a number (translation_i-lost-2.png), with a note")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the translations, notes and attention weights to FILE as JSON")
     add_compilation_cache_argument(parser)
@@ -50,9 +64,137 @@ def _record(result) -> dict:
             "notes": result.notes, "attention_weights": result.weights.tolist()}
 
 
+def _kind_of(directory: Path) -> str | None:
+    """The model an export's config.json names (exports without ``"model"`` are Bahdanau
+    ones), or ``None`` when it cannot be read."""
+    try:
+        record = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    kind = record.get("model", "bahdanau")
+    return kind if isinstance(kind, str) else None
+
+
+def find_models(root: Path = RUNS, kind: str | None = None) -> list[tuple[Path, str | None]]:
+    """The exported models directly under ``root`` (directories holding a ``config.json``),
+    newest first (by that file's modification time), as ``(directory, model name or None)``;
+    only those of ``kind`` when given."""
+    found = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        config = entry / "config.json"
+        try:
+            if entry.is_dir() and config.is_file():
+                found.append((config.stat().st_mtime, entry))
+        except OSError:
+            continue
+    found.sort(key=lambda item: (item[0], str(item[1])), reverse=True)
+    models = [(entry, _kind_of(entry)) for _, entry in found]
+    return [(entry, name) for entry, name in models if kind is None or name == kind]
+
+
+def _step_directories(directory: Path) -> list[int]:
+    """The step numbers of a directory of training checkpoints (``--checkpoint-dir``): its
+    subdirectories named by an integer."""
+    try:
+        return sorted(int(entry.name) for entry in directory.iterdir()
+                      if entry.name.isdigit() and entry.is_dir())
+    except OSError:
+        return []
+
+
+def _train_command(kind: str | None) -> str:
+    """The command that writes a model of ``kind`` (any kind: the one ``make run`` trains)."""
+    if kind is None:
+        return "'jax-attention train transformer' (or 'make run')"
+    return f"'jax-attention train {kind}'"
+
+
+def _choose_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path:
+    """``--checkpoint``, or the newest model under runs/ (a note on stderr says which); a usage
+    error when there is none or when a directory of training checkpoints is given."""
+    kind = None if args.model == "auto" else args.model
+    if args.checkpoint is not None:
+        directory = args.checkpoint
+        if directory.is_dir() and not (directory / "config.json").exists():
+            steps = _step_directories(directory)
+            if steps:
+                others = [str(path) for path, _ in find_models(kind=kind)]
+                instead = (f" ({', '.join(others)} here)" if others else "")
+                parser.error(
+                    f"argument --checkpoint: {str(directory)!r} holds training checkpoints "
+                    f"(steps {', '.join(map(str, steps[-3:]))}: a run's --checkpoint-dir), not "
+                    f"an exported model; translate reads the model that run exported: pass "
+                    f"the run's --checkpoint directory instead (default runs/<model>){instead}")
+            inside = [str(path) for path, _ in find_models(directory, kind)]
+            if inside:
+                parser.error(f"argument --checkpoint: {str(directory)!r} is not a model but "
+                             f"holds models in its folders; pass one of them: "
+                             f"{', '.join(inside)}")
+        return directory
+    models = find_models(kind=kind)
+    if not models:
+        what = f"{kind} model" if kind else "trained model"
+        parser.error(f"no {what} under {RUNS}/ (looked for {RUNS}/*/config.json); train one "
+                     f"with {_train_command(kind)}, which writes {RUNS}/{kind or 'transformer'}, "
+                     f"or pass --checkpoint DIR")
+    directory, name = models[0]
+    which = f"the {name} model" if name else "the model"
+    of = f"newest {kind} model" if kind else "newest"
+    others = ", ".join(str(path) for path, _ in models[1:])
+    also = f"; also there: {others}" if others else ""
+    print(f"{parser.prog}: note: using {which} in {directory} ({of} under {RUNS}/{also}); "
+          f"--checkpoint DIR chooses another", file=sys.stderr)
+    return directory
+
+
+def _check_sentences(sentences: list[str], parser: argparse.ArgumentParser) -> None:
+    """An empty (or blank) sentence is a usage error, before any model is loaded."""
+    for number, sentence in enumerate(sentences, start=1):
+        if not sentence.strip():
+            which = f"sentence {number}" if len(sentences) > 1 else "the sentence"
+            parser.error(f"argument SENTENCE: {which} is empty; give the words to translate, "
+                         f"quoted, e.g. \"i lost .\"")
+
+
+def _slug(sentence: str, limit: int = 40) -> str:
+    """A file-name-safe slug of ``sentence``: lower-case letters and digits joined by ``-``."""
+    words = re.findall(r"[a-z0-9]+", sentence.lower().replace("'", "").replace("’", ""))
+    slug = ""
+    for word in words:
+        candidate = f"{slug}-{word}" if slug else word
+        if len(candidate) > limit:
+            break
+        slug = candidate
+    return slug or (words[0][:limit] if words else "sentence")
+
+
+def plot_name(directory: Path, sentence: str, taken: set[str]) -> tuple[str, Path | None]:
+    """``(stem, kept)``: ``translation_<slug>`` for ``sentence``, or with ``-2``, ``-3``, ...
+    appended when that name is in ``taken`` (the names of this run) or its file is already in
+    ``directory``; ``kept`` is the first such earlier file, which is not overwritten, or
+    ``None``."""
+    base = f"translation_{_slug(sentence)}"
+    stem, number, kept = base, 1, None
+    while True:
+        if stem not in taken:
+            if not (directory / f"{stem}.png").exists():
+                return stem, kept
+            kept = kept or directory / f"{stem}.png"
+        number += 1
+        stem = f"{base}-{number}"
+
+
 def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``translate``; see its ``--help``."""
     check_output_arguments(args, parser)
+    _check_sentences(args.sentences, parser)
+    args.checkpoint = _choose_checkpoint(args, parser)
     start_compilation_cache(args, parser)
     from jax_attention.export import load_model
 
@@ -72,13 +214,17 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if args.out is not None:
         from jax_attention.plotting import translation_heatmap
     plots = {}
-    for number, result in enumerate(results, start=1):
+    for result in results:
         print(f"{result.source} => {result.translation}")
         for note in result.notes:
             print(f"  note: {note}")
         if args.out is not None:
-            plots[f"translation_{number}"] = args.out / f"translation_{number}.png"
-            translation_heatmap(result, plots[f"translation_{number}"])
+            stem, kept = plot_name(args.out, result.source, set(plots))
+            plots[stem] = args.out / f"{stem}.png"
+            if kept is not None:
+                print(f"  note: {kept} exists (an earlier translation); not overwritten, this "
+                      f"heatmap goes to {plots[stem]}")
+            translation_heatmap(result, plots[stem])
     record = {"checkpoint": str(args.checkpoint), "model": kind, "beam": args.beam,
               "translations": [_record(r) for r in results]}
     return finish_outputs(args, "translate", record, plots)

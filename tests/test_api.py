@@ -1,0 +1,57 @@
+"""The Python API a notebook user reaches for: top-level names, load_model, translate(beam=)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import jax_attention
+from jax_attention.cli import main
+
+NEW_NAMES = {"load_model": "export", "show_heatmaps": "plotting",
+             "BahdanauSeq2Seq": "bahdanau", "TransformerSeq2Seq": "transformer",
+             "train_bahdanau": "train.seq2seq", "train_transformer": "train.seq2seq",
+             "train_seq2seq": "train.seq2seq"}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_NAMES))
+def test_trainers_models_and_load_model_are_top_level(name):
+    assert name in jax_attention.__all__ and name in dir(jax_attention)
+    module = importlib.import_module(f"jax_attention.{NEW_NAMES[name]}")
+    assert getattr(jax_attention, name) is getattr(module, name)
+
+
+def test_every_top_level_name_resolves():
+    for name in jax_attention.__all__:
+        assert getattr(jax_attention, name) is not None
+
+
+@pytest.mark.parametrize("name", ["load_model", "show_heatmaps", "BahdanauSeq2Seq"])
+def test_new_entry_points_have_a_usage_example(name):
+    assert ">>>" in inspect.getdoc(getattr(jax_attention, name))
+
+
+@pytest.fixture(scope="module")
+def transformer_export(tmp_path_factory):
+    path = tmp_path_factory.mktemp("api") / "transformer"
+    assert main(["train", "transformer", "--epochs", "1", "--num-examples", "64",
+                 "--batch-size", "32", "--num-heads", "2", "--checkpoint", str(path),
+                 "--no-progress"]) == 0
+    return path
+
+
+def test_load_model_reads_kind_heads_and_sizes_and_translates(transformer_export):
+    model = jax_attention.load_model(transformer_export)
+    assert model.kind == "transformer"
+    assert model.model_config.num_heads == 2  # not the default 4: read from the export
+    results = model.translate(["i lost .", "go ."], beam=2)
+    assert [r.source for r in results] == ["i lost .", "go ."]
+    assert all(r.score is not None for r in results)  # beam search ran
+    one = model.translate("go .")
+    assert one.encoder_decoder.shape[1] == 2  # heads
+    assert model.translate(["go ."], beam=2)[0].translation == results[1].translation
+    assert model.translate(["go ."], beam_size=2, beam=2)[0].translation == results[1].translation
+    with pytest.raises(ValueError, match="beam and beam_size"):
+        model.translate(["go ."], beam=2, beam_size=3)
