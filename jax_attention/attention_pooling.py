@@ -118,6 +118,13 @@ def average_pooling(queries, keys, values):
     Returns:
       ``(prediction (..., Q[, v]), weights (..., Q, K))`` with every weight ``1 / K``; with no key
       (``K = 0``) the prediction is zero, as for a fully masked row.
+
+    Example::
+
+        >>> values = jnp.array([1.0, 2.0, 3.0, 6.0])
+        >>> prediction, weights = average_pooling(jnp.arange(3.0), jnp.arange(4.0), values)
+        >>> prediction.tolist(), weights.shape
+        ([3.0, 3.0, 3.0], (3, 4))
     """
     queries, keys, values = _per_query(queries, keys, values)
     # No key (K = 0): nothing to average, the zero output of a fully masked row.
@@ -138,6 +145,14 @@ def nadaraya_watson_weights(queries, keys, w=1.0):
 
     Returns:
       Weights ``(..., Q, K)``; each row sums to 1.
+
+    Example::
+
+        >>> weights = nadaraya_watson_weights(jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0, 2.0]))
+        >>> weights.shape
+        (2, 3)
+        >>> np.asarray(weights[1]).round(3)             # the nearest key weighs most
+        array([0.274, 0.452, 0.274], dtype=float32)
     """
     queries, keys, _ = _per_query(queries, keys, keys)
     dtype = _float_dtype(queries)
@@ -167,6 +182,15 @@ def nadaraya_watson(queries, keys, values, w=1.0):
       ValueError: keys or values of a shape that does not match the queries', or ``w`` that does
         not broadcast to ``(..., Q, K)``.
       TypeError: inputs that are not real numbers.
+
+    Example::
+
+        >>> keys = jnp.array([0.0, 1.0, 2.0])
+        >>> prediction, weights = nadaraya_watson(jnp.array([1.0]), keys, 2 * keys, w=2.0)
+        >>> prediction.shape, weights.shape
+        ((1,), (1, 3))
+        >>> np.asarray(prediction).round(3)
+        array([2.], dtype=float32)
     """
     queries, keys, values = _per_query(queries, keys, values)
     weights = nadaraya_watson_weights(queries, keys, w)
@@ -222,6 +246,13 @@ class NWKernelRegression(nnx.Module):
       sow_weights: sow the attention weights on every call.
       param_dtype: dtype of ``w``.
       rngs: ``nnx.Rngs`` with a ``params`` stream.
+
+    Example::
+
+        >>> model = NWKernelRegression(rngs=nnx.Rngs(0))
+        >>> x = jnp.linspace(0.0, 1.0, 5)
+        >>> model(x, x, jnp.sin(x)).shape                     # queries, keys, values
+        (5,)
     """
 
     def __init__(self, *, sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs):

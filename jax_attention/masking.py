@@ -91,6 +91,13 @@ def sequence_mask(X, valid_len, value=0):
     Raises ``ValueError`` for ``X`` without an axis, for non-integer lengths, for lengths whose
     shape does not broadcast to ``X.shape[:-1]`` (naming both shapes; e.g. ``(1,)`` against
     ``X`` of shape ``(5,)``, which has no row axis) and, when concrete, outside ``[0, S]``.
+
+    Example::
+
+        >>> sequence_mask(jnp.ones((2, 3)), jnp.array([1, 2])).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
+        >>> sequence_mask(jnp.ones((2, 3)), jnp.array([1, 2]), value=-1.0)[0].tolist()
+        [1.0, -1.0, -1.0]
     """
     X = jnp.asarray(X)
     if X.ndim < 1:
@@ -158,6 +165,13 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
 
     Returns:
       A boolean array of shape ``(T, S)``.
+
+    Example::
+
+        >>> causal_mask(3).astype(jnp.int32).tolist()
+        [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+        >>> causal_mask(2, 4, offset=2).astype(jnp.int32).tolist()   # 2 new queries, 4 cached keys
+        [[1, 1, 1, 0], [1, 1, 1, 1]]
     """
     num_queries = check_count("num_queries", num_queries)
     num_keys = num_queries if num_keys is None else check_count("num_keys", num_keys)
@@ -258,6 +272,16 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
       ValueError: ``X`` with fewer than two axes; lengths or a mask of the wrong shape; lengths
         of a non-integer dtype or (when concrete) outside ``[0, S]``.
       TypeError: ``X`` that is not real numbers (bool, complex); a non-boolean mask.
+
+    Example::
+
+        >>> weights = masked_softmax(jnp.zeros((2, 2, 4)), jnp.array([2, 3]))
+        >>> weights.shape
+        (2, 2, 4)
+        >>> weights[0, 0].tolist()
+        [0.5, 0.5, 0.0, 0.0]
+        >>> np.asarray(weights[1, 0]).round(3)
+        array([0.333, 0.333, 0.333, 0.   ], dtype=float32)
     """
     X = jnp.asarray(as_array_like(X))
     if X.ndim < 2:

@@ -226,6 +226,14 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
 
     Returns:
       ``(output (B, T, E), weights (B, N, T, S))``.
+
+    Example::
+
+        >>> params = MultiHeadAttention(8, num_heads=2, rngs=nnx.Rngs(0)).params_dict()
+        >>> X = jnp.ones((2, 4, 8))
+        >>> out, w = multi_head_attention(params, X, X, X, jnp.array([3, 4]), num_heads=2)
+        >>> out.shape, w.shape
+        ((2, 4, 8), (2, 2, 4, 4))
     """
     mask, bias = _per_head("mask", mask), _per_head("bias", bias)
     keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
@@ -259,6 +267,15 @@ class MultiHeadAttention(nnx.Module):
       sow_weights: sow the attention weights on every call (use inside ``nnx.capture``).
       param_dtype: dtype of the parameters.
       rngs: ``nnx.Rngs`` with a ``params`` stream (and ``dropout`` when dropout is active).
+
+    Example::
+
+        >>> attention = MultiHeadAttention(num_hiddens=8, num_heads=2, rngs=nnx.Rngs(0))
+        >>> X = jnp.ones((2, 4, 8))                           # self-attention: (B, T, D)
+        >>> attention(X, X, X, jnp.array([3, 4])).shape
+        (2, 4, 8)
+        >>> attention.params_dict()["W_q"].shape
+        (8, 8)
     """
 
     def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, bias: bool = False, *,

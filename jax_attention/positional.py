@@ -109,6 +109,14 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0,
 
     Returns:
       ``P`` of shape ``(T, D)`` and dtype ``dtype``.
+
+    Example::
+
+        >>> P = positional_encoding(4, 6)
+        >>> P.shape
+        (4, 6)
+        >>> P[0].tolist()                       # position 0: sin 0 = 0, cos 0 = 1
+        [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     """
     num_steps = check_typed_int("num_steps", num_steps, 1)
     num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
@@ -279,6 +287,17 @@ def rotary_embedding(X, positions=None, base: float = 10000.0):
 
     Returns:
       ``(..., T, H)`` in ``X``'s dtype.
+
+    Example::
+
+        >>> X = jnp.ones((2, 3, 4))                           # (B, T, H)
+        >>> out = rotary_embedding(X)
+        >>> out.shape
+        (2, 3, 4)
+        >>> out[:, 0].tolist() == X[:, 0].tolist()            # position 0 is not rotated
+        True
+        >>> np.asarray(jnp.linalg.norm(out, axis=-1)[0]).round(3)     # rotations keep the norms
+        array([2., 2., 2.], dtype=float32)
     """
     X = jnp.asarray(as_array_like(X))
     if X.ndim < 2:
@@ -497,6 +516,14 @@ class PositionalEncoding(nnx.Module):
       base: the wavelength scale.
       dtype: dtype of the table (it is cast to the inputs' dtype when added).
       rngs: ``nnx.Rngs`` with a ``dropout`` stream; needed when dropout is active.
+
+    Example::
+
+        >>> encoding = PositionalEncoding(num_hiddens=6, dropout=0.0, max_len=10)
+        >>> encoding(jnp.zeros((2, 4, 6))).shape
+        (2, 4, 6)
+        >>> encoding(jnp.zeros((1, 1, 6)))[0, 0].tolist()
+        [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     """
 
     def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000, *, base: float = 10000.0,
@@ -561,6 +588,15 @@ class RelativePositionBias(nnx.Module):
       mode: ``"bucket"`` or ``"clip"``.
       param_dtype: dtype of the table.
       rngs: ``nnx.Rngs`` with a ``params`` stream.
+
+    Example::
+
+        >>> bias = RelativePositionBias(2, num_buckets=8, max_distance=16, rngs=nnx.Rngs(0))
+        >>> bias(3, 5).shape                                  # add to scores (B, 2, 3, 5)
+        (1, 2, 3, 5)
+        >>> clip = RelativePositionBias(2, max_distance=1, mode="clip", rngs=nnx.Rngs(0))
+        >>> clip.indices(2, 3).tolist()
+        [[1, 2, 2], [0, 1, 2]]
     """
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, *,

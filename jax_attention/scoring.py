@@ -280,6 +280,15 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     two); its derivatives come from a custom JVP whose transpose needs fewer passes over the
     ``T x S`` scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff
     to rounding, forward mode included).
+
+    Example::
+
+        >>> q, k, v = jnp.ones((2, 4, 8)), jnp.ones((2, 3, 8)), jnp.ones((2, 3, 5))
+        >>> out, w = dot_product_attention(q, k, v, valid_lens=jnp.array([2, 3]))
+        >>> out.shape, w.shape
+        ((2, 4, 5), (2, 4, 3))
+        >>> w[0, 0].tolist()                    # equal scores: uniform over the 2 valid keys
+        [0.5, 0.5, 0.0]
     """
     implementation = check_implementation(implementation)
     if implementation == "chunked" and bias is not None:
@@ -364,6 +373,16 @@ def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=N
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+
+    Example::
+
+        >>> params = {"W_q": jnp.ones((2, 4)), "W_k": jnp.ones((3, 4)), "w_v": jnp.ones((4, 1))}
+        >>> q, k, v = jnp.ones((2, 1, 2)), jnp.ones((2, 5, 3)), jnp.ones((2, 5, 6))
+        >>> out, w = additive_attention(params, q, k, v, valid_lens=jnp.array([2, 5]))
+        >>> out.shape, w.shape
+        ((2, 1, 6), (2, 1, 5))
+        >>> w[0, 0].tolist()
+        [0.5, 0.5, 0.0, 0.0, 0.0]
     """
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
                                              same_depth=False)
@@ -396,6 +415,13 @@ class DotProductAttention(_Attention):
         ``module.eval()``).
       sow_weights: sow the weights on every call (use inside ``nnx.capture``).
       rngs: ``nnx.Rngs`` with a ``dropout`` stream; needed when dropout is active.
+
+    Example::
+
+        >>> attention = DotProductAttention(dropout=0.0)
+        >>> q, k, v = jnp.ones((2, 1, 4)), jnp.ones((2, 3, 4)), jnp.ones((2, 3, 5))
+        >>> attention(q, k, v, jnp.array([1, 3])).shape
+        (2, 1, 5)
     """
 
     def __init__(self, dropout: float = 0.0, *, sow_weights: bool = False, rngs: nnx.Rngs | None = None):
@@ -429,6 +455,15 @@ class AdditiveAttention(_Attention):
       sow_weights: sow the weights on every call (use inside ``nnx.capture``).
       param_dtype: dtype of the parameters.
       rngs: ``nnx.Rngs`` with a ``params`` stream (and ``dropout`` when dropout is active).
+
+    Example::
+
+        >>> attention = AdditiveAttention(query_size=2, key_size=3, num_hiddens=4, rngs=nnx.Rngs(0))
+        >>> q, k, v = jnp.ones((2, 1, 2)), jnp.ones((2, 5, 3)), jnp.ones((2, 5, 6))
+        >>> attention(q, k, v, jnp.array([2, 5])).shape
+        (2, 1, 6)
+        >>> sorted(attention.params_dict())
+        ['W_k', 'W_q', 'w_v']
     """
 
     def __init__(self, query_size: int, key_size: int, num_hiddens: int, dropout: float = 0.0, *,

@@ -25,10 +25,9 @@ The model of the book (0.17 edition, PyTorch):
 Causality is a property of the decoder's self-attention (``is_causal=True`` always), not of the
 training mode: the book's training-mode ``dec_valid_lens = 1..T`` is the same mask.
 
-Shape letters: ``B`` batch, ``S`` source length, ``T`` target length, ``L`` blocks
-(``num_layers``), ``N`` heads, ``H = D / N``, ``D`` model width (``num_hiddens``), ``F`` the FFN's
-hidden width (``ffn_num_hiddens``), ``V`` vocabulary, ``M`` the key/value cache length
-(``max_len`` decoding steps).
+Shape letters: ``B`` batch, ``S`` source length, ``T`` target length, ``L`` blocks (``num_layers``),
+``N`` heads, ``H = D / N``, ``D`` model width (``num_hiddens``), ``F`` the FFN's hidden width
+(``ffn_num_hiddens``), ``V`` vocabulary, ``M`` the key/value cache length (``max_len`` steps).
 
 Parameters: one nested dict, identical in NumPy and JAX (see :func:`param_shapes`); dense kernels
 stored ``(in, out)``; a missing or unexpected key, nested ones included, raises ``ValueError``
@@ -39,11 +38,10 @@ Xavier-uniform dense kernels (attention ``W_q, W_k, W_v, W_o``, the FFN's ``W_1,
 ``gamma = 1``, ``beta = 0``.
 
 Positions: the sinusoidal table ``P`` (:func:`jax_attention.positional.positional_encoding`) has
-``max_positions`` rows (the book's ``max_len = 1000``); longer inputs are refused. During
-incremental decoding the token of step ``t`` gets ``P[t]``. The book's 0.17 ``predict_seq2seq``
-feeds the decoder one token at a time and its ``PositionalEncoding`` then adds ``P[0]`` to every
-new token — a known bug, which we do not reproduce (the incremental decoder here equals the
-full recomputation of the prefix, and the tests check it).
+``max_positions`` rows (the book's ``max_len = 1000``); longer inputs are refused. In incremental
+decoding the token of step ``t`` gets ``P[t]``, not the ``P[0]`` the book's 0.17 ``predict_seq2seq``
+adds to every new token (a known bug): the incremental decoder equals the full recomputation of
+the prefix, and the tests check it.
 """
 
 from __future__ import annotations
@@ -583,9 +581,8 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
               max_positions: int = MAX_POSITIONS, length_penalty: float = 0.75):
     """Translate sentences, all in one batch — d2l §11.7.6, greedy (``beam_size=1``) or beam search.
 
-    :func:`jax_attention.translation.translate` with this model's decoder (greedy or beam search):
-    sources encoded as in training, a sentence longer than ``num_steps`` truncated (noted),
-    unknown words read as ``<unk>`` (noted).
+    :func:`jax_attention.translation.translate` with this model's decoder: sources encoded as in
+    training, a sentence longer than ``num_steps`` truncated, unknown words as ``<unk>`` (both noted).
 
     Args:
       params: the parameter dict, or a :class:`TransformerSeq2Seq`.
@@ -597,8 +594,7 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
       beam_size: ``1`` greedy, ``k > 1`` beam search (best beam) with ``length_penalty``.
 
     Returns:
-      A :class:`~jax_attention.translation.Translation` for a ``str``, else a list of them, with
-      the Transformer's fields set.
+      A :class:`~jax_attention.translation.Translation` (Transformer fields set), or a list.
     """
     if hasattr(params, "params_dict"):
         params = params.params_dict()
@@ -746,14 +742,13 @@ class TransformerDecoder(ParamTree):
 class TransformerSeq2Seq(Seq2SeqModule):
     """The Transformer encoder–decoder — d2l §11.7, the book's ``EncoderDecoder``.
 
-    Holds a :class:`TransformerEncoder` and a :class:`TransformerDecoder`; :meth:`params_dict`
-    gives the nested dict of the functional core and the NumPy reference. Dropout acts in
-    training mode (the default; ``model.eval()`` turns it off), its keys drawn from the
-    ``dropout`` stream of ``rngs``. With ``sow_weights=True`` every call sows the attention
-    weights dict (``"encoder_self" (L, B, N, S, S)``, ``"decoder_self" (L, B, N, T, T)``,
-    ``"encoder_decoder" (L, B, N, T, S)``) as ``nnx.Intermediate`` ``"attention_weights"``
-    (read with ``nnx.capture``); :meth:`forward` returns them directly. The loss, greedy
-    decoding and the rest of the plumbing are those of
+    Holds a :class:`TransformerEncoder` and a :class:`TransformerDecoder`; :meth:`params_dict` gives
+    the nested dict of the functional core and the NumPy reference. Dropout acts in training mode
+    (the default; ``model.eval()`` turns it off), its keys drawn from the ``dropout`` stream of
+    ``rngs``. With ``sow_weights=True`` every call sows the attention weights dict (``"encoder_self"
+    (L, B, N, S, S)``, ``"decoder_self" (L, B, N, T, T)``, ``"encoder_decoder" (L, B, N, T, S)``) as
+    ``nnx.Intermediate`` ``"attention_weights"`` (read with ``nnx.capture``); :meth:`forward`
+    returns them directly. The loss, greedy decoding and the rest of the plumbing are those of
     :class:`jax_attention.seq2seq_module.Seq2SeqModule`.
 
     Args:
@@ -763,8 +758,13 @@ class TransformerSeq2Seq(Seq2SeqModule):
       dropout: the book's 0.1 (positional encoding, attention weights, AddNorm).
       max_positions: rows of the positional table (the book's 1000).
       params: initial values (the nested dict of :func:`param_shapes`); default: fresh ones from
-        :func:`init_params` (one draw from ``rngs.params()``; the submodules, built on their
-        own, draw their own).
+        :func:`init_params` (one draw from ``rngs.params()``; submodules built alone draw their own).
+
+    Example::
+
+        >>> model = TransformerSeq2Seq(10, 12, 8, 16, num_heads=2, num_layers=1, rngs=nnx.Rngs(0))
+        >>> model(jnp.ones((2, 5), jnp.int32), jnp.array([5, 3]), jnp.ones((2, 4), jnp.int32)).shape
+        (2, 4, 12)
     """
 
     greedy_decode_function = staticmethod(greedy_decode)

@@ -55,3 +55,31 @@ def test_load_model_reads_kind_heads_and_sizes_and_translates(transformer_export
     assert model.translate(["go ."], beam_size=2, beam=2)[0].translation == results[1].translation
     with pytest.raises(ValueError, match="beam and beam_size"):
         model.translate(["go ."], beam=2, beam_size=3)
+
+
+# Examples that need what a test run does not have (a trained export, a figure written to disk):
+# their `>>>` lines are checked to be there, not run.
+NOT_RUN = {"load_model", "show_heatmaps", "BahdanauSeq2Seq"}
+
+
+@pytest.mark.parametrize("name", sorted(jax_attention.__all__))
+def test_every_top_level_name_has_a_usage_example_that_runs(name):
+    obj = getattr(jax_attention, name)
+    assert ">>>" in inspect.getdoc(obj), f"{name}'s docstring has no usage example"
+    if name in NOT_RUN:
+        return
+    import doctest
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    module = importlib.import_module(f"jax_attention.{jax_attention._EXPORTS[name]}")
+    globs = {**vars(module), "jax": jax, "jnp": jnp, "np": np, "nnx": nnx, name: obj}
+    tests = doctest.DocTestFinder(recurse=False).find(obj, name, globs=globs)
+    assert tests and any(t.examples for t in tests)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0

@@ -381,6 +381,13 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         (:mod:`jax_attention.interrupts`): then also after the last step, once the model is
         exported (the evaluation is skipped).
       FileExistsError: ``checkpoint_dir`` holds training checkpoints and ``resume`` is False.
+
+    Example::
+
+        >>> from jax_attention.configs import TrainConfig
+        >>> config = TrainConfig(epochs=5, num_examples=600)
+        >>> result = train_seq2seq("transformer", train_config=config)  # doctest: +SKIP
+        >>> result.losses[-1], result.translations[0]  # doctest: +SKIP
     """
     spec = get_model(model)
     model_config = spec.model_config() if model_config is None else model_config
@@ -505,6 +512,11 @@ def train_bahdanau(**settings) -> Seq2SeqResult:
 
     Returns:
       A :class:`Seq2SeqResult`.
+
+    Example::
+
+        >>> result = train_bahdanau(epochs=5, num_examples=600, progress=False)  # doctest: +SKIP
+        >>> [f"{b:.2f}" for b in result.bleu]  # doctest: +SKIP
     """
     return _train_by_name("bahdanau", settings)
 
@@ -527,5 +539,10 @@ def train_transformer(**settings) -> Seq2SeqResult:
 
     Returns:
       A :class:`Seq2SeqResult`.
+
+    Example::
+
+        >>> result = train_transformer(epochs=5, num_heads=2, checkpoint="runs/t")  # doctest: +SKIP
+        >>> result.translations[0]  # doctest: +SKIP
     """
     return _train_by_name("transformer", settings)
