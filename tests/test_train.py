@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import sys
 
 import numpy as np
 import pytest
@@ -189,3 +190,28 @@ def test_the_time_left_comes_from_the_steps_after_the_first_call():
     assert time_left(4, 20, None) == ""
     assert time_left(4, 20, (time.perf_counter() - 2.0, 2)) == ", about 16 s left"
     assert time_left(20, 20, (time.perf_counter() - 2.0, 2)) == ""
+
+
+def test_the_bar_rate_and_eta_leave_out_the_first_call(monkeypatch):
+    """On a terminal, the bar's rate and ETA count the epochs after the first call only: a
+    first epoch that compiled for seconds no longer shows a rate far too low."""
+    import io
+
+    from jax_attention.train.progress import ProgressLog
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with ProgressLog(10, desc="test", progress=True, log=None) as bar:
+        assert bar.terminal
+        bar.bar.start_t -= 5.0  # the first epoch took 5 s, compilation included
+        bar.epoch_done()
+        bar.restart_clock()
+        bar.bar.start_t -= 0.1  # the next two took 0.1 s
+        bar.epoch_done()
+        bar.epoch_done()
+        meter = bar.bar.format_dict
+        rate = (meter["n"] - meter["initial"]) / meter["elapsed"]
+        assert meter["initial"] == 1 and rate > 10  # 2 epochs in ~0.1 s, not 3 in ~5.1 s
