@@ -37,7 +37,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["EXIT_INTERRUPTED", "handle_sigint", "stop_outside_commands", "ignore_from_now",
+__all__ = ["EXIT_INTERRUPTED", "handle_sigint", "stop_outside_commands", "ignore_from_now", "finish",
            "active", "requested", "request_event", "set_note", "resume_command", "Interrupted"]
 
 #: The exit status after Ctrl-C: 128 + SIGINT, what a shell reports for a program it stopped.
@@ -60,6 +60,10 @@ class _Handler:
         self.event = threading.Event()
         self.note = ""
         self.count = 0
+        # Held while a Ctrl-C is acted on, and by :func:`finish`: the command's last line and
+        # a stop at once never both print.
+        self.lock = threading.Lock()
+        self.finished = False
         self.reader, self.writer = socket.socketpair()
         self.reader.setblocking(True)
         self.writer.setblocking(False)
@@ -79,20 +83,24 @@ class _Handler:
                     self._on_sigint()
 
     def _on_sigint(self) -> None:
-        self.count += 1
-        if self.graceful and self.count == 1:
-            self.event.set()
-            _write_line(f"{self.prog}: Ctrl-C: {self.acknowledgement}; press Ctrl-C again to "
-                        "stop at once")
-            return
-        # Stop now: say what is on disk, flush what the command printed, and leave without the
-        # interpreter's clean-up (threads of XLA or Orbax may be mid-call).
-        stopped = "stopped at once" if self.count > 1 else "stopped"
-        note = f"; {self.note}" if self.note else ""
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        _write_line(f"{self.prog}: interrupted (Ctrl-C), {stopped}{note}")
-        os._exit(EXIT_INTERRUPTED)
+        with self.lock:
+            if self.finished:  # the command has said its last line: nothing to stop
+                return
+            self.count += 1
+            if self.graceful and self.count == 1:
+                self.event.set()
+                _write_line(f"{self.prog}: Ctrl-C: {self.acknowledgement}; press Ctrl-C again "
+                            "to stop at once")
+                return
+            # Stop now: say what is on disk, flush what the command printed, and leave without
+            # the interpreter's clean-up (threads of XLA or Orbax may be mid-call). The lock is
+            # never released: the process ends here.
+            stopped = "stopped at once" if self.count > 1 else "stopped"
+            note = f"; {self.note}" if self.note else ""
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            _write_line(f"{self.prog}: interrupted (Ctrl-C), {stopped}{note}")
+            os._exit(EXIT_INTERRUPTED)
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -113,11 +121,14 @@ def _write_line(line: str) -> None:
 
 
 _active: _Handler | None = None
-# What a Ctrl-C outside :func:`handle_sigint` says (:func:`stop_outside_commands`).
+# What a Ctrl-C outside :func:`handle_sigint` says (:func:`stop_outside_commands`); ``when``
+# None: nothing, the Ctrl-C is ignored (the command has said its last line).
 _outside = {"prog": "jax-attention", "when": "while starting; nothing was done"}
 
 
 def _stop_outside(signum, frame) -> None:
+    if _outside["when"] is None:  # the command said its last line (finish)
+        return
     _write_line(f"{_outside['prog']}: interrupted (Ctrl-C) {_outside['when']}")
     os._exit(EXIT_INTERRUPTED)  # mid-import or at exit: no clean-up of half-done modules
 
@@ -126,6 +137,15 @@ def ignore_from_now() -> None:
     """Ignore SIGINT from now on (the process is exiting; its status is decided)."""
     with contextlib.suppress(ValueError):  # off the main thread: nothing to do
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def finish() -> None:
+    """The command is about to print its last line (after a stop at a safe point): a Ctrl-C
+    from now on is ignored (until the next command), and one already being acted on ends the
+    process before that line, so that exactly one of the two is printed."""
+    if _active is not None:
+        with _active.lock:
+            _active.finished = True
 
 
 def stop_outside_commands(prog: str) -> None:
@@ -170,7 +190,7 @@ def handle_sigint(prog: str, *, graceful: bool,
         yield
     finally:
         _active = None
-        _outside["when"] = "as the command was ending"
+        _outside["when"] = None if handler.finished else "as the command was ending"
         signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGINT, previous)
         handler.stop()

@@ -190,3 +190,26 @@ def test_ctrl_c_stops_translate_with_one_line(tmp_path):
         assert status == 0, err
     if (tmp_path / "translations.json").exists():
         json.loads((tmp_path / "translations.json").read_text())
+
+
+def test_a_ctrl_c_after_the_stop_line_adds_no_second_line(tmp_path):
+    """The first Ctrl-C stops the run; another one, sent as soon as the stop line is out, is
+    ignored: one interrupted line, status 130 (it once printed a second, wrong line)."""
+    process = _train(tmp_path)
+    lines, reader = _stderr_lines(process)
+    wait_for(lambda: (tmp_path / "train").is_dir()
+             and any(p.name.isdigit() for p in (tmp_path / "train").iterdir()), process,
+             what="a first training checkpoint")
+    send_sigint(process)
+    deadline = time.monotonic() + 60
+    while (not any(line.startswith("jax-attention: interrupted") for _, line in lines)
+           and process.poll() is None and time.monotonic() < deadline):
+        time.sleep(0.001)
+    if process.poll() is None:
+        send_sigint(process)
+    process.wait(timeout=60)
+    reader.join(timeout=10)
+    text = "\n".join(line for _, line in lines)
+    assert process.returncode == EXIT_INTERRUPTED, text
+    stops = _interrupted_lines(text)
+    assert len(stops) == 1 and "--resume" in stops[0], text

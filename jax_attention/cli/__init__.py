@@ -137,21 +137,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 PROG, graceful=acknowledge is not None,
                 acknowledgement=acknowledge(args) if acknowledge else "",
                 resume_command=resume_command), _one_line_warnings():
-            # Handlers report errors through their own subcommand's parser, for a precise usage
-            # line.
-            status = handler(args, args.command_parser)
-            if interrupts.requested():
-                raise interrupts.Interrupted("interrupted (Ctrl-C) as the command ended; it "
-                                             "had finished, its outputs are written")
+            try:
+                # Handlers report errors through their own subcommand's parser, for a precise
+                # usage line.
+                status = handler(args, args.command_parser)
+                if interrupts.requested():
+                    raise interrupts.Interrupted("interrupted (Ctrl-C) as the command ended; "
+                                                 "it had finished, its outputs are written")
+            except KeyboardInterrupt as stop:
+                # A stop at a safe point (training: TrainingInterrupted), or Ctrl-C where the
+                # handler is not installed (off the main thread). Said while the handler is in
+                # force, so that a second Ctrl-C now cannot print a second, other line.
+                interrupts.finish()
+                line = str(stop) or "interrupted (Ctrl-C)"
+                if getattr(stop, "checkpoint", None) is not None and resume_command is not None:
+                    line += f"; resume with: {resume_command}"
+                print(f"{PROG}: {line}", file=sys.stderr)
+                status = EXIT_INTERRUPTED
         return status
-    except KeyboardInterrupt as stop:
-        # A stop at a safe point (training: TrainingInterrupted), or Ctrl-C where the handler
-        # is not installed (off the main thread).
-        line = str(stop) or "interrupted (Ctrl-C)"
-        if getattr(stop, "checkpoint", None) is not None and resume_command is not None:
-            line += f"; resume with: {resume_command}"
-        print(f"{PROG}: {line}", file=sys.stderr)
-        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # Output piped into a reader that quit early (`| head`): not a failure of the command.
         # Point stdout at devnull so that the interpreter's final flush does not raise again
