@@ -143,12 +143,19 @@ def test_the_first_ctrl_c_is_acknowledged_at_once_even_while_compiling(tmp_path)
     assert len(_interrupted_lines(text)) == 1, text
 
 
-def test_a_second_ctrl_c_stops_at_once_and_names_what_is_on_disk(tmp_path):
-    process = _train(tmp_path)
+def _train_to_a_first_checkpoint(root: Path):
+    """A run started and waited for until its first training checkpoint is on disk:
+    ``(process, its stderr lines as they come, their reader thread)``."""
+    process = _train(root)
     lines, reader = _stderr_lines(process)
-    wait_for(lambda: (tmp_path / "train").is_dir()
-             and any(p.name.isdigit() for p in (tmp_path / "train").iterdir()), process,
+    wait_for(lambda: (root / "train").is_dir()
+             and any(p.name.isdigit() for p in (root / "train").iterdir()), process,
              what="a first training checkpoint")
+    return process, lines, reader
+
+
+def test_a_second_ctrl_c_stops_at_once_and_names_what_is_on_disk(tmp_path):
+    process, lines, reader = _train_to_a_first_checkpoint(tmp_path)
     send_sigint(process)
     time.sleep(0.1)
     send_sigint(process)
@@ -195,11 +202,7 @@ def test_ctrl_c_stops_translate_with_one_line(tmp_path):
 def test_a_ctrl_c_after_the_stop_line_adds_no_second_line(tmp_path):
     """The first Ctrl-C stops the run; another one, sent as soon as the stop line is out, is
     ignored: one interrupted line, status 130 (it once printed a second, wrong line)."""
-    process = _train(tmp_path)
-    lines, reader = _stderr_lines(process)
-    wait_for(lambda: (tmp_path / "train").is_dir()
-             and any(p.name.isdigit() for p in (tmp_path / "train").iterdir()), process,
-             what="a first training checkpoint")
+    process, lines, reader = _train_to_a_first_checkpoint(tmp_path)
     send_sigint(process)
     deadline = time.monotonic() + 60
     while (not any(line.startswith("jax-attention: interrupted") for _, line in lines)
