@@ -80,12 +80,12 @@ from jax_attention.configs import DEFAULT_KEEP
 from jax_attention._checks import check_int
 from jax_attention.directory_lock import LOCK_FILE, CheckpointDirectoryBusy, DirectoryLock
 from jax_attention.orbax_quiet import quiet_orbax
-from jax_attention.provenance import versions
+from jax_attention.provenance import os_reason, versions
 
 __all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "LOCK_FILE", "TrainingCheckpoints",
            "read_training_checkpoint", "CheckpointMismatchError", "CorruptCheckpointWarning",
            "CheckpointWriteError", "CheckpointDirectoryError", "CheckpointDirectoryBusy",
-           "ForeignEntryError", "state_arrays", "config_differences"]
+           "ForeignEntryError", "state_arrays", "config_differences", "step_directories"]
 
 TRAINING_CHECKPOINT_FORMAT = "jax-attention.training-checkpoint/1"
 # Settings that may change between a run and its resumption without changing its results: the
@@ -260,13 +260,12 @@ def _os_error(error: BaseException) -> tuple[int | None, str] | None:
     """
     for cause in _errors_in(error):
         if isinstance(cause, OSError) and cause.errno is not None:
-            strerror = cause.strerror or os.strerror(cause.errno)
-            return cause.errno, f"[Errno {cause.errno}] {strerror}"
+            return cause.errno, os_reason(cause)
         match = (re.search(r"os_error_code='(\d+)'", str(cause))
                  or re.search(r"\[Errno (\d+)\]", str(cause)))
         if match:
             number = int(match.group(1))
-            return number, f"[Errno {number}] {os.strerror(number)}"
+            return number, os_reason(OSError(number, os.strerror(number)))
     for cause in _errors_in(error):
         if isinstance(cause, OSError):
             return None, str(cause)
@@ -284,6 +283,18 @@ def _is_step_directory(path: Path) -> bool:
         return not _STEP_MARKERS.isdisjoint(os.listdir(path))
     except OSError:
         return False
+
+
+def step_directories(directory: str | os.PathLike) -> list[int]:
+    """The steps of the training checkpoints in ``directory`` (a ``--checkpoint-dir``), complete
+    or damaged, oldest first, read from the folder alone (no Orbax): what tells a directory of
+    training checkpoints from an exported model or anything else."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(int(name) for name in names
+                  if _looks_like_a_step(name) and _is_step_directory(Path(directory) / name))
 
 
 def _looks_like_a_step(name: str) -> bool:

@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 __all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "json_ready", "write_json",
-           "os_reason", "rescue_path"]
+           "os_reason", "rescue_path", "write_or_rescue"]
 
 #: The distributions whose versions a record carries, in this order (the keys of :func:`versions`).
 DISTRIBUTIONS = ("jax-attention", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
@@ -128,9 +128,19 @@ def _json_number(value):
 def os_reason(error: BaseException) -> str:
     """The operating system's reason in an ``OSError`` (``[Errno 28] No space left on device``),
     else the error's text."""
-    if isinstance(error, OSError) and error.errno is not None and error.strerror:
-        return f"[Errno {error.errno}] {error.strerror}"
+    if isinstance(error, OSError) and error.errno is not None:
+        return f"[Errno {error.errno}] {error.strerror or os.strerror(error.errno)}"
     return str(error) or type(error).__name__
+
+
+def write_or_rescue(write, path: Path, name: str) -> tuple[Path, str | None]:
+    """``write(path)``; where that fails with an ``OSError`` (a full disk, a path that became
+    read-only), ``write(rescue_path(name))`` instead. Returns ``(what write returned, None)`` or
+    ``(what the rescue write returned, the OS reason the first write failed)``."""
+    try:
+        return write(path), None
+    except OSError as error:
+        return write(rescue_path(name)), os_reason(error)
 
 
 def rescue_path(name: str) -> Path:

@@ -341,13 +341,11 @@ def finish_outputs(args: argparse.Namespace, command: str, record: Mapping,
     environment = provenance.environment() if environment is None else environment
     report = {"command": command, **record, **environment,
               "plots": {name: str(path) for name, path in plots.items()}}
-    try:
-        write_json_report(args.json, report)
+    written, reason = provenance.write_or_rescue(
+        lambda path: write_json_report(path, report), args.json, args.json.name)
+    if reason is None:
         return 0
-    except OSError as error:
-        rescued = write_json_report(provenance.rescue_path(args.json.name), report)
-        line = (f"could not write {args.json} ({provenance.os_reason(error)}); wrote the report "
-                f"to {rescued} instead")
+    line = f"could not write {args.json} ({reason}); wrote the report to {written} instead"
     if failures is None:
         print(f"{PROG}: error: {line}", file=sys.stderr)
     else:

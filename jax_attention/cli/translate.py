@@ -98,16 +98,6 @@ def find_models(root: Path = RUNS, kind: str | None = None) -> list[tuple[Path, 
     return [(entry, name) for entry, name in models if kind is None or name == kind]
 
 
-def _step_directories(directory: Path) -> list[int]:
-    """The step numbers of a directory of training checkpoints (``--checkpoint-dir``): its
-    subdirectories named by an integer."""
-    try:
-        return sorted(int(entry.name) for entry in directory.iterdir()
-                      if entry.name.isdigit() and entry.is_dir())
-    except OSError:
-        return []
-
-
 def _train_command(kind: str | None) -> str:
     """The command that writes a model of ``kind`` (any kind: the one ``make run`` trains)."""
     if kind is None:
@@ -122,7 +112,9 @@ def _choose_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser
     if args.checkpoint is not None:
         directory = args.checkpoint
         if directory.is_dir() and not (directory / "config.json").exists():
-            steps = _step_directories(directory)
+            from jax_attention.checkpointing import step_directories
+
+            steps = step_directories(directory)
             if steps:
                 others = [str(path) for path, _ in find_models(kind=kind)]
                 instead = (f" ({', '.join(others)} here)" if others else "")

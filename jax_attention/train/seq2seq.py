@@ -300,12 +300,10 @@ def _export(checkpoint, spec: ModelSpec, params, nmt, model_config, train_config
         return save_model(directory, params, nmt.src_vocab, nmt.tgt_vocab, model_config,
                           training=train_config)
 
-    try:
-        return save(checkpoint), None
-    except OSError as error:
-        rescued = save(provenance.rescue_path(f"{spec.name}-model"))
-        return rescued, (f"could not write the trained model to {checkpoint} "
-                         f"({provenance.os_reason(error)}); wrote it to {rescued} instead")
+    written, reason = provenance.write_or_rescue(save, checkpoint, f"{spec.name}-model")
+    return written, None if reason is None else (
+        f"could not write the trained model to {checkpoint} ({reason}); wrote it to {written} "
+        "instead")
 
 
 def _stopped_after_training(long_run: LongRunConfig, total: int, written: Path | None,
