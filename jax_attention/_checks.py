@@ -135,6 +135,18 @@ def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> No
         )
 
 
+def check_num_kv_heads(num_heads: int, num_kv_heads) -> int:
+    """``num_kv_heads`` (``None``: ``num_heads``) a positive integer dividing ``num_heads``: the
+    key/value heads of grouped-query attention (1 = multi-query attention)."""
+    if num_kv_heads is None:
+        return num_heads
+    if (isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, (int, np.integer))
+            or num_kv_heads < 1 or num_heads % num_kv_heads):
+        raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads = "
+                         f"{num_heads}, got {num_kv_heads!r}")
+    return int(num_kv_heads)
+
+
 def check_static_bool(name: str, value) -> bool:
     """A flag that fixes the structure of the computation (``is_causal``), as a Python bool.
 
@@ -320,10 +332,116 @@ def check_tokens(name: str, tokens, vocab_size: int, ndim: int, batch: int | Non
 # --------------------------------------------------------------------------- attention inputs
 
 
-def check_attention_inputs(queries, keys, values=None, *, same_depth: bool):
+def num_kv_groups(queries_shape, keys_shape) -> int | None:
+    """``G = N / N_kv``, the query heads per key/value head, for queries ``(B, ..., N, T, q)`` and
+    keys ``(B, ..., N_kv, S, k)`` that differ only in ``N_kv`` dividing ``N`` (rank >= 4, the
+    head axis just before the sequence axis); 1 when their batch axes are equal; ``None`` when
+    they do not fit either way."""
+    queries_shape, keys_shape = tuple(queries_shape), tuple(keys_shape)
+    if len(queries_shape) != len(keys_shape):
+        return None
+    if queries_shape[:-2] == keys_shape[:-2]:
+        return 1
+    if (len(queries_shape) < 4 or queries_shape[:-3] != keys_shape[:-3] or keys_shape[-3] < 1
+            or queries_shape[-3] % keys_shape[-3]):
+        return None
+    return queries_shape[-3] // keys_shape[-3]
+
+
+def check_scale(scale) -> float | None:
+    """``scale=`` of the dot-product scores (``None``: ``1 / sqrt(d)``): a finite real number or
+    a 0-d array of one, as a Python float (static, as in ``jax.nn``); ``TypeError`` for a bool, a
+    string or an array of another shape, or a traced value, ``ValueError`` for NaN or Inf."""
+    if scale is None:
+        return None
+    if isinstance(scale, jax.core.Tracer):
+        raise TypeError(f"scale must be a static number (it is part of the compiled computation, "
+                        f"as in jax.nn), got a traced value {scale.aval}")
+    if not isinstance(scale, numbers.Real) and hasattr(scale, "__array__"):
+        scale = np.asarray(scale)
+        if scale.shape != () or scale.dtype.kind not in "iuf":
+            raise TypeError(f"scale must be a real number (or None for 1 / sqrt(d)), got an array "
+                            f"of dtype {scale.dtype} with shape {scale.shape}")
+        scale = scale.item()
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number (or None for 1 / sqrt(d)), got "
+                        f"{type(scale).__name__} {scale!r}")
+    scale = float(scale)
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    return scale
+
+
+def check_logit_softcap(logit_softcap) -> float | None:
+    """``logit_softcap=`` (``None``: no capping): a finite number ``c > 0``, as a Python float;
+    the scores become ``c * tanh(s / c)``. ``TypeError`` for a non-number, ``ValueError`` for
+    ``c <= 0``, NaN or Inf."""
+    if logit_softcap is None:
+        return None
+    if isinstance(logit_softcap, (bool, np.bool_)) or not isinstance(logit_softcap, numbers.Real):
+        raise TypeError(f"logit_softcap must be a positive number (or None), got "
+                        f"{type(logit_softcap).__name__} {logit_softcap!r}")
+    if not (np.isfinite(logit_softcap) and logit_softcap > 0):
+        raise ValueError(f"logit_softcap must be a finite number > 0, got {logit_softcap!r}")
+    return float(logit_softcap)
+
+
+def check_local_window_size(local_window_size) -> tuple[int, int] | None:
+    """``local_window_size=`` (``None``: no window) as ``(left, right)``: an int ``w`` means
+    ``(w, w)``; query ``t`` may attend keys ``t - left <= s <= t + right`` (``jax.nn``'s rule).
+    Both must be integers ``>= 0`` (static: they decide the mask while tracing); ``TypeError``
+    for anything else than an int or a pair, ``ValueError`` for a negative one."""
+    if local_window_size is None:
+        return None
+    def is_int(x):
+        return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+    if is_int(local_window_size):
+        pair = (local_window_size, local_window_size)
+    elif isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2 \
+            and all(is_int(x) for x in local_window_size):
+        pair = tuple(local_window_size)
+    else:
+        raise TypeError(f"local_window_size must be an int w (= (w, w)) or a pair of ints "
+                        f"(left, right), got {type(local_window_size).__name__} "
+                        f"{local_window_size!r}")
+    if min(pair) < 0:
+        raise ValueError(f"local_window_size must be >= 0 on both sides (left, right), got "
+                         f"{local_window_size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def check_unbatched(queries, keys, values, valid_lens):
+    """Unbatched inputs of the scoring functions — queries ``(T, q)``, keys ``(S, k)``, values
+    ``(S, v)`` — given a batch axis of 1: returns ``(unbatched, queries, keys, values,
+    valid_lens)``, where ``valid_lens`` of an unbatched call must be ``()`` (one length for every
+    query) or ``(T,)`` (one per query) and becomes ``(1,)`` or ``(1, T)``. Inputs with a batch
+    axis come back as they are (``unbatched`` False). Masks and biases need nothing: they are
+    aligned to the right, so ``(T, S)`` broadcasts either way."""
+    if jnp.ndim(queries) != 2:
+        return False, queries, keys, values, valid_lens
+    for name, array in (("keys", keys), ("values", values)):
+        if array is not None and jnp.ndim(array) != 2:
+            raise ValueError(f"queries {jnp.shape(queries)} are unbatched (T, q), so {name} must "
+                             f"be ({'S, k' if name == 'keys' else 'S, v'}) too, got {jnp.shape(array)}")
+    if valid_lens is not None:
+        valid_lens = as_array_like(valid_lens)
+        shape = jnp.shape(valid_lens)
+        if shape not in ((), (jnp.shape(queries)[0],)):
+            raise ValueError(f"valid_lens of unbatched queries (T, q) = {jnp.shape(queries)} must have "
+                             f"shape () or (T,) = ({jnp.shape(queries)[0]},), got {shape}")
+        valid_lens = jnp.asarray(valid_lens)[None]
+    return (True, jnp.asarray(queries)[None], jnp.asarray(keys)[None],
+            None if values is None else jnp.asarray(values)[None], valid_lens)
+
+
+def check_attention_inputs(queries, keys, values=None, *, same_depth: bool,
+                           grouped_heads: bool = False):
     """Queries ``(B, ..., T, q)``, keys ``(B, ..., S, k)`` and values ``(B, ..., S, v)`` of the
     scoring functions: shapes, and one float dtype (integers become floats); returns the list of
-    float arrays. ``same_depth``: dot-product scores, which need ``q == k >= 1``."""
+    float arrays. ``same_depth``: dot-product scores, which need ``q == k >= 1``.
+    ``grouped_heads``: keys and values may have fewer heads than the queries — with a head axis
+    (rank >= 4), queries ``(B, ..., N, T, q)`` and keys ``(B, ..., N_kv, S, k)`` with ``N_kv``
+    dividing ``N`` (grouped-query attention; ``N_kv = 1`` is multi-query attention)."""
     arrays = {"queries": queries, "keys": keys}
     if values is not None:
         arrays["values"] = values
@@ -334,10 +452,13 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool):
         if not (jnp.issubdtype(a.dtype, jnp.floating) or jnp.issubdtype(a.dtype, jnp.integer)):
             raise TypeError(f"{name} must be numeric, got dtype {a.dtype} with shape {a.shape}")
     q, k = arrays["queries"], arrays["keys"]
-    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2]:
+    if not (k.ndim == q.ndim and (k.shape[:-2] == q.shape[:-2] or (
+            grouped_heads and num_kv_groups(q.shape, k.shape) is not None))):
+        grouped = (" (or, for grouped-query attention, (B, ..., N_kv, S, k) with N_kv dividing "
+                   "the queries' N heads: (B, ..., N, T, q))" if grouped_heads else "")
         raise ValueError(
-            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes, "
-            f"got queries {q.shape} and keys {k.shape}"
+            f"queries (B, ..., T, q) and keys (B, ..., S, k) must share their batch axes"
+            f"{grouped}, got queries {q.shape} and keys {k.shape}"
         )
     if same_depth and q.shape[-1] != k.shape[-1]:
         raise ValueError(

@@ -17,6 +17,7 @@ import numpy as np
 
 from reference_numpy._checks import (
     check_count,
+    check_local_window_size,
     check_mask,
     check_static_bool,
     check_valid_lens,
@@ -28,6 +29,7 @@ __all__ = [
     "sequence_mask",
     "valid_lens_mask",
     "causal_mask",
+    "local_window_mask",
     "combine_masks",
     "masked_softmax",
 ]
@@ -99,6 +101,15 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
     return np.arange(num_keys) < valid_lens[..., None]
 
 
+def _key_and_query_positions(num_queries: int, num_keys: int, offset):
+    """``(arange(S)[None, :], arange(T)[:, None] + offset)``, the positions the causal and window
+    masks compare; ``offset`` checked (an integer scalar)."""
+    if np.shape(offset) != () or not is_integer_dtype(np.asarray(offset).dtype):
+        raise TypeError(f"offset must be an integer scalar, got dtype {np.asarray(offset).dtype} "
+                        f"with shape {np.shape(offset)}")
+    return np.arange(num_keys)[None, :], np.arange(num_queries)[:, None] + offset
+
+
 def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 0):
     """Lower-triangular mask: query ``t`` may attend key ``s`` iff ``s <= t + offset``.
 
@@ -116,10 +127,56 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     """
     num_queries = check_count("num_queries", num_queries)
     num_keys = num_queries if num_keys is None else check_count("num_keys", num_keys)
-    if np.shape(offset) != () or not is_integer_dtype(np.asarray(offset).dtype):
-        raise TypeError(f"offset must be an integer scalar, got dtype {np.asarray(offset).dtype} "
-                        f"with shape {np.shape(offset)}")
-    return np.arange(num_keys)[None, :] <= np.arange(num_queries)[:, None] + offset
+    keys, rows = _key_and_query_positions(num_queries, num_keys, offset)
+    return keys <= rows
+
+
+def local_window_mask(num_queries: int, num_keys: int | None = None, local_window_size=None, *,
+                      offset: int = 0):
+    """Sliding-window mask: query ``t`` may attend key ``s`` iff
+    ``t + offset - left <= s <= t + offset + right`` — ``jax.nn``'s ``local_window_size``.
+
+    Args:
+      num_queries: ``T >= 0``.
+      num_keys: ``S >= 0``; defaults to ``T``.
+      local_window_size: ``(left, right)`` integers ``>= 0``, or ``w`` for ``(w, w)``. With
+        ``is_causal`` the right side is moot; ``(w, 0)`` alone is a causal window of ``w + 1``
+        keys (the query's own and ``w`` before it).
+      offset: position of query 0 relative to key 0, an integer scalar.
+
+    Returns:
+      A boolean array of shape ``(T, S)``.
+
+    Raises ``TypeError`` for a window that is not an int or a pair of ints, ``ValueError`` for a
+    negative side.
+    """
+    num_queries = check_count("num_queries", num_queries)
+    num_keys = num_queries if num_keys is None else check_count("num_keys", num_keys)
+    window = check_local_window_size(local_window_size)
+    if window is None:
+        raise TypeError("local_window_size must be an int w (= (w, w)) or a pair of ints "
+                        "(left, right), got None")
+    left, right = window
+    keys, rows = _key_and_query_positions(num_queries, num_keys, offset)
+    return (keys >= rows - left) & (keys <= rows + right)
+
+
+def group_heads(array, groups: int):
+    """``(..., N | 1, T, X) -> (..., N / G | 1, G | 1, T, X)``: the head axis (third from the end)
+    split into the key/value heads and the ``G = groups`` query heads that share each one, for
+    grouped-query attention (query head ``n`` uses key/value head ``n // G``, as in ``jax.nn`` and
+    PyTorch's ``enable_gqa``). A head axis of size 1 (broadcast over the heads) becomes two.
+    Not part of the user-facing API (``__all__``): the scoring functions share it."""
+    array = np.asarray(array)
+    heads = array.shape[-3]
+    split = (1, 1) if heads == 1 else (heads // groups, groups)
+    return array.reshape(array.shape[:-3] + split + array.shape[-2:])
+
+
+def ungroup_heads(array):
+    """``(..., N_kv, G, T, X) -> (..., N_kv * G, T, X)``, the inverse of :func:`group_heads`."""
+    array = np.asarray(array)
+    return array.reshape(array.shape[:-4] + (array.shape[-4] * array.shape[-3],) + array.shape[-2:])
 
 
 def combine_masks(*masks):
@@ -146,11 +203,13 @@ def combine_masks(*masks):
     return combined
 
 
-def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
+def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False,
+                   local_window_size=None):
     """The boolean attention mask for scores of ``shape`` ``(B, ..., T, S)``, or ``None``.
 
     Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
-    ``shape`` and, with ``is_causal``, :func:`causal_mask` ``(T, S)``. Raises ``ValueError`` for
+    ``shape``, with ``is_causal`` :func:`causal_mask` ``(T, S)`` and with
+    ``local_window_size`` :func:`local_window_mask` ``(T, S)`` (as ``jax.nn`` composes them). Raises ``ValueError`` for
     lengths of the wrong shape, type or range; ``TypeError`` for a non-boolean mask and for an
     ``is_causal`` that is not a Python bool (a string, an int, an array).
     """
@@ -171,6 +230,8 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False):
         parts.append(check_mask(mask, shape))
     if is_causal:
         parts.append(causal_mask(T, S))
+    if local_window_size is not None:
+        parts.append(local_window_mask(T, S, local_window_size))
     # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
     return combine_masks(*(m.reshape((1,) * (len(shape) - m.ndim) + m.shape) for m in parts))
 

@@ -89,6 +89,7 @@ INVENTORY = {
     "masking.sequence_mask": ("rank", "batch", "dtype", "lens", "empty"),
     "masking.valid_lens_mask": ("rank", "length", "dtype", "lens", "sizes", "empty"),
     "masking.causal_mask": ("dtype", "sizes", "empty"),
+    "masking.local_window_mask": ("dtype", "sizes", "empty"),
     "masking.combine_masks": ("length", "dtype", "empty"),
     "masking.attention_mask": ("rank", "batch", "dtype", "lens", "empty"),
     "masking.masked_softmax": ("rank", "batch", "length", "dtype", "lens", "empty"),
@@ -333,6 +334,14 @@ case("masking.causal_mask", "sizes", "negative S", ValueError, "num_keys", [],
      kwargs={"num_queries": 2, "num_keys": -3}, jit=False)
 case("masking.causal_mask", "dtype", "float offset", TypeError, "offset", [shape()],
      kwargs={"num_queries": 2, "num_keys": 3, "offset": 0.5}, jit=False)
+case("masking.local_window_mask", "sizes", "negative left", ValueError, "local_window_size", [],
+     kwargs={"num_queries": 2, "num_keys": 3, "local_window_size": (-1, 2)}, jit=False)
+case("masking.local_window_mask", "sizes", "float window", TypeError, "local_window_size", [],
+     kwargs={"num_queries": 2, "num_keys": 3, "local_window_size": 1.5}, jit=False)
+case("masking.local_window_mask", "sizes", "negative S", ValueError, "num_keys", [],
+     kwargs={"num_queries": 2, "num_keys": -3, "local_window_size": 1}, jit=False)
+case("masking.local_window_mask", "dtype", "float offset", TypeError, "offset", [shape()],
+     kwargs={"num_queries": 2, "num_keys": 3, "local_window_size": 1, "offset": 0.5}, jit=False)
 case("masking.combine_masks", "dtype", "int mask", TypeError, "masks[0]", [shape(2, 3)],
      lambda: (np.ones((2, 3), np.int32), np.ones((2, 3), bool)))
 case("masking.combine_masks", "length", "(2, 3) and (4, 3)", ValueError, "masks[1]",
@@ -996,6 +1005,8 @@ empty("masking.sequence_mask", "S = 0", [(B, 0)], lambda: (f32(B, 0), i32([0, 0]
 empty("masking.valid_lens_mask", "S = 0", [(B, T, 0)], lambda: (i32([0, 0]),),
       {"num_queries": T, "num_keys": 0})
 empty("masking.causal_mask", "T = 0", [(0, S)], lambda: (), {"num_queries": 0, "num_keys": S})
+empty("masking.local_window_mask", "T = 0", [(0, S)], lambda: (),
+      {"num_queries": 0, "num_keys": S, "local_window_size": (1, 0)})
 empty("masking.combine_masks", "T = 0", [(0, S)],
       lambda: (np.ones((0, S), bool), np.ones((1, S), bool)))
 empty_custom("masking.attention_mask", "T = 0", [(B, 0, S)],

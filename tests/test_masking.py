@@ -474,3 +474,28 @@ def test_causal_mask_offset_beyond_int32_is_refused_not_wrapped():
     # In range, a NumPy int64 offset is used as it is.
     np.testing.assert_array_equal(jax_masking.causal_mask(2, 3, offset=np.int64(1)),
                                   np_masking.causal_mask(2, 3, offset=np.int64(1)))
+
+
+@pytest.mark.parametrize("window, error, message", [
+    (None, TypeError, "local_window_size must be an int w (= (w, w)) or a pair of ints (left, right), "
+                      "got None"),
+    (-1, ValueError, "local_window_size must be >= 0 on both sides (left, right), got -1"),
+    ((0, -3), ValueError, "local_window_size must be >= 0 on both sides (left, right), got (0, -3)"),
+    ("2", TypeError, "local_window_size must be an int w (= (w, w)) or a pair of ints (left, right), "
+                     "got str '2'"),
+    ((1.0, 2), TypeError, "got tuple (1.0, 2)"),
+])
+def test_bad_local_windows(window, error, message):
+    for masking in (jax_masking, np_masking):
+        with pytest.raises(error, match=re.escape(message)):
+            masking.local_window_mask(3, 4, window)
+    if window is not None:  # attention_mask(local_window_size=None) means no window
+        with pytest.raises(error, match=re.escape(message)):
+            jax_masking.attention_mask((2, 3, 4), local_window_size=window)
+
+
+def test_local_window_mask_with_a_traced_offset_under_jit():
+    """The offset may be traced (a decoding position); the window stays static."""
+    got = jax.jit(lambda offset: jax_masking.local_window_mask(1, 6, (2, 0), offset=offset))(
+        jnp.asarray(3, jnp.int32))
+    assert np.asarray(got).astype(int).tolist() == [[0, 1, 1, 1, 0, 0]]

@@ -81,20 +81,44 @@ def test_causal_mask_offset_aligns_last_query_with_last_key(backend):
     assert got[-1].all() and got.sum(axis=-1).tolist() == [4, 5, 6]
 
 
+@pytest.mark.parametrize("num_queries, num_keys, window, offset", [
+    (4, None, 1, 0), (4, 4, (2, 0), 0), (3, 5, (0, 3), 0), (5, 3, (1, 1), 0), (3, 6, (2, 1), 3),
+    (6, 6, (0, 0), 0), (2, 7, [4, 2], -1), (5, 5, 10, 0)])
+def test_local_window_mask(backend, num_queries, num_keys, window, offset):
+    expected = np_masking.local_window_mask(num_queries, num_keys, window, offset=offset)
+    got = jax_masking.local_window_mask(num_queries, num_keys, window, offset=offset)
+    assert got.dtype == jnp.bool_ and got.devices() == {backend}
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    # The definition: t + offset - left <= s <= t + offset + right.
+    left, right = (window, window) if isinstance(window, int) else window
+    t = np.arange(num_queries)[:, None] + offset
+    s = np.arange(num_queries if num_keys is None else num_keys)[None, :]
+    np.testing.assert_array_equal(expected, (s >= t - left) & (s <= t + right))
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("lens_shape", [None, (B,), (B, T)])
-def test_attention_mask(backend, lens_shape, with_mask, is_causal):
+@pytest.mark.parametrize("window", [None, (1, 0)])
+def test_attention_mask(backend, lens_shape, with_mask, is_causal, window):
     shape = (B, N, T, S)
     lens = None if lens_shape is None else _lens(lens_shape)
     mask = _random_mask((B, 1, T, S)) if with_mask else None
-    expected = np_masking.attention_mask(shape, lens, mask=mask, is_causal=is_causal)
+    expected = np_masking.attention_mask(shape, lens, mask=mask, is_causal=is_causal,
+                                         local_window_size=window)
     got = jax_masking.attention_mask(
         shape,
         None if lens is None else jnp.asarray(lens),
         mask=None if mask is None else jnp.asarray(mask),
         is_causal=is_causal,
+        local_window_size=window,
     )
+    if window is not None:  # the window is one more AND
+        without = np_masking.attention_mask(shape, lens, mask=mask, is_causal=is_causal)
+        window_part = np_masking.local_window_mask(T, S, window)
+        np.testing.assert_array_equal(
+            np.broadcast_to(expected, shape),
+            np.broadcast_to(window_part if without is None else without & window_part, shape))
     if expected is None:
         assert got is None
         return
