@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "average_pooling": "attention_pooling", "nadaraya_watson": "attention_pooling",
     "nadaraya_watson_weights": "attention_pooling", "NWKernelRegression": "attention_pooling",
-    "causal_mask": "masking", "masked_softmax": "masking", "sequence_mask": "masking",
+    "causal_mask": "masking", "local_window_mask": "masking", "masked_softmax": "masking",
+    "sequence_mask": "masking",
     "MultiHeadAttention": "multihead", "multi_head_attention": "multihead",
     "PositionalEncoding": "positional", "RelativePositionBias": "positional",
     "positional_encoding": "positional", "rotary_embedding": "positional",
@@ -67,6 +68,7 @@ __all__ = [
     "causal_mask",
     "dot_product_attention",
     "load_model",
+    "local_window_mask",
     "masked_softmax",
     "multi_head_attention",
     "nadaraya_watson",

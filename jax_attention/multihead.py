@@ -8,7 +8,10 @@ output size (``D`` in the book).
 
 Parameters are a dict of dense kernels stored ``(in, out)`` — ``W_q (q, D)``, ``W_k (k, D)``,
 ``W_v (v, D)``, ``W_o (D, E)`` — and optional biases ``b_q (D,)``, ``b_k (D,)``, ``b_v (D,)``,
-``b_o (E,)``; any other key (a misspelled ``B_o``) or a missing kernel raises ``ValueError`` naming
+``b_o (E,)``. Grouped-query attention has ``N_kv`` key/value heads (dividing ``N``; 1 =
+multi-query attention): ``W_k (k, N_kv H)``, ``W_v (v, N_kv H_v)``, and a value head size
+``H_v`` other than ``H`` makes ``W_v (v, N_kv H_v)`` and ``W_o (N H_v, E)``; ``H_v`` is read from
+``W_v``'s width, ``N_kv`` from ``num_kv_heads`` (default: from ``W_k``'s width). Any other key (a misspelled ``B_o``) or a missing kernel raises ``ValueError`` naming
 it. ``is_causal`` must be a Python bool (``TypeError`` otherwise). Head ``n`` uses columns
 ``n*H .. (n+1)*H - 1`` of the projected width, as the book's
 ``transpose_qkv`` splits them (and as ``flax.nnx.MultiHeadAttention``'s ``(in, N, H)`` kernels
@@ -26,8 +29,10 @@ from jax_attention._checks import (
     check_attention_inputs,
     check_dropout,
     check_num_heads,
+    check_num_kv_heads,
     check_param_keys,
     check_size,
+    check_unbatched,
 )
 from jax_attention.masking import attention_mask
 from jax_attention.scoring import DotProductAttention, dot_product_attention
@@ -93,17 +98,35 @@ KERNEL_KEYS = ("W_q", "W_k", "W_v", "W_o")
 BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
 
 
-def _check_params(params, queries, keys, values):
+def _check_params(params, queries, keys, values, num_heads: int, num_kv_heads=None):
+    """The parameters checked against the inputs' sizes and the heads: ``W_q (q, D)`` with ``N``
+    dividing ``D`` (``H = D / N``), ``W_k (k, N_kv H)``, ``W_v (v, N_kv H_v)``,
+    ``W_o (N H_v, E)`` and the biases of those widths. Returns ``(params, N_kv)``."""
     check_param_keys("params", params, KERNEL_KEYS, BIAS_KEYS)
     D = jnp.shape(params["W_q"])[-1]
+    check_num_heads(D, num_heads, f"D from params['W_q'] of shape {jnp.shape(params['W_q'])}")
+    H = D // num_heads
+    if num_kv_heads is None:  # read from W_k's width, when it is a whole number of heads
+        width = jnp.shape(params["W_k"])[-1]
+        num_kv_heads = width // H if H and width % H == 0 and width // H >= 1 else num_heads
+        if num_heads % num_kv_heads:
+            num_kv_heads = num_heads  # no grouping fits: the shape check below says so
+    num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)
+    D_v = jnp.shape(params["W_v"])[-1]
+    if D_v % num_kv_heads:
+        raise ValueError(f"params['W_v'] must have a width N_kv * H_v divisible by num_kv_heads = "
+                         f"{num_kv_heads}, got shape {jnp.shape(params['W_v'])}")
     E = jnp.shape(params["W_o"])[-1]
-    shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D),
-              "W_v": (values.shape[-1], D), "W_o": (D, E),
-              "b_q": (D,), "b_k": (D,), "b_v": (D,), "b_o": (E,)}
+    D_k, D_o = num_kv_heads * H, num_heads * (D_v // num_kv_heads)
+    shapes = {"W_q": (queries.shape[-1], D), "W_k": (keys.shape[-1], D_k),
+              "W_v": (values.shape[-1], D_v), "W_o": (D_o, E),
+              "b_q": (D,), "b_k": (D_k,), "b_v": (D_v,), "b_o": (E,)}
     context = (f" (q, k, v from queries {queries.shape}, keys {keys.shape}, values {values.shape}; "
-               f"D = {D} from params['W_q'], E = {E} from params['W_o'])")
+               f"D = {D} from params['W_q'], N = {num_heads} heads of H = {H}, "
+               f"N_kv = {num_kv_heads} key/value heads, H_v = {D_v // num_kv_heads} from "
+               f"params['W_v'], E = {E} from params['W_o'])")
     return {name: _param(params, name, shape, context).astype(queries.dtype)
-            for name, shape in shapes.items() if name in params}
+            for name, shape in shapes.items() if name in params}, num_kv_heads
 
 
 def _check_inputs(queries, keys, values):
@@ -122,7 +145,8 @@ def _check_inputs(queries, keys, values):
     return tuple(check_attention_inputs(q, k, v, same_depth=False))
 
 
-def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
+def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *,
+                local_window_size=None):
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
 
     Shared by :func:`multi_head_attention`, :class:`MultiHeadAttention` and the Transformer's
@@ -137,7 +161,7 @@ def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads):
     queries, keys, values = _check_inputs(queries, keys, values)
     check_num_heads(None, num_heads)
     keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]), valid_lens,
-                          mask=mask, is_causal=is_causal)
+                          mask=mask, is_causal=is_causal, local_window_size=local_window_size)
     if keep is None:
         return keep, queries, keys, values
     query_attends = jnp.any(keep, axis=(1, 3))[..., None]  # (B | 1, T, 1)
@@ -152,7 +176,7 @@ def _dense(X, params, kernel, bias):
     return out + params[bias].reshape(1, 1, -1) if bias in params else out
 
 
-def project_heads(params, queries, keys, values, *, num_heads: int):
+def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads=None):
     """Project queries, keys and values with ``W_q``, ``W_k``, ``W_v`` and split the heads.
 
     Args:
@@ -161,22 +185,24 @@ def project_heads(params, queries, keys, values, *, num_heads: int):
       keys: ``(B, S, k)``.
       values: ``(B, S, v)``.
       num_heads: ``N``; must divide ``D``.
+      num_kv_heads: ``N_kv``, dividing ``N``; ``None``: read from ``W_k``'s width (``N``
+        for the book's parameters).
 
     Returns:
-      ``(queries (B, N, T, H), keys (B, N, S, H), values (B, N, S, H))``.
+      ``(queries (B, N, T, H), keys (B, N_kv, S, H), values (B, N_kv, S, H_v))``.
     """
     queries, keys, values = _check_inputs(queries, keys, values)
-    params = _check_params(params, queries, keys, values)
-    check_num_heads(params["W_q"].shape[-1], num_heads,
-                    f"D from params['W_q'] of shape {params['W_q'].shape}")
+    params, num_kv_heads = _check_params(params, queries, keys, values, num_heads, num_kv_heads)
     return tuple(
-        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), num_heads)
-        for X, name in ((queries, "q"), (keys, "k"), (values, "v"))
+        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), heads)
+        for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
+                               (values, "v", num_kv_heads))
     )
 
 
 def combine_heads(params, heads):
-    """Merge the heads ``(B, N, T, H)`` and apply the output projection: ``(B, T, E)``."""
+    """Merge the heads ``(B, N, T, H_v)`` and apply the output projection ``W_o (N H_v, E)``:
+    ``(B, T, E)``."""
     if jnp.ndim(heads) != 4:
         raise ValueError(f"heads must have shape (B, N, T, H), got {jnp.shape(heads)}")
     # W_q, W_k and W_v are not used here, but may be present: the dict of multi_head_attention.
@@ -203,29 +229,50 @@ def _per_head(name, array):
     return array
 
 
+def _batched_inputs(queries, keys, values, valid_lens, mask, bias):
+    """Unbatched inputs — queries ``(T, q)``, keys ``(S, k)``, values ``(S, v)``, lengths ``()``
+    or ``(T,)``, masks and biases ``(T, S)`` or ``(N | 1, T, S)`` — given a batch axis of 1:
+    ``(unbatched, queries, keys, values, valid_lens, mask, bias)``; batched ones as they are."""
+    unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
+    if unbatched:
+        mask, bias = (a if a is None or jnp.ndim(a) != 3 else jnp.asarray(a)[None]
+                      for a in (mask, bias))
+    return unbatched, queries, keys, values, valid_lens, mask, bias
+
+
 def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_heads: int,
-                         mask=None, is_causal=False, bias=None):
+                         num_kv_heads=None, mask=None, is_causal=False, bias=None, scale=None,
+                         local_window_size=None, logit_softcap=None):
     """Multi-head scaled dot-product attention — d2l §11.5.
 
     ``head_n = softmax(Q_n K_n^T / sqrt(H) + bias_n) V_n`` with ``Q_n = queries W_q[:, n]`` etc.,
     then ``concat(head_1, ..., head_N) W_o``. Masking as in :mod:`jax_attention.masking`; a
     fully masked query row gives zero weights, so its output is ``b_o`` (zero without biases).
+    Grouped-query attention: query head ``n`` uses key/value head ``n // (N / N_kv)``.
 
     Args:
-      params: ``W_q (q, D)``, ``W_k (k, D)``, ``W_v (v, D)``, ``W_o (D, E)``, optional
-        ``b_q, b_k, b_v (D,)``, ``b_o (E,)``.
-      queries: ``(B, T, q)``.
-      keys: ``(B, S, k)``.
-      values: ``(B, S, v)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``, shared by all heads.
+      params: ``W_q (q, D)``, ``W_k (k, N_kv H)``, ``W_v (v, N_kv H_v)``, ``W_o (N H_v, E)``,
+        optional ``b_q (D,)``, ``b_k (N_kv H,)``, ``b_v (N_kv H_v,)``, ``b_o (E,)``; in the
+        book, ``N_kv = N`` and ``H_v = H = D / N``.
+      queries: ``(B, T, q)``, or unbatched ``(T, q)``.
+      keys: ``(B, S, k)`` (unbatched ``(S, k)``).
+      values: ``(B, S, v)`` (unbatched ``(S, v)``).
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)``, shared by all heads (unbatched: ``()`` or
+        ``(T,)``).
       num_heads: ``N``; must divide ``D``.
-      mask: boolean ``(T, S)`` or ``(B | 1, N | 1, T, S)``; True = attend.
+      num_kv_heads: ``N_kv`` key/value heads, dividing ``N`` (1: multi-query attention);
+        ``None``: read from ``W_k``'s width.
+      mask: boolean ``(T, S)`` or ``(B | 1, N | 1, T, S)`` (unbatched: ``(N | 1, T, S)``);
+        True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores before the softmax, ``(T, S)`` or ``(B | 1, N | 1, T, S)``
         (e.g. a relative position bias ``(1, N, T, S)``).
+      scale, local_window_size, logit_softcap: as in
+        :func:`jax_attention.scoring.dot_product_attention` (``scale`` defaults to
+        ``1 / sqrt(H)``).
 
     Returns:
-      ``(output (B, T, E), weights (B, N, T, S))``.
+      ``(output (B, T, E), weights (B, N, T, S))`` (unbatched: ``(T, E)``, ``(N, T, S)``).
 
     Example::
 
@@ -234,13 +281,24 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
         >>> out, w = multi_head_attention(params, X, X, X, jnp.array([3, 4]), num_heads=2)
         >>> out.shape, w.shape
         ((2, 4, 8), (2, 2, 4, 4))
+        >>> gqa = MultiHeadAttention(8, num_heads=4, num_kv_heads=2, rngs=nnx.Rngs(0))
+        >>> gqa.params_dict()["W_k"].shape                    # 2 key/value heads of size 2
+        (8, 4)
+        >>> multi_head_attention(gqa.params_dict(), X, X, X, num_heads=4,
+        ...                      local_window_size=(1, 0))[1].shape
+        (2, 4, 4, 4)
     """
+    unbatched, queries, keys, values, valid_lens, mask, bias = _batched_inputs(
+        queries, keys, values, valid_lens, mask, bias)
     mask, bias = _per_head("mask", mask), _per_head("bias", bias)
     keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                              num_heads)
-    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
-    output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias)
-    return combine_heads(params, output), weights
+                                              num_heads, local_window_size=local_window_size)
+    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads,
+                                              num_kv_heads=num_kv_heads)
+    output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
+                                            scale=scale, logit_softcap=logit_softcap)
+    output = combine_heads(params, output)
+    return (output[0], weights[0]) if unbatched else (output, weights)
 
 
 # --------------------------------------------------------------------------- NNX module
@@ -249,10 +307,12 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
 class MultiHeadAttention(nnx.Module):
     """Multi-head attention with dropout on the weights — d2l §11.5.
 
-    Holds ``W_q (query_size, D)``, ``W_k (key_size, D)``, ``W_v (value_size, D)``,
-    ``W_o (D, D)`` (Xavier-uniform) and, with ``bias=True``, zero-initialised ``b_q, b_k, b_v,
-    b_o``; :meth:`params_dict` gives them as the plain dict :func:`multi_head_attention` and the
-    NumPy reference take. Self-attention: ``module(X, X, X, valid_lens)``.
+    Holds ``W_q (query_size, D)``, ``W_k (key_size, N_kv H)``, ``W_v (value_size, N_kv H_v)``,
+    ``W_o (N H_v, D)`` (Xavier-uniform; ``H = D / N``) and, with ``bias=True``, zero-initialised
+    ``b_q, b_k, b_v, b_o``; :meth:`params_dict` gives them as the plain dict
+    :func:`multi_head_attention` and the NumPy reference take. With the defaults
+    (``num_kv_heads = N``, ``value_head_size = H``) these are the book's four ``(D, D)``
+    kernels. Self-attention: ``module(X, X, X, valid_lens)``.
 
     With ``sow_weights=True`` the weights ``(B, N, T, S)`` (before dropout) are sown by the inner
     :class:`~jax_attention.scoring.DotProductAttention` as ``nnx.Intermediate``
@@ -264,6 +324,12 @@ class MultiHeadAttention(nnx.Module):
       dropout: dropout rate on the attention weights.
       bias: whether the four projections have biases (the book's ``bias=False``).
       query_size, key_size, value_size: input sizes (default ``D``).
+      num_kv_heads: ``N_kv`` key/value heads shared by groups of ``N / N_kv`` query heads
+        (grouped-query attention; 1 = multi-query attention); default ``N``. ``W_k`` and
+        ``W_v`` shrink by ``N / N_kv``, and so does a key/value cache.
+      value_head_size: ``H_v``, the size of each head's values (default ``H``), like
+        ``torch.nn.MultiheadAttention``'s separate value width: ``W_v (value_size, N_kv H_v)``,
+        ``W_o (N H_v, D)``.
       sow_weights: sow the attention weights on every call (use inside ``nnx.capture``).
       param_dtype: dtype of the parameters.
       rngs: ``nnx.Rngs`` with a ``params`` stream (and ``dropout`` when dropout is active).
@@ -276,26 +342,41 @@ class MultiHeadAttention(nnx.Module):
         (2, 4, 8)
         >>> attention.params_dict()["W_q"].shape
         (8, 8)
+        >>> mqa = MultiHeadAttention(8, num_heads=2, num_kv_heads=1, value_head_size=3,
+        ...                          rngs=nnx.Rngs(0))
+        >>> {name: w.shape for name, w in mqa.params_dict().items()}
+        {'W_q': (8, 8), 'W_k': (8, 4), 'W_v': (8, 3), 'W_o': (6, 8)}
+        >>> mqa(X[0], X[0], X[0], is_causal=True).shape     # unbatched (T, D)
+        (4, 8)
     """
 
     def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, bias: bool = False, *,
                  query_size: int | None = None, key_size: int | None = None,
-                 value_size: int | None = None, sow_weights: bool = False,
+                 value_size: int | None = None, num_kv_heads: int | None = None,
+                 value_head_size: int | None = None, sow_weights: bool = False,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
         dropout = check_dropout(dropout)
         self.num_heads = num_heads
+        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)
+        head_size = num_hiddens // num_heads
+        value_head_size = (head_size if value_head_size is None
+                           else check_size("value_head_size", value_head_size))
         init = nnx.initializers.xavier_uniform()
         sizes = {"q": num_hiddens if query_size is None else check_size("query_size", query_size),
                  "k": num_hiddens if key_size is None else check_size("key_size", key_size),
                  "v": num_hiddens if value_size is None else check_size("value_size", value_size)}
+        widths = {"q": num_hiddens, "k": self.num_kv_heads * head_size,
+                  "v": self.num_kv_heads * value_head_size, "o": num_heads * value_head_size}
         self.W_q, self.W_k, self.W_v = (
-            nnx.Param(init(rngs.params(), (sizes[name], num_hiddens), param_dtype)) for name in "qkv"
+            nnx.Param(init(rngs.params(), (sizes[name], widths[name]), param_dtype))
+            for name in "qkv"
         )
-        self.W_o = nnx.Param(init(rngs.params(), (num_hiddens, num_hiddens), param_dtype))
+        self.W_o = nnx.Param(init(rngs.params(), (widths["o"], num_hiddens), param_dtype))
         if bias:
             self.b_q, self.b_k, self.b_v, self.b_o = (
-                nnx.Param(jnp.zeros((num_hiddens,), param_dtype)) for _ in range(4)
+                nnx.Param(jnp.zeros((width,), param_dtype))
+                for width in (widths["q"], widths["k"], widths["v"], num_hiddens)
             )
         self.attention = DotProductAttention(dropout, sow_weights=sow_weights, rngs=rngs)
 
@@ -305,20 +386,31 @@ class MultiHeadAttention(nnx.Module):
         return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                 bias=None, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
-        """Returns the output ``(B, T, D)``; see :func:`multi_head_attention` for the arguments."""
+                 bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                 deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
+        """Returns the output ``(B, T, D)`` (unbatched: ``(T, D)``); see
+        :func:`multi_head_attention` for the arguments."""
         params = self.params_dict()
         for name, X, W, size_name in (("queries", queries, "W_q", "query_size"),
                                       ("keys", keys, "W_k", "key_size"),
                                       ("values", values, "W_v", "value_size")):
             size, letter = params[W].shape[0], name[0]
-            if jnp.ndim(X) != 3 or jnp.shape(X)[-1] != size:
-                raise ValueError(f"{name} must have shape (B, len, {letter}) with {letter} = {size} "
-                                 f"(the module's {size_name}), got {jnp.shape(X)}")
+            if jnp.ndim(X) not in (2, 3) or jnp.shape(X)[-1] != size:
+                raise ValueError(f"{name} must have shape (B, len, {letter}) or unbatched "
+                                 f"(len, {letter}) with {letter} = {size} (the module's "
+                                 f"{size_name}), got {jnp.shape(X)}")
+        unbatched, queries, keys, values, valid_lens, mask, bias = _batched_inputs(
+            queries, keys, values, valid_lens, mask, bias)
         mask, bias = _per_head("mask", mask), _per_head("bias", bias)
         keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                                  self.num_heads)
-        heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=self.num_heads)
-        heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
-                               deterministic=deterministic, rngs=rngs)
+                                                  self.num_heads, local_window_size=local_window_size)
+        heads_q, heads_k, heads_v = project_heads(params, queries, keys, values,
+                                                  num_heads=self.num_heads,
+                                                  num_kv_heads=self.num_kv_heads)
+        # Unbatched: the heads (N, T, H) and the sown weights (N, T, S) drop the batch axis.
+        heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias, scale=scale,
+                               logit_softcap=logit_softcap, deterministic=deterministic, rngs=rngs,
+                               drop_batch_axis=unbatched)
+        if unbatched:
+            return combine_heads(params, heads[None])[0]
         return combine_heads(params, heads)

@@ -33,11 +33,23 @@ from jax_attention._checks import (
     check_attention_inputs,
     check_dropout,
     check_implementation,
+    check_local_window_size,
+    check_logit_softcap,
     check_param_keys,
+    check_scale,
     check_size,
+    check_static_bool,
+    check_unbatched,
     is_integer_dtype,
+    num_kv_groups,
 )
-from jax_attention.masking import attention_mask, masked_fill_value, masked_softmax
+from jax_attention.masking import (
+    attention_mask,
+    group_heads,
+    masked_fill_value,
+    masked_softmax,
+    ungroup_heads,
+)
 
 __all__ = [
     "dot_product_attention_weights",
@@ -56,35 +68,63 @@ PROJECT_KEYS = "...sk,kh->...sh"
 ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 
-def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool):
+def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool,
+             local_window_size=None):
     """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
 
-    Returns ``(keep, arrays)``: the boolean mask broadcastable to ``(B, ..., T, S)`` (or ``None``)
-    and the checked ``[queries, keys(, values)]`` in which the queries that attend no key and the
-    keys and values that no query attends are zero. Their weights are exactly zero already, but
-    ``0 * NaN`` and ``0 * Inf`` are NaN: NaN or Inf stored in padding would otherwise reach valid
-    outputs through the weighted sum, and valid gradients through the backward pass of the score
-    einsum (and, in additive attention, through ``tanh'`` of a NaN feature).
+    Returns ``(keep, arrays, groups)``: the boolean mask broadcastable to the scores (or
+    ``None``), the checked ``[queries, keys(, values)]`` in which the queries that attend no key
+    and the keys and values that no query attends are zero, and ``groups``, the query heads per
+    key/value head. Zeroing: their weights are exactly zero already, but ``0 * NaN`` and
+    ``0 * Inf`` are NaN: NaN or Inf stored in padding would otherwise reach valid outputs through
+    the weighted sum, and valid gradients through the backward pass of the score einsum (and, in
+    additive attention, through ``tanh'`` of a NaN feature).
+
+    With ``groups == 1`` the scores are ``(B, ..., T, S)``. Grouped-query keys and values
+    (``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``, ``groups = N / N_kv > 1``) come
+    back as ``(B, ..., N_kv, 1, S, d)``, the queries as ``(B, ..., N_kv, G, T, d)`` and the
+    mask as ``(B, ..., N_kv | 1, G | 1, T, S)`` (:func:`~jax_attention.masking.group_heads`):
+    ``jnp.einsum`` then contracts each key/value head with its ``G`` query heads without
+    repeating it (a size-1 axis is squeezed, not broadcast), and its transpose sums the key and
+    value gradients over the group.
     """
-    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth)
+    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
+                                    grouped_heads=same_depth)
     queries, keys = arrays[0], arrays[1]
     keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
-                          is_causal=is_causal)
+                          is_causal=is_causal, local_window_size=local_window_size)
+    groups = num_kv_groups(queries.shape, keys.shape)
+    if groups > 1:
+        arrays = [group_heads(arrays[0], groups)] + [a[..., None, :, :] for a in arrays[1:]]
+        keep = None if keep is None else group_heads(keep, groups)
     if keep is None:
-        return keep, arrays
+        return keep, arrays, groups
     query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
     key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)  # (B, ..., S, 1)
+    if groups > 1:  # a key/value head is attended when any query head of its group attends it
+        key_attended = jnp.any(key_attended, axis=-3, keepdims=True)
     zero = jnp.zeros((), queries.dtype)
     arrays = [jnp.where(query_attends, arrays[0], zero)] + [
         jnp.where(key_attended, a, zero) for a in arrays[1:]
     ]
-    return keep, arrays
+    return keep, arrays, groups
 
 
-def _add_bias(scores, bias):
-    """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)``."""
+def _add_bias(scores, bias, groups: int = 1):
+    """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)`` — with
+    ``groups > 1``, to the ungrouped scores ``(B, ..., N, T, S)``, then split as they are."""
     if bias is None:
         return scores
+    if groups > 1:
+        bias = jnp.asarray(as_array_like(bias))
+        full = scores.shape[:-4] + (scores.shape[-4] * scores.shape[-3],) + scores.shape[-2:]
+        try:
+            ok = np.broadcast_shapes(bias.shape, full) == full
+        except ValueError:
+            ok = False
+        if not ok or not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
+            return _add_bias(ungroup_heads(scores), bias)  # raises the error for those scores
+        bias = group_heads(bias.reshape((1,) * (len(full) - bias.ndim) + bias.shape), groups)
     bias = jnp.asarray(as_array_like(bias))
     if not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
         # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
@@ -136,23 +176,46 @@ def _softmax(scores, keep):
     return weights.astype(scores.dtype)
 
 
-def _dot_product_scores(queries, keys, bias):
-    """``Q K^T / sqrt(d) + bias``. In float32 and float64 the scale is applied to the ``T x d``
-    queries instead of the ``T x S`` scores: XLA:CPU runs it as a pass of its own over the scores
-    (and its transpose as another in the backward pass, with a ``T x S`` array of the constant),
-    which cost ~25% of a forward+backward at ``T = S = 512``. Both are exact when ``sqrt(d)`` is a
-    power of two (``d`` = 4, 16, 64, 256) and within one rounding otherwise. float16/bfloat16
-    scale the float32 scores, so that no extra rounding to the inputs' dtype comes in."""
-    scale = math.sqrt(queries.shape[-1])
+def _scaled(x, scale, d: int):
+    """``x * scale``, or ``x / sqrt(d)`` for the default ``scale=None``."""
+    return x * scale if scale is not None else x / math.sqrt(d)
+
+
+def _dot_product_scores(queries, keys, bias, groups=1, scale=None, logit_softcap=None):
+    """``softcap(scale * Q K^T) + bias``, ``scale`` = ``1 / sqrt(d)`` by default and
+    ``softcap(s) = c * tanh(s / c)`` with ``c = logit_softcap`` (none by default).
+
+    In float32 and float64 the scale is applied to the ``T x d`` queries instead of the ``T x S``
+    scores: XLA:CPU runs it as a pass of its own over the scores (and its transpose as another in
+    the backward pass, with a ``T x S`` array of the constant), which cost ~25% of a
+    forward+backward at ``T = S = 512``. Both are exact when ``sqrt(d)`` is a power of two
+    (``d`` = 4, 16, 64, 256) and within one rounding otherwise. float16/bfloat16 scale the
+    float32 scores, so that no extra rounding to the inputs' dtype comes in."""
     if _half_scores_dtype(queries.dtype) is None:
-        return _add_bias(jnp.einsum(DOT_SCORES, queries / scale, keys), bias)
-    scores = jnp.einsum(DOT_SCORES, queries, keys,
-                        preferred_element_type=_half_scores_dtype(queries.dtype))
-    return _add_bias(scores / scale, bias)
+        scores = jnp.einsum(DOT_SCORES, _scaled(queries, scale, queries.shape[-1]), keys)
+    else:
+        scores = jnp.einsum(DOT_SCORES, queries, keys,
+                            preferred_element_type=_half_scores_dtype(queries.dtype))
+        scores = _scaled(scores, scale, queries.shape[-1])
+    if logit_softcap is not None:
+        scores = logit_softcap * jnp.tanh(scores / logit_softcap)
+    return _add_bias(scores, bias, groups)
 
 
-def _dot_product_weights(queries, keys, keep, bias):
-    return _softmax(_dot_product_scores(queries, keys, bias), keep).astype(queries.dtype)
+def _dot_product_weights(queries, keys, keep, bias, groups=1, scale=None, logit_softcap=None):
+    scores = _dot_product_scores(queries, keys, bias, groups, scale, logit_softcap)
+    return _softmax(scores, keep).astype(queries.dtype)
+
+
+def _check_variants(scale, local_window_size, logit_softcap):
+    """The static variant arguments of the dot-product functions, checked."""
+    return (check_scale(scale), check_local_window_size(local_window_size),
+            check_logit_softcap(logit_softcap))
+
+
+def _ungrouped(groups, *arrays):
+    """The arrays with the query heads of each group merged back, ``(B, ..., N, T, X)``."""
+    return tuple(ungroup_heads(a) if groups > 1 else a for a in arrays)
 
 
 @jax.custom_jvp
@@ -190,23 +253,29 @@ def _softmax_pool_jvp(primals, tangents):
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
-                                  bias=None):
+                                  bias=None, scale=None, local_window_size=None,
+                                  logit_softcap=None):
     """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d) + bias)`` — d2l §11.3.3.
 
     Args:
-      queries: ``(B, ..., T, d)``.
-      keys: ``(B, ..., S, d)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``: the number of keys each query may attend.
-      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
-      is_causal: also apply :func:`~jax_attention.masking.causal_mask` ``(T, S)``.
-      bias: added to the scores before masking and softmax, broadcastable to ``(B, ..., T, S)``
-        (e.g. a relative position bias).
+      queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
+      keys: ``(B, ..., S, d)``, or ``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``
+        with ``N_kv`` dividing ``N`` (grouped-query attention, see
+        :func:`dot_product_attention`); unbatched ``(S, d)``.
+      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap: as in
+        :func:`dot_product_attention`.
 
     Returns:
-      Weights ``(B, ..., T, S)``; fully masked rows are zero.
+      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero.
     """
-    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal, same_depth=True)
-    return _dot_product_weights(queries, keys, keep, bias)
+    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
+                                                              logit_softcap)
+    unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
+    keep, (queries, keys), groups = _prepare(queries, keys, None, valid_lens, mask, is_causal,
+                                             same_depth=True, local_window_size=local_window_size)
+    weights, = _ungrouped(groups, _dot_product_weights(queries, keys, keep, bias, groups, scale,
+                                                       logit_softcap))
+    return weights[0] if unbatched else weights
 
 
 # implementation=None takes "chunked" when the scores (B, ..., T, S) hold at least
@@ -222,6 +291,10 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
 #   (1, 8, 2048) 32M: chunked 1.3-1.6x faster          (1, 1, 8192) 64M: 1.3x.
 # Below 4M scores the two are within noise of each other; from 4M with S >= 512, chunked wins by
 # 1.5-2x. With S <= 384 the blocks are the whole key axis and chunking buys little.
+# Sliding windows (causal, local_window_size=(64..256, 0)), where the chunked kernel also skips the
+# key blocks outside the window, keep the same rule: from 4M scores chunked wins by 2-5x
+# ((4, 8, 512) 81 / 43 ms, (1, 4, 2048) 170 / 41 ms forward+backward, plain / chunked); below it
+# the two stay within noise or plain wins ((1, 8, 512) 13.1 / 15.3, (16, 8, 128) 15.8 / 28.0).
 CHUNKED_MIN_SCORES = 1 << 22
 CHUNKED_MIN_KEYS = 512
 
@@ -245,19 +318,37 @@ def dot_product_implementation(queries, keys, bias=None) -> str:
 
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                          bias=None, implementation=None):
+                          bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                          implementation=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
-    ``softmax(Q K^T / sqrt(d) + bias) V`` with masking (see :mod:`jax_attention.masking`).
+    ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see :mod:`jax_attention.masking`);
+    ``scale = 1 / sqrt(d)`` and no soft-capping by default, which is the book's
+    ``softmax(Q K^T / sqrt(d)) V``.
 
     Args:
-      queries: ``(B, ..., T, d)``.
-      keys: ``(B, ..., S, d)``.
-      values: ``(B, ..., S, v)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
+      keys: ``(B, ..., S, d)``. Grouped-query attention: with a head axis, queries
+        ``(B, ..., N, T, d)`` may meet keys ``(B, ..., N_kv, S, d)`` whose ``N_kv`` divides ``N``
+        (``N_kv = 1``: multi-query attention); query head ``n`` attends key/value head
+        ``n // (N / N_kv)``, as in ``jax.nn`` and PyTorch's ``enable_gqa``. The key/value heads
+        are not repeated in memory (their gradients are summed over each group). Unbatched:
+        ``(S, d)``.
+      values: ``(B, ..., S, v)`` (``(B, ..., N_kv, S, v)`` with grouped keys; unbatched
+        ``(S, v)``).
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)`` (unbatched: ``()`` or ``(T,)``).
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores, broadcastable to ``(B, ..., T, S)``.
+      scale: the factor of the dot products, a Python number; ``None``: ``1 / sqrt(d)``.
+      local_window_size: a sliding window, ``(left, right)`` or ``w`` for ``(w, w)``: query ``t``
+        attends only keys ``t - left <= s <= t + right``
+        (:func:`~jax_attention.masking.local_window_mask`), combined with ``valid_lens``,
+        ``mask`` and ``is_causal`` by AND, as ``jax.nn.dot_product_attention`` does. A query the
+        window leaves without a key gets zero weights and output, like any fully masked row.
+      logit_softcap: ``c > 0`` caps the scores smoothly to ``(-c, c)``: ``c * tanh(s / c)``
+        (Gemma 2), applied to the scaled dot products before the bias and the masks; ``None``:
+        no capping.
       implementation: how the output is computed, equal to float rounding:
 
         * ``"plain"``: the scores, weights and weighted sum as whole ``T x S`` arrays;
@@ -273,7 +364,8 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         nothing when unused (XLA drops them), but an eager call computes them too.
 
     Returns:
-      ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+      ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``;
+      grouped: ``N`` heads); fully masked rows give zero output.
 
     The plain path's values are those of :func:`~jax_attention.masking.masked_softmax` (to the
     rounding of applying ``1 / sqrt(d)`` to the queries, exact when ``sqrt(d)`` is a power of
@@ -289,21 +381,36 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         ((2, 4, 5), (2, 4, 3))
         >>> w[0, 0].tolist()                    # equal scores: uniform over the 2 valid keys
         [0.5, 0.5, 0.0]
+        >>> q, kv = jnp.ones((1, 8, 4, 16)), jnp.ones((1, 2, 4, 16))  # 8 query heads, 2 K/V heads
+        >>> dot_product_attention(q, kv, kv, is_causal=True, local_window_size=(1, 0))[1][0, 0]
+        Array([[1. , 0. , 0. , 0. ],
+               [0.5, 0.5, 0. , 0. ],
+               [0. , 0.5, 0.5, 0. ],
+               [0. , 0. , 0.5, 0.5]], dtype=float32)
     """
     implementation = check_implementation(implementation)
+    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
+                                                              logit_softcap)
     if implementation == "chunked" and bias is not None:
         raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
                          "be T x S arrays); use implementation='plain' or None")
-    keep, (checked_queries, checked_keys, checked_values) = _prepare(
-        queries, keys, values, valid_lens, mask, is_causal, same_depth=True)
+    unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
+    keep, (checked_queries, checked_keys, checked_values), groups = _prepare(
+        queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
+        local_window_size=local_window_size)
     if implementation is None:
         implementation = dot_product_implementation(checked_queries, checked_keys, bias)
     if implementation == "plain":
-        return _softmax_pool(_dot_product_scores(checked_queries, checked_keys, bias),
-                             checked_values, keep)
-    output = efficient.dot_product_attention(queries, keys, values, valid_lens, mask=mask,
-                                             is_causal=is_causal)
-    return output, _dot_product_weights(checked_queries, checked_keys, keep, None)
+        output, weights = _ungrouped(groups, *_softmax_pool(
+            _dot_product_scores(checked_queries, checked_keys, bias, groups, scale, logit_softcap),
+            checked_values, keep))
+    else:
+        output = efficient.dot_product_attention(
+            queries, keys, values, valid_lens, mask=mask, is_causal=is_causal, scale=scale,
+            local_window_size=local_window_size, logit_softcap=logit_softcap)
+        weights, = _ungrouped(groups, _dot_product_weights(
+            checked_queries, checked_keys, keep, None, groups, scale, logit_softcap))
+    return (output[0], weights[0]) if unbatched else (output, weights)
 
 
 #: The keys of additive attention's parameter dict.
@@ -355,7 +462,8 @@ def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=N
     Returns:
       Weights ``(B, ..., T, S)``; fully masked rows are zero.
     """
-    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal, same_depth=False)
+    keep, (queries, keys), _ = _prepare(queries, keys, None, valid_lens, mask, is_causal,
+                                        same_depth=False)
     return _additive_weights(params, queries, keys, keep)
 
 
@@ -384,8 +492,8 @@ def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=N
         >>> w[0, 0].tolist()
         [0.5, 0.5, 0.0, 0.0, 0.0]
     """
-    keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                             same_depth=False)
+    keep, (queries, keys, values), _ = _prepare(queries, keys, values, valid_lens, mask,
+                                                is_causal, same_depth=False)
     weights = _additive_weights(params, queries, keys, keep)
     return jnp.einsum(WEIGHTED_SUM, weights, values), weights
 
@@ -396,11 +504,13 @@ def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=N
 class _Attention(nnx.Module):
     """Shared tail of the scoring modules: sow the weights, dropout on them, pool the values."""
 
-    def _pool(self, weights, values, deterministic, rngs):
+    def _pool(self, weights, values, deterministic, rngs, groups=1, unbatched=False):
         if self.sow_weights:
-            self.sow(nnx.Intermediate, "attention_weights", weights)
+            sown, = _ungrouped(groups, weights)
+            self.sow(nnx.Intermediate, "attention_weights", sown[0] if unbatched else sown)
         dropped = self.dropout(weights, deterministic=deterministic, rngs=rngs)
-        return jnp.einsum(WEIGHTED_SUM, dropped, values)
+        output, = _ungrouped(groups, jnp.einsum(WEIGHTED_SUM, dropped, values))
+        return output[0] if unbatched else output
 
 
 class DotProductAttention(_Attention):
@@ -431,12 +541,25 @@ class DotProductAttention(_Attention):
         self.sow_weights = sow_weights
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                 bias=None, deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
-        """Returns the output ``(B, ..., T, v)``; see :func:`dot_product_attention`."""
-        keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                                 same_depth=True)
-        weights = _dot_product_weights(queries, keys, keep, bias)
-        return self._pool(weights, values, deterministic, rngs)
+                 bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                 deterministic: bool | None = None, rngs: nnx.Rngs | None = None,
+                 drop_batch_axis: bool = False):
+        """Returns the output ``(B, ..., T, v)``; see :func:`dot_product_attention` for the
+        arguments (grouped-query keys and values and unbatched inputs included).
+
+        ``drop_batch_axis=True``: the inputs' batch axis is one the caller added to unbatched
+        inputs (:class:`~jax_attention.multihead.MultiHeadAttention` does, for ``(T, q)``
+        queries): the output and the sown weights come without it."""
+        scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
+                                                                  logit_softcap)
+        unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values,
+                                                                       valid_lens)
+        keep, (queries, keys, values), groups = _prepare(
+            queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
+            local_window_size=local_window_size)
+        weights = _dot_product_weights(queries, keys, keep, bias, groups, scale, logit_softcap)
+        return self._pool(weights, values, deterministic, rngs, groups,
+                          unbatched or check_static_bool("drop_batch_axis", drop_batch_axis))
 
 
 class AdditiveAttention(_Attention):
@@ -491,7 +614,7 @@ class AdditiveAttention(_Attention):
             if jnp.ndim(X) < 1 or jnp.shape(X)[-1] != W.shape[0]:
                 raise ValueError(f"{name} must have shape (B, ..., len, {name[0]}) with {name[0]} = "
                                  f"{W.shape[0]} (the module's {size}), got {jnp.shape(X)}")
-        keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                                 same_depth=False)
+        keep, (queries, keys, values), _ = _prepare(queries, keys, values, valid_lens, mask,
+                                                    is_causal, same_depth=False)
         weights = _additive_weights(self.params_dict(), queries, keys, keep)
         return self._pool(weights, values, deterministic, rngs)

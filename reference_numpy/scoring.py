@@ -17,8 +17,13 @@ import numpy as np
 from reference_numpy._checks import (
     check_attention_inputs,
     check_implementation,
+    check_local_window_size,
+    check_logit_softcap,
     check_param_keys,
+    check_scale,
+    check_unbatched,
     is_integer_dtype,
+    num_kv_groups,
 )
 from reference_numpy.masking import attention_mask, masked_softmax
 
@@ -37,7 +42,8 @@ PROJECT_KEYS = "...sk,kh->...sh"
 ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 
-def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool):
+def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool,
+             local_window_size=None):
     """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
 
     Returns ``(keep, arrays)``: the boolean mask broadcastable to ``(B, ..., T, S)`` (or ``None``)
@@ -46,11 +52,20 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     ``0 * NaN`` and ``0 * Inf`` are NaN: NaN or Inf stored in padding would otherwise reach valid
     outputs through the weighted sum, and valid gradients through the backward pass of the score
     einsum (and, in additive attention, through ``tanh'`` of a NaN feature).
+
+    Grouped-query keys and values (``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``)
+    are repeated here to ``N`` heads, ``G = N / N_kv`` consecutive query heads per key/value
+    head: the definition, written plainly (the JAX twin contracts each key/value head with its
+    group instead of repeating it).
     """
-    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth)
+    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
+                                    grouped_heads=same_depth)
+    groups = num_kv_groups(arrays[0].shape, arrays[1].shape)
+    if groups > 1:
+        arrays = [arrays[0]] + [np.repeat(a, groups, axis=-3) for a in arrays[1:]]
     queries, keys = arrays[0], arrays[1]
     keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
-                          is_causal=is_causal)
+                          is_causal=is_causal, local_window_size=local_window_size)
     if keep is None:
         return keep, arrays
     query_attends = np.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
@@ -89,59 +104,85 @@ def _scores_dtype(dtype):
     return np.float32 if np.finfo(dtype).bits < 32 else dtype
 
 
-def _dot_product_weights(queries, keys, keep, bias):
+def _dot_product_weights(queries, keys, keep, bias, scale=None, logit_softcap=None):
     compute = _scores_dtype(queries.dtype)
     scores = np.einsum(DOT_SCORES, queries.astype(compute), keys.astype(compute))
-    scores = scores / math.sqrt(queries.shape[-1])
+    scores = scores / math.sqrt(queries.shape[-1]) if scale is None else scores * scale
+    if logit_softcap is not None:
+        scores = logit_softcap * np.tanh(scores / logit_softcap)
     return masked_softmax(_add_bias(scores, bias), mask=keep).astype(queries.dtype)
 
 
+def _check_variants(scale, local_window_size, logit_softcap):
+    """The static variant arguments of the dot-product functions, checked."""
+    return (check_scale(scale), check_local_window_size(local_window_size),
+            check_logit_softcap(logit_softcap))
+
+
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
-                                  bias=None):
+                                  bias=None, scale=None, local_window_size=None,
+                                  logit_softcap=None):
     """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d) + bias)`` — d2l §11.3.3.
 
     Args:
-      queries: ``(B, ..., T, d)``.
-      keys: ``(B, ..., S, d)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``: the number of keys each query may attend.
-      mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
-      is_causal: also apply :func:`~reference_numpy.masking.causal_mask` ``(T, S)``.
-      bias: added to the scores before masking and softmax, broadcastable to ``(B, ..., T, S)``
-        (e.g. a relative position bias).
+      queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
+      keys: ``(B, ..., S, d)``, or ``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``
+        with ``N_kv`` dividing ``N`` (grouped-query attention); unbatched ``(S, d)``.
+      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap: as in
+        :func:`dot_product_attention`.
 
     Returns:
-      Weights ``(B, ..., T, S)``; fully masked rows are zero.
+      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero.
     """
-    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal, same_depth=True)
-    return _dot_product_weights(queries, keys, keep, bias)
+    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
+                                                              logit_softcap)
+    unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
+    keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal,
+                                     same_depth=True, local_window_size=local_window_size)
+    weights = _dot_product_weights(queries, keys, keep, bias, scale, logit_softcap)
+    return weights[0] if unbatched else weights
 
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
-                          bias=None, implementation=None):
+                          bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                          implementation=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
-    ``softmax(Q K^T / sqrt(d) + bias) V`` with masking (see :mod:`reference_numpy.masking`).
+    ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see
+    :mod:`reference_numpy.masking`); ``scale = 1 / sqrt(d)`` and no soft-capping by default.
 
     Args:
-      queries: ``(B, ..., T, d)``.
-      keys: ``(B, ..., S, d)``.
-      values: ``(B, ..., S, v)``.
-      valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
+      queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
+      keys: ``(B, ..., S, d)``; grouped-query attention: ``(B, ..., N_kv, S, d)`` for queries
+        ``(B, ..., N, T, d)`` with ``N_kv`` dividing ``N``, query head ``n`` attending key/value
+        head ``n // (N / N_kv)``; unbatched ``(S, d)``.
+      values: ``(B, ..., S, v)``, with the keys' heads; unbatched ``(S, v)``.
+      valid_lens: ``None``, ``(B,)`` or ``(B, T)`` (unbatched: ``()`` or ``(T,)``).
       mask: boolean, broadcastable to ``(B, ..., T, S)``; True = attend.
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores, broadcastable to ``(B, ..., T, S)``.
+      scale: the factor of the dot products; ``None``: ``1 / sqrt(d)``.
+      local_window_size: ``(left, right)`` or ``w`` = ``(w, w)``: query ``t`` attends only keys
+        ``t - left <= s <= t + right`` (:func:`~reference_numpy.masking.local_window_mask`).
+      logit_softcap: ``c > 0``: the scaled dot products become ``c * tanh(s / c)`` before the
+        bias and the masks; ``None``: no capping.
       implementation: ``None``, ``"plain"`` or ``"chunked"``, checked and otherwise ignored: the
         reference has one path (the whole ``T x S`` scores), against which both of
         :func:`jax_attention.scoring.dot_product_attention`'s are tested.
 
     Returns:
-      ``(output (B, ..., T, v), weights (B, ..., T, S))``; fully masked rows give zero output.
+      ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``);
+      fully masked rows give zero output.
     """
     check_implementation(implementation)
+    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
+                                                              logit_softcap)
+    unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                             same_depth=True)
-    weights = _dot_product_weights(queries, keys, keep, bias)
-    return np.einsum(WEIGHTED_SUM, weights, values), weights
+                                             same_depth=True, local_window_size=local_window_size)
+    weights = _dot_product_weights(queries, keys, keep, bias, scale, logit_softcap)
+    output = np.einsum(WEIGHTED_SUM, weights, values)
+    return (output[0], weights[0]) if unbatched else (output, weights)
 
 
 #: The keys of additive attention's parameter dict.

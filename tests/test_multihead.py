@@ -487,7 +487,12 @@ def test_bad_num_heads(num_heads, message):
     (lambda p: p.pop("W_o"), "params has missing keys ['W_o']: expected the keys "
                              "['W_q', 'W_k', 'W_v', 'W_o'] and optionally ['b_q', 'b_k', 'b_v', 'b_o']"),
     (lambda p: p.update(W_k=np.zeros((3, 8))), "params['W_k'] must have shape (5, 8), got (3, 8)"),
-    (lambda p: p.update(W_v=np.zeros((6, 5))), "params['W_v'] must have shape (6, 8), got (6, 5)"),
+    (lambda p: p.update(W_v=np.zeros((6, 5))), "params['W_v'] must have a width N_kv * H_v "
+                                                "divisible by num_kv_heads = 2, got shape (6, 5)"),
+    # A value head size of 3 (W_v (6, 2 * 3)) needs W_o (2 * 3, E).
+    (lambda p: p.update(W_v=np.zeros((6, 6))), "params['W_o'] must have shape (6, 8), got (8, 8)"),
+    # 2 heads of H = 4: W_k's width 6 is no whole number of key/value heads.
+    (lambda p: p.update(W_k=np.zeros((5, 6))), "params['W_k'] must have shape (5, 8), got (5, 6)"),
     (lambda p: p.update(b_o=np.zeros((8, 1))), "params['b_o'] must have shape (8,), got (8, 1)"),
 ])
 def test_bad_params(change, message):
@@ -501,7 +506,9 @@ def test_bad_params(change, message):
 def test_bad_inputs():
     queries, keys, values = (np.asarray(a) for a in _inputs())
     cases = [
-        ((queries[0], keys, values), ValueError, "queries must have shape (B, len, size), got (3, 3)"),
+        ((queries[0], keys, values), ValueError,
+         "queries (3, 3) are unbatched (T, q), so keys must be (S, k) too, got (2, 4, 5)"),
+        ((queries[0, 0], keys, values), ValueError, "queries must have shape (B, len, size), got (3,)"),
         ((queries, keys, values[:, :3]), ValueError,
          "must share B and keys and values S, got queries (2, 3, 3), keys (2, 4, 5), values (2, 3, 6)"),
         ((queries[:1], keys, values), ValueError, "must share B"),
@@ -595,3 +602,143 @@ def test_is_causal_must_be_a_python_bool(is_causal):
         module(*_inputs(), is_causal=is_causal)
     with pytest.raises(TypeError, match=r"is_causal must be a static Python bool"):
         jax.jit(lambda c: _call_both(jnp, is_causal=c))(True)
+
+
+# --------------------------------------------------------------------------- variants
+# Grouped-query / multi-query heads, a separate value head size, scale, windows, soft-capping and
+# unbatched inputs. (Values against the NumPy reference: tests/parity/test_multihead.py.)
+
+GQA_HEADS = 4  # H = 2 with D = 8
+
+
+def _repeated_kv(params, num_kv_heads, value_head_size):
+    """The same layer with every key/value head's columns repeated for its N / N_kv query heads:
+    plain multi-head attention with N key/value heads."""
+    groups, head = GQA_HEADS // num_kv_heads, DIMS.D // GQA_HEADS
+
+    def repeat(array, size):  # (..., N_kv * size) -> (..., N * size), head-major as split_heads
+        split = array.reshape(array.shape[:-1] + (num_kv_heads, size))
+        return jnp.repeat(split, groups, axis=-2).reshape(array.shape[:-1] + (-1,))
+
+    repeated = dict(params)
+    for name, size in (("W_k", head), ("b_k", head), ("W_v", value_head_size),
+                       ("b_v", value_head_size)):
+        repeated[name] = repeat(params[name], size)
+    return repeated
+
+
+@pytest.mark.parametrize("num_kv_heads, value_head_size", [(2, 2), (1, 2), (2, 3), (4, 5)])
+def test_gqa_layer_equals_the_layer_with_repeated_key_value_weights(x64, num_kv_heads,
+                                                                    value_head_size):
+    """A GQA module equals plain multi-head attention whose W_k, W_v (and biases) repeat each
+    key/value head for its group — outputs, weights and the gradients of the shared heads (the
+    sum over the copies)."""
+    module = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, bias=True, query_size=DIMS.q,
+                                       key_size=DIMS.k, value_size=DIMS.v,
+                                       num_kv_heads=num_kv_heads, value_head_size=value_head_size,
+                                       param_dtype=jnp.float64, rngs=nnx.Rngs(3))
+    params = module.params_dict()
+    params = {name: p + 0.1 * _normal(p.shape, jnp.float64, i) if name.startswith("b_") else p
+              for i, (name, p) in enumerate(params.items())}  # biases nonzero
+    inputs = _inputs(jnp.float64)
+    arguments = {"valid_lens": _lens([3, 1]), "is_causal": True, "local_window_size": (1, 0)}
+
+    def grouped(params):
+        return jax_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS, **arguments)
+
+    def repeated(params):
+        return jax_mh.multi_head_attention(_repeated_kv(params, num_kv_heads, value_head_size),
+                                           *inputs, num_heads=GQA_HEADS, **arguments)
+
+    for got, expected in zip(grouped(params), repeated(params)):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    got = jax.grad(lambda p: jnp.sum(grouped(p)[0] ** 2))(params)
+    expected = jax.grad(lambda p: jnp.sum(repeated(p)[0] ** 2))(params)
+    for name in params:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+
+
+def test_gqa_module_calls_the_function_on_its_parameters(x64):
+    module = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, query_size=DIMS.q, key_size=DIMS.k,
+                                       value_size=DIMS.v, num_kv_heads=1, value_head_size=3,
+                                       param_dtype=jnp.float64, rngs=nnx.Rngs(1))
+    inputs = _inputs(jnp.float64)
+    arguments = {"valid_lens": _lens([[1, 4, 2], [3, 0, 4]]), "scale": 0.3, "logit_softcap": 2.0}
+    expected, _ = jax_mh.multi_head_attention(module.params_dict(), *inputs, num_heads=GQA_HEADS,
+                                              num_kv_heads=1, **arguments)
+    np.testing.assert_array_equal(module(*inputs, **arguments), expected)
+    unbatched = module(*(x[1] for x in inputs), arguments["valid_lens"][1], scale=0.3,
+                       logit_softcap=2.0)
+    np.testing.assert_allclose(unbatched, expected[1], rtol=1e-12, atol=1e-12)
+
+
+def test_gqa_gradients_match_finite_differences(x64):
+    module = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, bias=True, query_size=DIMS.q,
+                                       key_size=DIMS.k, value_size=DIMS.v, num_kv_heads=2,
+                                       value_head_size=3, param_dtype=jnp.float64,
+                                       rngs=nnx.Rngs(2))
+    inputs = _inputs(jnp.float64)
+
+    def f(params, queries):
+        return jax_mh.multi_head_attention(params, queries, *inputs[1:], _lens([2, 4]),
+                                           num_heads=GQA_HEADS, logit_softcap=1.5,
+                                           local_window_size=(1, 2))[0]
+
+    check_grads(jax.jit(f), (module.params_dict(), inputs[0]), order=1, modes=("rev",))
+
+
+def test_gqa_under_jit_and_vmap():
+    params = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, query_size=DIMS.q, key_size=DIMS.k,
+                                       value_size=DIMS.v, num_kv_heads=2,
+                                       rngs=nnx.Rngs(0)).params_dict()
+    inputs, lens = _inputs(), _lens([3, 2])
+
+    def f(q, k, v, lens):
+        return jax_mh.multi_head_attention(params, q, k, v, lens, num_heads=GQA_HEADS,
+                                           num_kv_heads=2, local_window_size=1)
+
+    eager = f(*inputs, lens)
+    jitted = jax.jit(f)(*inputs, lens)
+    mapped = jax.vmap(f)(*inputs, lens)  # unbatched inside: (T, q), lengths ()
+    for e, j, m in zip(eager, jitted, mapped):
+        np.testing.assert_allclose(j, e, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(m, e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_kv_heads": 3}, "num_kv_heads must be a positive integer dividing num_heads = 4, got 3"),
+    ({"num_kv_heads": 0}, "num_kv_heads must be a positive integer dividing num_heads = 4, got 0"),
+    ({"num_kv_heads": True}, "num_kv_heads must be a positive integer dividing num_heads = 4"),
+    ({"value_head_size": 0}, "value_head_size must be an integer >= 1, got 0"),
+])
+def test_bad_module_head_settings(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, rngs=nnx.Rngs(0), **kwargs)
+
+
+def test_num_kv_heads_must_fit_the_parameters():
+    params = {name: np.asarray(p) for name, p in _params().items()}  # W_k (k, 8): N_kv = 2 of H 4
+    inputs = [np.asarray(a) for a in _inputs()]
+    for mh in (jax_mh, np_mh):
+        with pytest.raises(ValueError, match=re.escape(
+                "num_kv_heads must be a positive integer dividing num_heads = 2, got 3")):
+            mh.multi_head_attention(params, *inputs, num_heads=2, num_kv_heads=3)
+        with pytest.raises(ValueError, match=re.escape(
+                "params['W_k'] must have shape (5, 4), got (5, 8)")):
+            mh.multi_head_attention(params, *inputs, num_heads=2, num_kv_heads=1)
+
+
+def test_unbatched_module_sows_weights_without_a_batch_axis():
+    """Unbatched (T, q) inputs: the module's output (T, D) and its sown weights (N, T, S) are
+    those of the function, without the batch axis added inside."""
+    module = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, num_kv_heads=2, sow_weights=True,
+                                       rngs=nnx.Rngs(0))
+    X = _normal((DIMS.T, DIMS.D), seed=5)
+    output, intermediates = nnx.capture(module, nnx.Intermediate)(X, X, X, is_causal=True)
+    (weights,) = intermediates["attention"]["attention_weights"].get_value()
+    expected, expected_weights = jax_mh.multi_head_attention(module.params_dict(), X, X, X,
+                                                             num_heads=GQA_HEADS, is_causal=True)
+    assert output.shape == (DIMS.T, DIMS.D) and weights.shape == (GQA_HEADS, DIMS.T, DIMS.T)
+    np.testing.assert_allclose(output, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(weights, expected_weights, rtol=1e-6, atol=1e-6)

@@ -303,8 +303,8 @@ def _autodiff_dot_product_attention(queries, keys, values, valid_lens=None, *, m
                                     is_causal=False, bias=None):
     """The same computation as ``dot_product_attention`` without its custom JVP: plain autodiff
     through masking, softmax and the weighted sum."""
-    keep, (q, k, v) = jax_scoring._prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                           same_depth=True)
+    keep, (q, k, v), _ = jax_scoring._prepare(queries, keys, values, valid_lens, mask, is_causal,
+                                              same_depth=True)
     weights = jax_scoring._dot_product_weights(q, k, keep, bias)
     return jnp.einsum(jax_scoring.WEIGHTED_SUM, weights, v), weights
 
@@ -605,11 +605,12 @@ def test_keys_and_values_of_different_lengths(kind):
 def test_batch_axes_and_rank(kind):
     queries, keys, values = _np_inputs(kind)
     for attention, xnp in _both(kind):
-        with pytest.raises(ValueError, match=r"must share their batch axes, got queries \(1, 3, 4\)"):
+        with pytest.raises(ValueError, match=r"must share their batch axes.*, got queries \(1, 3, 4\)"):
             attention(xnp.asarray(queries[:1]), xnp.asarray(keys), xnp.asarray(values))
-        with pytest.raises(
-            ValueError, match=re.escape("queries must have shape (B, ..., len, size), got (3, 4)")
-        ):
+        # Dot-product attention takes unbatched (T, d) queries, with unbatched keys and values.
+        message = ("queries (3, 4) are unbatched (T, q), so keys must be (S, k) too, got (2, 5, 4)"
+                   if kind == "dot" else "queries must have shape (B, ..., len, size), got (3, 4)")
+        with pytest.raises(ValueError, match=re.escape(message)):
             attention(xnp.asarray(queries[0]), xnp.asarray(keys), xnp.asarray(values))
 
 
@@ -975,3 +976,239 @@ def test_additive_params_with_a_misspelled_or_extra_key_are_refused(change, mess
             module.additive_attention(params, queries, keys, values)
         with pytest.raises(ValueError, match=message):
             module.additive_attention_weights(params, queries, keys)
+
+
+# --------------------------------------------------------------------------- variants
+# Grouped-query key/value heads, scale, sliding windows and soft-capping: gradients, jit/vmap,
+# the group's gradient, empty windows, bad arguments. (Values against the NumPy reference are in
+# tests/parity/test_scoring.py; against jax.nn and torch in tests/crossframework.)
+
+GQA = chex.Dimensions(B=2, N=4, K=2, T=5, S=6, H=4, V=3)
+
+
+def _gqa_inputs(num_kv_heads=GQA.K, dtype=jnp.float64, seed=40):
+    return (_normal((GQA.B, GQA.N, GQA.T, GQA.H), dtype, seed),
+            _normal((GQA.B, num_kv_heads, GQA.S, GQA.H), dtype, seed + 1),
+            _normal((GQA.B, num_kv_heads, GQA.S, GQA.V), dtype, seed + 2))
+
+
+VARIANT_CASES = {
+    "scale": {"scale": 0.35},
+    "softcap": {"logit_softcap": 0.9, "scale": 1.0},
+    "window, causal, lens": {"local_window_size": (2, 0), "is_causal": True,
+                             "valid_lens": (4, 0)},
+    "window, lens BT with empty rows": {"local_window_size": (1, 1),
+                                        "valid_lens": ((0, 6, 2, 5, 0), (3, 3, 0, 6, 1))},
+}
+
+
+def _with_lens(arguments):
+    arguments = dict(arguments)
+    if "valid_lens" in arguments:
+        arguments["valid_lens"] = jnp.asarray(arguments["valid_lens"], jnp.int32)
+    return arguments
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+@pytest.mark.parametrize("num_kv_heads", [GQA.N, GQA.K, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("name", list(VARIANT_CASES))
+def test_variant_gradients(x64, name, num_kv_heads, implementation):
+    """Reverse-mode gradients of the output against finite differences, every variant."""
+    arguments = _with_lens(VARIANT_CASES[name])
+
+    def f(q, k, v):
+        return jax_scoring.dot_product_attention(q, k, v, implementation=implementation,
+                                                 **arguments)[0]
+
+    check_grads(jax.jit(f), _gqa_inputs(num_kv_heads), order=1, modes=("rev",))
+
+
+def test_variant_forward_mode_on_the_plain_path(x64):
+    """jax.jvp and jax.hessian through softcap, window and grouped heads (plain path)."""
+    arguments = _with_lens({"logit_softcap": 0.7, "local_window_size": (1, 2), "valid_lens": (3, 6)})
+    q, k, v = _gqa_inputs()
+
+    def f(q, k, v):
+        return jax_scoring.dot_product_attention(q, k, v, implementation="plain", **arguments)[0]
+
+    check_grads(f, (q, k, v), order=1, modes=("fwd",))
+    hessian = jax.hessian(lambda k: jnp.sum(f(q, k, v) ** 2))(k)
+    assert hessian.shape == k.shape * 2 and _all_finite(hessian)
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+def test_grouped_heads_equal_repeated_keys_and_values(x64, implementation):
+    """GQA = attention with each key/value head repeated for its N / N_kv query heads; the
+    gradient of a shared head is the sum of its copies' gradients."""
+    q, k, v = _gqa_inputs()
+    groups = GQA.N // GQA.K
+    arguments = _with_lens({"valid_lens": (5, 2), "is_causal": True})
+
+    def grouped(q, k, v):
+        return jax_scoring.dot_product_attention(q, k, v, implementation=implementation, **arguments)
+
+    def repeated(q, k, v):
+        return jax_scoring.dot_product_attention(q, jnp.repeat(k, groups, axis=1),
+                                                 jnp.repeat(v, groups, axis=1),
+                                                 implementation="plain", **arguments)
+
+    for got, expected in zip(grouped(q, k, v), repeated(q, k, v)):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v)[0] * jnp.arange(GQA.V, dtype=q.dtype).reshape(1, 1, 1, -1))
+
+    got = jax.grad(loss(grouped), argnums=(0, 1, 2))(q, k, v)
+    expected = jax.grad(lambda q, k, v: loss(repeated)(q, k, v), argnums=(0, 1, 2))(q, k, v)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_heads_do_not_repeat_keys_and_values():
+    """The plain path contracts each key/value head with its group: no (B, N, S, H) copy of the
+    keys or values appears in the compiled forward+backward program."""
+    q, k, v = _gqa_inputs(dtype=jnp.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(jax_scoring.dot_product_attention(q, k, v, implementation="plain")[0])
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(1, 2)))(q, k, v))
+    for repeated in ((GQA.B, GQA.N, GQA.S, GQA.H), (GQA.B, GQA.N, GQA.S, GQA.V)):
+        assert f"f32[{','.join(map(str, repeated))}]" not in jaxpr
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+def test_variants_under_jit_and_vmap(implementation):
+    q, k, v = _gqa_inputs(dtype=jnp.float32)
+    lens = jnp.asarray([4, 1], jnp.int32)
+    arguments = {"local_window_size": (1, 1), "logit_softcap": 2.0, "scale": 0.5,
+                 "implementation": implementation}
+    eager = jax_scoring.dot_product_attention(q, k, v, lens, **arguments)
+    jitted = jax.jit(lambda q, k, v, lens: jax_scoring.dot_product_attention(
+        q, k, v, lens, **arguments))(q, k, v, lens)
+    # vmap over the batch: each example unbatched (N, T, H) would be (B', T, H); add B' = 1.
+    mapped = jax.vmap(lambda q, k, v, lens: jax_scoring.dot_product_attention(
+        q[None], k[None], v[None], lens[None], **arguments))(q, k, v, lens)
+    for e, j, m in zip(eager, jitted, mapped):
+        np.testing.assert_allclose(j, e, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(m[:, 0], e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+def test_rows_a_window_leaves_empty_are_zero_with_finite_gradients(x64, implementation):
+    """Lengths (3, 6) and a window (0, 0): queries 3 and 4 of sequence 0 see no key. Their
+    weights and outputs are zero, NaN stored in the padding reaches nothing, and every gradient
+    is finite."""
+    q, k, v = _gqa_inputs()
+    k, v = k.at[0, :, 3:].set(jnp.nan), v.at[0, :, 3:].set(jnp.inf)
+    lens = jnp.asarray([3, 6], jnp.int32)
+
+    def f(q, k, v):
+        return jax_scoring.dot_product_attention(q, k, v, lens, local_window_size=(0, 0),
+                                                 implementation=implementation)
+
+    output, weights = f(q, k, v)
+    assert _all_finite((output, weights))
+    np.testing.assert_array_equal(weights[0, :, 3:], 0.0)
+    np.testing.assert_array_equal(output[0, :, 3:], 0.0)
+    np.testing.assert_allclose(weights[1].sum(-1), 1.0, rtol=1e-12)
+    grads = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)[0]), argnums=(0, 1, 2))(q, k, v)
+    assert _all_finite(grads)
+    np.testing.assert_array_equal(grads[0][0, :, 3:], 0.0)
+
+
+def test_softcap_bounds_the_scores_and_scale_multiplies_them(x64):
+    q, k, _ = _gqa_inputs()
+    q = 50.0 * q  # scores far beyond the cap
+    d = GQA.H
+    uncapped = jnp.einsum("bngtd,bnsd->bngts", q.reshape(GQA.B, GQA.K, 2, GQA.T, d), k)
+    uncapped = uncapped.reshape(GQA.B, GQA.N, GQA.T, GQA.S) / math.sqrt(d)
+    capped = 3.0 * jnp.tanh(uncapped / 3.0)
+    weights = jax_scoring.dot_product_attention_weights(q, k, logit_softcap=3.0)
+    np.testing.assert_allclose(weights, jax.nn.softmax(capped, axis=-1), rtol=1e-12, atol=1e-15)
+    # The largest weight ratio within a row is at most e^(2c).
+    ratio = weights.max(-1) / weights.min(-1)
+    assert float(ratio.max()) <= math.exp(6.0) * (1 + 1e-9)
+    scaled = jax_scoring.dot_product_attention_weights(q / 50.0, k, scale=0.25)
+    np.testing.assert_allclose(scaled, jax.nn.softmax(uncapped / 50.0 * math.sqrt(d) * 0.25,
+                                                      axis=-1), rtol=1e-12)
+
+
+BAD_VARIANTS = [
+    ({"scale": "0.5"}, TypeError, "scale must be a real number (or None for 1 / sqrt(d)), got str"),
+    ({"scale": True}, TypeError, "scale must be a real number"),
+    ({"scale": float("inf")}, ValueError, "scale must be finite, got inf"),
+    ({"scale": np.ones(2)}, TypeError, "got an array of dtype float64 with shape (2,)"),
+    ({"logit_softcap": 0.0}, ValueError, "logit_softcap must be a finite number > 0, got 0.0"),
+    ({"logit_softcap": -2}, ValueError, "logit_softcap must be a finite number > 0, got -2"),
+    ({"logit_softcap": "1"}, TypeError, "logit_softcap must be a positive number (or None)"),
+    ({"local_window_size": -1}, ValueError, "local_window_size must be >= 0 on both sides"),
+    ({"local_window_size": (1, -2)}, ValueError, "local_window_size must be >= 0 on both sides"),
+    ({"local_window_size": (1, 2, 3)}, TypeError,
+     "local_window_size must be an int w (= (w, w)) or a pair of ints (left, right), got tuple"),
+    ({"local_window_size": 1.5}, TypeError, "local_window_size must be an int w"),
+    ({"local_window_size": (True, 1)}, TypeError, "local_window_size must be an int w"),
+]
+
+
+@pytest.mark.parametrize("arguments, error, message", BAD_VARIANTS,
+                         ids=[str(a) for a, _, _ in BAD_VARIANTS])
+def test_bad_variant_arguments(arguments, error, message):
+    """Refused with the same message by every dot-product entry point, NumPy and JAX, plain and
+    chunked."""
+    q, k, v = (np.asarray(a) for a in _gqa_inputs(dtype=jnp.float32))
+    calls = [
+        lambda: jax_scoring.dot_product_attention(q, k, v, **arguments),
+        lambda: jax_scoring.dot_product_attention(q, k, v, implementation="chunked", **arguments),
+        lambda: jax_scoring.dot_product_attention_weights(q, k, **arguments),
+        lambda: efficient.dot_product_attention(q, k, v, **arguments),
+        lambda: jax_scoring.DotProductAttention()(q, k, v, **arguments),
+        lambda: np_scoring.dot_product_attention(q, k, v, **arguments),
+        lambda: np_scoring.dot_product_attention_weights(q, k, **arguments),
+    ]
+    for call in calls:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+
+
+def test_traced_scale_is_refused():
+    q, k, v = _gqa_inputs(dtype=jnp.float32)
+    with pytest.raises(TypeError, match="scale must be a static number"):
+        jax.jit(lambda s: jax_scoring.dot_product_attention(q, k, v, scale=s))(0.5)
+
+
+@pytest.mark.parametrize("key_heads", [3, 8])
+def test_key_heads_must_divide_query_heads(key_heads):
+    q = np.ones((2, 4, 5, 4), np.float32)
+    k = np.ones((2, key_heads, 6, 4), np.float32)
+    message = (f"must share their batch axes (or, for grouped-query attention, (B, ..., N_kv, S, k) "
+               f"with N_kv dividing the queries' N heads: (B, ..., N, T, q)), got queries "
+               f"(2, 4, 5, 4) and keys (2, {key_heads}, 6, 4)")
+    for call in (jax_scoring.dot_product_attention, np_scoring.dot_product_attention,
+                 efficient.dot_product_attention):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call(q, k, k)
+    # Three axes have no head axis: (B, T, d) against (B', S, d) is a batch mismatch.
+    with pytest.raises(ValueError, match="must share their batch axes"):
+        jax_scoring.dot_product_attention(q[:, 0], k[:1, 0], k[:1, 0])
+
+
+def test_unbatched_lengths_must_be_scalar_or_per_query():
+    q, k = np.ones((5, 4), np.float32), np.ones((6, 4), np.float32)
+    message = ("valid_lens of unbatched queries (T, q) = (5, 4) must have shape () or (T,) = (5,), "
+               "got (2,)")
+    for call in (jax_scoring.dot_product_attention, np_scoring.dot_product_attention):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call(q, k, k, np.array([1, 2]))
+
+
+def test_unbatched_module_sows_weights_without_a_batch_axis():
+    module = jax_scoring.DotProductAttention(sow_weights=True)
+    q, k, v = (_normal(shape, seed=i) for i, shape in enumerate(((4, 3), (6, 3), (6, 2))))
+    output, intermediates = nnx.capture(module, nnx.Intermediate)(q, k, v, 5, is_causal=True)
+    (weights,) = intermediates["attention_weights"].get_value()
+    expected = jax_scoring.dot_product_attention(q, k, v, 5, is_causal=True)
+    assert output.shape == (4, 2) and weights.shape == (4, 6)
+    for got, want in zip((output, weights), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

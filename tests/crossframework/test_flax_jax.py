@@ -277,3 +277,45 @@ def test_jax_nn_differs_on_queries_with_no_key(backend, float32):
     assert (got[0] == 0).all()
     uniform = np.broadcast_to(np.asarray(v)[0].mean(axis=1, keepdims=True), (N, T, H))
     np.testing.assert_allclose(expected[0], uniform, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- variants vs jax.nn
+# Grouped-query key/value heads, scale= and local_window_size= as jax.nn.dot_product_attention
+# takes them (K/V heads dividing N; the window (left, right) around each query), with our
+# valid lengths as its key_value_seq_lengths.
+
+GQA_N = 4
+
+JAX_NN_VARIANTS = {
+    "GQA": {"kv_heads": 2},
+    "MQA, causal": {"kv_heads": 1, "is_causal": True},
+    "scale": {"kv_heads": GQA_N, "scale": 0.3},
+    "window (1, 2)": {"kv_heads": 2, "local_window_size": (1, 2)},
+    "window 1, causal, lengths": {"kv_heads": 1, "local_window_size": 1, "is_causal": True,
+                                  "lengths": True},
+    "everything but a cap": {"kv_heads": 2, "scale": 1.3, "local_window_size": (2, 0),
+                             "is_causal": True, "lengths": True, "mask": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(JAX_NN_VARIANTS), ids=list(JAX_NN_VARIANTS))
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+def test_variants_match_jax_nn_dot_product_attention(backend, float32, variant, implementation):
+    dtype = float32
+    case = dict(JAX_NN_VARIANTS[variant])
+    kv_heads, with_lengths, with_mask = (case.pop("kv_heads"), case.pop("lengths", False),
+                                         case.pop("mask", False))
+    q = jnp.asarray(_normal((B, GQA_N, T, H), 20), dtype)
+    k = jnp.asarray(_normal((B, kv_heads, S, H), 21), dtype)
+    v = jnp.asarray(_normal((B, kv_heads, S, H), 22), dtype)
+    lengths = jnp.asarray([S, 2], jnp.int32) if with_lengths else None  # every row keeps key 0
+    mask = (jnp.asarray(_no_empty_rows(np.random.default_rng(7).random((B, 1, T, S)) < 0.6))
+            if with_mask else None)
+    got, weights = jax.jit(lambda q, k, v: dot_product_attention(
+        q, k, v, lengths, mask=mask, implementation=implementation, **case))(q, k, v)
+    with _builtin_promotion():
+        expected = jax.jit(lambda q, k, v: _to_btnh(jax.nn.dot_product_attention(
+            _to_btnh(q), _to_btnh(k), _to_btnh(v), None, mask, key_value_seq_lengths=lengths,
+            **case)))(q, k, v)
+    assert got.shape == (B, GQA_N, T, H) and weights.shape == (B, GQA_N, T, S)
+    assert_matches(got, np.asarray(expected, np.float64), dtype, backend)

@@ -311,3 +311,68 @@ def test_layer_norm_matches_torch_nn(backend, dtype):
     torch_grads = from_torch({name: p.grad for name, p in module.named_parameters()}, "layer_norm")
     assert_tree_close(grads[0], torch_grads, dtype, what="d params")
     assert_close(grads[1], tensor.grad, dtype, what="d X")
+
+
+# --------------------------------------------------------------------------- SDPA variants
+# Grouped-query heads (SDPA's enable_gqa=True), scale= and a sliding window (as SDPA's boolean
+# attn_mask), outputs and gradients, float64.
+
+GQA_N = 4
+
+SDPA_VARIANTS = {
+    "GQA, scale": {"kv_heads": 2, "scale": 0.4},
+    "MQA, causal": {"kv_heads": 1, "is_causal": True},
+    "GQA, window (1, 2), lens BT": {"kv_heads": 2, "local_window_size": (1, 2),
+                                    "valid_lens": [[2, 0, 5], [1, 4, 3]]},
+    "window 1, causal, scale": {"kv_heads": GQA_N, "local_window_size": 1, "is_causal": True,
+                                "scale": 2.0},
+}
+
+
+@functools.cache
+def _ours_variant(variant: str, implementation: str):
+    case = {name: value for name, value in SDPA_VARIANTS[variant].items()
+            if name in ("scale", "local_window_size", "is_causal")}
+
+    def run(queries, keys, values, valid_lens, cotangent):
+        def attend(q, k, v):
+            return scoring.dot_product_attention(q, k, v, valid_lens, implementation=implementation,
+                                                 **case)[0]
+
+        output, vjp = jax.vjp(attend, queries, keys, values)
+        return output, vjp(cotangent)
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+@pytest.mark.parametrize("variant", list(SDPA_VARIANTS), ids=list(SDPA_VARIANTS))
+def test_sdpa_variants(request, backend, variant, implementation):
+    dtype = _dtype(request, "float64")
+    case = SDPA_VARIANTS[variant]
+    kv_heads = case["kv_heads"]
+    q, k, v = normal((B, GQA_N, T, H), 4), normal((B, kv_heads, S, H), 5), normal((B, kv_heads, S, H), 6)
+    cotangent = normal((B, GQA_N, T, H), 7)
+    valid_lens = case.get("valid_lens")
+    output, grads = _ours_variant(variant, implementation)(
+        *to_jax((q, k, v), dtype), None if valid_lens is None else lengths(valid_lens),
+        jnp.asarray(cotangent, dtype))
+    # SDPA's boolean attn_mask (True = attend), built from the definitions.
+    t, s = np.arange(T)[:, None], np.arange(S)[None, :]
+    keep = np.ones((B, 1, T, S), bool)
+    if valid_lens is not None:
+        keep &= (s < np.asarray(valid_lens).reshape(B, -1)[:, :, None])[:, None]
+    if case.get("is_causal"):
+        keep &= s <= t
+    if "local_window_size" in case:
+        window = case["local_window_size"]
+        left, right = (window, window) if isinstance(window, int) else window
+        keep &= (s >= t - left) & (s <= t + right)
+    tensors = _tensors(dtype, q, k, v)
+    expected = F.scaled_dot_product_attention(*tensors, attn_mask=torch.tensor(keep),
+                                              scale=case.get("scale"), enable_gqa=kv_heads < GQA_N)
+    expected.backward(torch.tensor(cotangent.astype(dtype)))
+    assert_close(output, expected, dtype, what="output")
+    for name, got, want in zip("qkv", grads, _grads(tensors)):
+        assert got.shape == want.shape
+        assert_close(got, want, dtype, what=f"d{name}")

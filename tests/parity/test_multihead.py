@@ -226,3 +226,112 @@ def test_relative_position_bias_as_score_bias(backend, x64, highest_precision):
                                           num_heads=N, bias=bias)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
+
+
+# --------------------------------------------------------------------------- variants
+# Grouped-query heads (W_k, W_v of N_kv heads), a value head size other than H, scale, windows,
+# soft-capping and unbatched inputs.
+
+GQA_HEADS = 4  # H = D / 4 = 2
+
+
+def _gqa_params(num_kv_heads, value_head_size=D // GQA_HEADS, biases=True, seed=8):
+    """``W_k (k, N_kv H)``, ``W_v (v, N_kv H_v)``, ``W_o (N H_v, OUT)`` for N = GQA_HEADS."""
+    head = D // GQA_HEADS
+    rng = np.random.default_rng(seed)
+    widths = {"q": D, "k": num_kv_heads * head, "v": num_kv_heads * value_head_size}
+    params = {"W_q": rng.normal(size=(QUERY_SIZE, widths["q"])) / np.sqrt(QUERY_SIZE),
+              "W_k": rng.normal(size=(KEY_SIZE, widths["k"])) / np.sqrt(KEY_SIZE),
+              "W_v": rng.normal(size=(VALUE_SIZE, widths["v"])),
+              "W_o": rng.normal(size=(GQA_HEADS * value_head_size, OUT))}
+    if biases:
+        params.update({f"b_{n}": rng.normal(size=(widths[n],)) for n in "qkv"})
+        params["b_o"] = rng.normal(size=(OUT,))
+    return params
+
+
+MHA_VARIANTS = {
+    "plain": {},
+    "scale, softcap": {"scale": 0.4, "logit_softcap": 1.2},
+    "window, lens BT": {"local_window_size": (1, 1), "valid_lens": "BT"},
+    "causal window, lens B, mask, bias": {"local_window_size": (1, 0), "is_causal": True,
+                                          "valid_lens": "B", "mask": True, "bias": True},
+}
+
+
+def _mha_arguments(variant, xnp):
+    arguments = dict(variant)
+    if "valid_lens" in arguments:
+        arguments["valid_lens"] = xnp.asarray(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
+    if arguments.pop("mask", False):
+        arguments["mask"] = xnp.asarray(np.random.default_rng(5).random((B, 1, T, S)) < 0.7)
+    if arguments.pop("bias", False):
+        arguments["bias"] = xnp.asarray(_normal((1, GQA_HEADS, T, S), 6))
+    return arguments
+
+
+@pytest.mark.parametrize("value_head_size", [2, 3], ids=["H_v = H", "H_v = 3"])
+@pytest.mark.parametrize("num_kv_heads", [GQA_HEADS, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("variant", list(MHA_VARIANTS), ids=list(MHA_VARIANTS))
+def test_multi_head_attention_variants(backend, dtype, variant, num_kv_heads, value_head_size):
+    params = _gqa_params(num_kv_heads, value_head_size)
+    inputs = _inputs()
+    expected = np_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS,
+                                          num_kv_heads=num_kv_heads,
+                                          **_mha_arguments(MHA_VARIANTS[variant], np))
+    got = jax_mh.multi_head_attention(_to_params(dtype, params), *_to(dtype, *inputs),
+                                      num_heads=GQA_HEADS, num_kv_heads=num_kv_heads,
+                                      **_mha_arguments(MHA_VARIANTS[variant], jnp))
+    for g, e in zip(got, expected):
+        _assert_matches(g, e, dtype, backend)
+    # num_kv_heads=None reads N_kv from W_k's width.
+    inferred = np_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS,
+                                          **_mha_arguments(MHA_VARIANTS[variant], np))
+    for i, e in zip(inferred, expected):
+        np.testing.assert_array_equal(i, e)
+
+
+@pytest.mark.parametrize("lens", [None, 2, (0, 5, 3)], ids=["no lens", "lens ()", "lens (T,)"])
+def test_multi_head_attention_unbatched(backend, dtype, lens):
+    """Unbatched (T, q), (S, k), (S, v) give the batched result without its batch axis."""
+    params = _gqa_params(2)
+    inputs = [a[1] for a in _inputs()]
+    mask = np.random.default_rng(6).random((GQA_HEADS, T, S)) < 0.8  # (N, T, S) unbatched
+    np_lens = None if lens is None else np.asarray(lens, np.int32)
+    expected = np_mh.multi_head_attention(params, *inputs, np_lens, num_heads=GQA_HEADS, mask=mask,
+                                          is_causal=True)
+    batched = np_mh.multi_head_attention(params, *(a[None] for a in inputs),
+                                         None if lens is None else np_lens[None],
+                                         num_heads=GQA_HEADS, mask=mask[None], is_causal=True)
+    assert expected[0].shape == (T, OUT) and expected[1].shape == (GQA_HEADS, T, S)
+    for e, b in zip(expected, batched):
+        np.testing.assert_array_equal(e, b[0])
+    got = jax_mh.multi_head_attention(_to_params(dtype, params), *_to(dtype, *inputs),
+                                      None if lens is None else jnp.asarray(np_lens),
+                                      num_heads=GQA_HEADS, mask=jnp.asarray(mask), is_causal=True)
+    for g, e in zip(got, expected):
+        _assert_matches(g, e, dtype, backend)
+
+
+@pytest.mark.parametrize("num_kv_heads, value_head_size", [(2, 3), (1, 2)])
+def test_module_variants_match_reference(backend, x64, highest_precision, num_kv_heads,
+                                         value_head_size):
+    """The NNX module's parameter shapes follow num_kv_heads and value_head_size, and it computes
+    the reference function on them."""
+    module = jax_mh.MultiHeadAttention(D, GQA_HEADS, bias=True, query_size=QUERY_SIZE,
+                                       key_size=KEY_SIZE, value_size=VALUE_SIZE,
+                                       num_kv_heads=num_kv_heads, value_head_size=value_head_size,
+                                       param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    params = {name: np.asarray(p) for name, p in module.params_dict().items()}
+    head = D // GQA_HEADS
+    assert {name: p.shape for name, p in params.items()} == {
+        "W_q": (QUERY_SIZE, D), "W_k": (KEY_SIZE, num_kv_heads * head),
+        "W_v": (VALUE_SIZE, num_kv_heads * value_head_size), "W_o": (GQA_HEADS * value_head_size, D),
+        "b_q": (D,), "b_k": (num_kv_heads * head,), "b_v": (num_kv_heads * value_head_size,),
+        "b_o": (D,)}
+    inputs = _inputs()
+    arguments = _mha_arguments(MHA_VARIANTS["causal window, lens B, mask, bias"], np)
+    expected, _ = np_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS, **arguments)
+    got = module(*_to(jnp.float64, *inputs),
+                 **_mha_arguments(MHA_VARIANTS["causal window, lens B, mask, bias"], jnp))
+    _assert_matches(got, expected, jnp.float64, backend)

@@ -266,3 +266,83 @@ def test_dot_product_module_matches_function_and_reference(backend, dtype, dropo
     np.testing.assert_array_equal(np.asarray(got), np.asarray(functional))
     expected, _ = np_scoring.dot_product_attention(queries, keys, values, lens, is_causal=is_causal)
     _assert_matches(got, expected, dtype, backend)
+
+
+# --------------------------------------------------------------------------- variants
+# Grouped-query heads, scale, sliding windows, soft-capping and unbatched inputs: the JAX paths
+# against the reference, which repeats the key/value heads and builds every mask in full.
+
+NUM_QUERY_HEADS = 4
+
+# name -> keyword arguments; lengths "B"/"BT" from _lens (0 and S present: empty rows), "mask"
+# a random (B, 1, T, S) mask.
+VARIANTS = {
+    "scale": {"scale": 0.3},
+    "softcap": {"logit_softcap": 0.8},
+    "window": {"local_window_size": (1, 2)},
+    "window int, causal": {"local_window_size": 1, "is_causal": True},
+    "window (0, 0), lens BT": {"local_window_size": (0, 0), "valid_lens": "BT"},
+    "window (2, 0), lens B, mask": {"local_window_size": [2, 0], "valid_lens": "B", "mask": True},
+    "everything": {"scale": 1.7, "logit_softcap": 1.5, "local_window_size": (1, 3),
+                   "is_causal": True, "valid_lens": "BT", "mask": True},
+}
+
+
+def _variant_arguments(variant: dict, xnp, dtype=None):
+    arguments = dict(variant)
+    if "valid_lens" in arguments:
+        arguments["valid_lens"] = xnp.asarray(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
+    if arguments.pop("mask", False):
+        arguments["mask"] = xnp.asarray(np.random.default_rng(3).random((B, 1, T, S)) < 0.7)
+    return arguments
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+@pytest.mark.parametrize("num_kv_heads", [NUM_QUERY_HEADS, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+def test_dot_product_attention_variants(backend, dtype, variant, num_kv_heads, implementation):
+    queries = _normal((B, NUM_QUERY_HEADS, T, DEPTH), 30)
+    keys = _normal((B, num_kv_heads, S, DEPTH), 31)
+    values = _normal((B, num_kv_heads, S, VALUE_SIZE), 32)
+    expected = np_scoring.dot_product_attention(queries, keys, values,
+                                                **_variant_arguments(VARIANTS[variant], np))
+    got = jax_scoring.dot_product_attention(
+        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
+        implementation=implementation, **_variant_arguments(VARIANTS[variant], jnp))
+    for g, e in zip(got, expected):
+        _assert_matches(g, e, dtype, backend)
+    weights = jax_scoring.dot_product_attention_weights(
+        *(jnp.asarray(a, dtype) for a in (queries, keys)), **_variant_arguments(VARIANTS[variant], jnp))
+    _assert_matches(weights, expected[1], dtype, backend)
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+@pytest.mark.parametrize("lens", [None, 3, (1, 0, 5, 2)], ids=["no lens", "lens ()", "lens (T,)"])
+def test_dot_product_attention_unbatched(backend, dtype, lens, implementation):
+    """Unbatched (T, d), (S, d), (S, v) give the batched result without its batch axis."""
+    queries, keys, values = (a[0] for a in _dot_inputs((B,)))
+    arguments = {"local_window_size": (2, 1), "mask": np.random.default_rng(4).random((T, S)) < 0.8}
+    np_lens = None if lens is None else np.asarray(lens, np.int32)
+    expected = np_scoring.dot_product_attention(queries, keys, values, np_lens, **arguments)
+    batched = np_scoring.dot_product_attention(
+        queries[None], keys[None], values[None], None if lens is None else np_lens[None], **arguments)
+    for e, b in zip(expected, batched):
+        np.testing.assert_array_equal(e, b[0])
+    got = jax_scoring.dot_product_attention(
+        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
+        None if lens is None else jnp.asarray(np_lens), implementation=implementation,
+        **{**arguments, "mask": jnp.asarray(arguments["mask"])})
+    for g, e in zip(got, expected):
+        _assert_matches(g, e, dtype, backend)
+
+
+def test_dot_product_module_variants(backend, dtype):
+    """The NNX module (dropout off) takes the same variants as the function."""
+    queries = _normal((B, NUM_QUERY_HEADS, T, DEPTH), 33)
+    keys, values = _normal((B, 2, S, DEPTH), 34), _normal((B, 2, S, VALUE_SIZE), 35)
+    variant = VARIANTS["everything"]
+    expected, _ = np_scoring.dot_product_attention(queries, keys, values,
+                                                   **_variant_arguments(variant, np))
+    got = jax_scoring.DotProductAttention()(*(jnp.asarray(a, dtype) for a in (queries, keys, values)),
+                                            **_variant_arguments(variant, jnp))
+    _assert_matches(got, expected, dtype, backend)
