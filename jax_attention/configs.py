@@ -38,10 +38,12 @@ MAX_SEED = 2**63 - 1
 DEFAULT_KEEP = 3
 
 
-def _option(default, check, help: str, metavar: str | None = None, *, flag: bool = True):
-    """A config field: its default, how it is checked, and its command-line flag."""
+def _option(default, check, help: str, metavar: str | None = None, *, flag: bool = True,
+            added: bool = False):
+    """A config field: its default, how it is checked, and its command-line flag. ``added``: the
+    field came after records were first written, so a record without it takes the default."""
     return field(default=default, metadata={"check": check, "help": help, "metavar": metavar,
-                                            "flag": flag})
+                                            "flag": flag, "added": added})
 
 
 def validate(config) -> None:
@@ -73,14 +75,16 @@ class _Validated:
 
         Args:
           where: names the record in error messages.
-          complete: every field must be there (a model's sizes); else missing ones take their
+          complete: every field must be there (a model's sizes) but those marked ``added``
+            (newer than the first records, e.g. ``num_kv_heads``); else missing ones take their
             defaults (settings added after the record was written).
 
         Raises:
           ValueError: a field is missing (``complete``) or invalid; the message names ``where``.
         """
         names = [spec.name for spec in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in record]
+        missing = [spec.name for spec in dataclasses.fields(cls)
+                   if spec.name not in record and not spec.metadata.get("added")]
         if complete and missing:
             raise ValueError(f"{where} lacks {missing}")
         try:
@@ -124,6 +128,11 @@ class TransformerConfig(_Validated):
       num_hiddens: model width ``D``.
       ffn_num_hiddens: hidden width of the position-wise FFN.
       num_heads: attention heads ``N``; must divide ``num_hiddens``.
+      num_kv_heads: key/value heads ``N_kv`` of every attention (grouped-query attention, 1:
+        multi-query), dividing ``num_heads``; ``None``: ``num_heads``, the book's model. The
+        key/value cache of decoding holds ``N_kv`` heads, ``N / N_kv`` times less memory per
+        token; ``W_k``, ``W_v`` are ``(D, N_kv D / N)``. Records written before this field
+        existed load with ``None``.
       num_layers: encoder and decoder blocks.
       dropout: after the positional encoding, on the attention weights and in add & norm.
       num_steps: tokens per sequence (padded or cut); at most ``max_positions``.
@@ -134,6 +143,10 @@ class TransformerConfig(_Validated):
     num_hiddens: int = _option(32, ("int", 1), "model width", "D")
     ffn_num_hiddens: int = _option(64, ("int", 1), "hidden width of the position-wise FFN", "F")
     num_heads: int = _option(4, ("int", 1), "attention heads; must divide --num-hiddens", "N")
+    num_kv_heads: int | None = _option(
+        None, ("int_or_none", 1), "key/value heads of grouped-query attention (1: multi-query), "
+                                  "dividing --num-heads; the decoding cache holds only these; "
+                                  "None: --num-heads, the book's", "N_KV", added=True)
     num_layers: int = _option(2, ("int", 1), "encoder and decoder blocks", "L")
     dropout: float = _option(0.1, ("rate",), "dropout after the positional encoding, on the "
                                              "attention weights and in add & norm", "P")
@@ -145,6 +158,7 @@ class TransformerConfig(_Validated):
 
     def _check_together(self):
         _checks.check_num_heads(self.num_hiddens, self.num_heads)
+        _checks.check_num_kv_heads(self.num_heads, self.num_kv_heads)
         if self.num_steps > self.max_positions:
             raise ValueError(f"num_steps = {self.num_steps} exceeds max_positions = "
                              f"{self.max_positions}")

@@ -150,15 +150,16 @@ def _transformer_build(config: TransformerConfig, rngs, **module_kwargs):
 
     return TransformerSeq2Seq(config.src_vocab_size, config.tgt_vocab_size, config.num_hiddens,
                               config.ffn_num_hiddens, config.num_heads, config.num_layers,
-                              config.dropout, max_positions=config.max_positions, rngs=rngs,
-                              **module_kwargs)
+                              config.dropout, num_kv_heads=config.num_kv_heads,
+                              max_positions=config.max_positions, rngs=rngs, **module_kwargs)
 
 
 def _transformer_shapes(config: TransformerConfig) -> dict:
     from jax_attention.transformer import param_shapes
 
     return param_shapes(config.src_vocab_size, config.tgt_vocab_size, config.num_hiddens,
-                        config.ffn_num_hiddens, config.num_layers)
+                        config.ffn_num_hiddens, config.num_layers, num_heads=config.num_heads,
+                        num_kv_heads=config.num_kv_heads)
 
 
 def _transformer_decode(params, src, src_valid_len, config: TransformerConfig, **ids):
@@ -183,13 +184,18 @@ def _transformer_torch(config: TransformerConfig):
     return torch_models.TransformerSeq2Seq(config.src_vocab_size, config.tgt_vocab_size,
                                            config.num_hiddens, config.ffn_num_hiddens,
                                            config.num_heads, config.num_layers, config.dropout,
-                                           max_len=config.max_positions)
+                                           max_len=config.max_positions,
+                                           num_kv_heads=config.num_kv_heads)
 
 
 def _transformer_check_mesh(config: TransformerConfig, mesh) -> None:
-    from jax_attention.distributed import check_tensor_parallel
+    from jax_attention.distributed import check_tensor_parallel, model_size
 
     check_tensor_parallel(config.num_heads, config.ffn_num_hiddens, mesh)
+    # W_k and W_v are split by whole key/value heads too (grouped-query attention).
+    if config.num_kv_heads is not None and config.num_kv_heads % model_size(mesh):
+        raise ValueError(f"num_kv_heads = {config.num_kv_heads} is not divisible by the "
+                         f"{model_size(mesh)} tensor-parallel devices of the mesh's 'model' axis")
 
 
 def _transformer_plots(translation, out_dir: Path) -> dict:

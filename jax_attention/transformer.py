@@ -20,14 +20,20 @@ The model of the book (0.17 edition, PyTorch):
   self-attention, encoder–decoder attention (masked by the source valid lengths) and the FFN, each
   followed by AddNorm; a dense layer maps to the vocabulary;
 * ``AddNorm(X, Y) = LayerNorm(dropout(Y) + X)`` (eps ``1e-5``), ``FFN(X) = relu(X W_1 + b_1) W_2 + b_2``;
-* multi-head attention without biases (the book's ``bias=False``) and dropout on its weights.
+* multi-head attention without biases (the book's ``bias=False``) and dropout on its weights;
+  optionally grouped-query attention (``num_kv_heads`` ``N_kv`` dividing ``N``; 1 = multi-query):
+  every attention's ``W_k``, ``W_v`` are then ``(D, N_kv H)`` and the key/value cache holds
+  ``N_kv`` heads, ``N / N_kv`` times less memory (:func:`init_decoder_state`). The functions
+  read ``N_kv`` from the parameters' ``W_k``; :func:`init_params`, :func:`param_shapes` and the
+  modules take ``num_kv_heads`` (``None``: ``N``, the book's model).
 
 Causality is a property of the decoder's self-attention (``is_causal=True`` always), not of the
 training mode: the book's training-mode ``dec_valid_lens = 1..T`` is the same mask.
 
 Shape letters: ``B`` batch, ``S`` source length, ``T`` target length, ``L`` blocks (``num_layers``),
-``N`` heads, ``H = D / N``, ``D`` model width (``num_hiddens``), ``F`` the FFN's hidden width
-(``ffn_num_hiddens``), ``V`` vocabulary, ``M`` the key/value cache length (``max_len`` steps).
+``N`` heads, ``H = D / N``, ``N_kv`` key/value heads, ``D`` model width (``num_hiddens``), ``F``
+the FFN's hidden width (``ffn_num_hiddens``), ``V`` vocabulary, ``M`` the key/value cache length
+(``max_len`` steps).
 
 Parameters: one nested dict, identical in NumPy and JAX (see :func:`param_shapes`); dense kernels
 stored ``(in, out)``; a missing or unexpected key, nested ones included, raises ``ValueError``
@@ -47,14 +53,12 @@ the prefix, and the tests check it.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax import lax
 
 from jax_attention import decoding, translation
 from jax_attention._checks import (
@@ -62,6 +66,7 @@ from jax_attention._checks import (
     check_lengths,
     check_max_len_fits,
     check_num_heads,
+    check_num_kv_heads,
     check_param_keys,
     check_positions,
     check_size,
@@ -89,7 +94,7 @@ from jax_attention.transformer_layers import (
 from jax_attention.transformer_layers import check_width
 from jax_attention.transformer_layers import dense as _dense
 from jax_attention.transformer_layers import embed
-from jax_attention.transformer_layers import fold_rng
+from jax_attention.transformer_layers import fold_rng, init_flat
 from jax_attention.translation import (
     Decoded,
     Translation,
@@ -131,8 +136,8 @@ __all__ = [
 # --------------------------------------------------------------------------- parameters
 
 
-def _attention_shapes(D: int) -> dict:
-    return {"W_q": (D, D), "W_k": (D, D), "W_v": (D, D), "W_o": (D, D)}
+def _attention_shapes(D: int, K: int) -> dict:
+    return {"W_q": (D, D), "W_k": (D, K), "W_v": (D, K), "W_o": (D, D)}
 
 
 def _ffn_shapes(D: int, F: int) -> dict:
@@ -143,20 +148,33 @@ def _norm_shapes(D: int) -> dict:
     return {"gamma": (D,), "beta": (D,)}
 
 
-def _encoder_block_shapes(D: int, F: int) -> dict:
-    return {"attention": _attention_shapes(D), "addnorm_1": _norm_shapes(D),
+def _encoder_block_shapes(D: int, F: int, K: int) -> dict:
+    return {"attention": _attention_shapes(D, K), "addnorm_1": _norm_shapes(D),
             "ffn": _ffn_shapes(D, F), "addnorm_2": _norm_shapes(D)}
 
 
-def _decoder_block_shapes(D: int, F: int) -> dict:
-    return {"self_attention": _attention_shapes(D), "addnorm_1": _norm_shapes(D),
-            "cross_attention": _attention_shapes(D), "addnorm_2": _norm_shapes(D),
+def _decoder_block_shapes(D: int, F: int, K: int) -> dict:
+    return {"self_attention": _attention_shapes(D, K), "addnorm_1": _norm_shapes(D),
+            "cross_attention": _attention_shapes(D, K), "addnorm_2": _norm_shapes(D),
             "ffn": _ffn_shapes(D, F), "addnorm_3": _norm_shapes(D)}
 
 
+def _kv_width(D: int, num_heads, num_kv_heads) -> int:
+    """``K = N_kv * H``, the width of ``W_k`` and ``W_v`` (``D`` without grouping), checked."""
+    check_num_heads(D, num_heads)
+    return check_num_kv_heads(num_heads, num_kv_heads) * (D // num_heads)
+
+
 def param_shapes(src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int,
-                 ffn_num_hiddens: int, num_layers: int) -> dict:
+                 ffn_num_hiddens: int, num_layers: int, *, num_heads: int | None = None,
+                 num_kv_heads: int | None = None) -> dict:
     """The nested dict of parameter shapes (the structure every params dict must have).
+
+    Args:
+      src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes.
+      num_heads, num_kv_heads: ``N`` and ``N_kv`` (dividing ``N``): grouped-query attention
+        gives every attention ``W_k``, ``W_v`` of shape ``(D, N_kv H)``, ``H = D / N``. Both
+        ``None`` (or ``N_kv = N``): the book's ``(D, D)``.
 
     Returns:
       ``{"encoder": {"embedding": (V_src, D), "blocks": {"block_l": {"attention": {W_q, W_k,
@@ -169,83 +187,38 @@ def param_shapes(src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int,
         ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
         ("num_hiddens", num_hiddens), ("ffn_num_hiddens", ffn_num_hiddens),
         ("num_layers", num_layers)))
+    # The shapes depend on the heads only with grouping; num_heads alone is checked all the same.
+    no_heads = num_heads is None and num_kv_heads is None
+    K = D if no_heads else _kv_width(D, num_heads, num_kv_heads)
     return {
         "encoder": {"embedding": (V_src, D),
-                    "blocks": {f"block_{i}": _encoder_block_shapes(D, F) for i in range(L)}},
+                    "blocks": {f"block_{i}": _encoder_block_shapes(D, F, K) for i in range(L)}},
         "decoder": {"embedding": (V_tgt, D),
-                    "blocks": {f"block_{i}": _decoder_block_shapes(D, F) for i in range(L)},
+                    "blocks": {f"block_{i}": _decoder_block_shapes(D, F, K) for i in range(L)},
                     "dense": {"W": (D, V_tgt), "b": (V_tgt,)}},
     }
 
 
-# A bias's fan-in is its kernel's input size: b_1 <- W_1, b_2 <- W_2, b <- W.
-_BIAS_KERNEL = {"b_1": "W_1", "b_2": "W_2", "b": "W"}
-
-
-@functools.partial(jax.jit, static_argnames=("spec", "dtype"))
-def _init_leaves(rng, spec: tuple, dtype) -> tuple:
-    """Initial values of the leaves ``spec = ((name, shape, fan_in), ...)``, chosen by name.
-
-    One uniform draw on ``(-1, 1)`` serves every random leaf, each taking its own slice (one
-    compilation of the generator instead of one per leaf):
-
-    * ``embedding``: ``N(0, 1)`` (``nn.Embedding``), as ``sqrt(2) erfinv(u)``;
-    * ``gamma``: ones, ``beta``: zeros (``nn.LayerNorm``);
-    * biases ``b_1``, ``b_2``, ``b``: ``U(-1/sqrt(in), 1/sqrt(in))`` (``nn.Linear``'s default);
-    * kernels ``(in, out)``: Xavier-uniform ``U(-a, a)``, ``a = sqrt(6 / (in + out))``.
-    """
-    sizes = [math.prod(shape) for _, shape, _ in spec]
-    uniform = jax.random.uniform(rng, (sum(sizes),), dtype, jnp.nextafter(
-        jnp.asarray(-1.0, dtype), jnp.asarray(1.0, dtype)), 1.0)
-    values, start = [], 0
-    for (name, shape, fan_in), size in zip(spec, sizes):
-        u = uniform[start:start + size].reshape(shape)
-        start += size
-        if name == "embedding":
-            values.append(jnp.sqrt(jnp.asarray(2.0, dtype)) * lax.erf_inv(u))
-        elif name == "gamma":
-            values.append(jnp.ones(shape, dtype))
-        elif name == "beta":
-            values.append(jnp.zeros(shape, dtype))
-        elif name in _BIAS_KERNEL:
-            values.append(u * (1.0 / math.sqrt(fan_in)))
-        else:
-            values.append(u * math.sqrt(6.0 / (shape[0] + shape[1])))
-    return tuple(values)
-
-
-def _init_flat(rng, shapes: dict, dtype) -> dict:
-    """``{"a/b/W_1": shape, ...}`` -> ``{"a/b/W_1": initial value, ...}``."""
-    spec = []
-    for path, shape in shapes.items():
-        prefix, _, name = path.rpartition("/")
-        fan_in = 0
-        if name in _BIAS_KERNEL:
-            kernel = f"{prefix}/{_BIAS_KERNEL[name]}" if prefix else _BIAS_KERNEL[name]
-            fan_in = shapes[kernel][0]
-        spec.append((name, tuple(shape), fan_in))
-    values = _init_leaves(rng, tuple(spec), jnp.dtype(dtype))
-    return dict(zip(shapes, values))
-
-
 def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
                 ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2, *,
-                param_dtype=jnp.float32) -> dict:
+                num_kv_heads: int | None = None, param_dtype=jnp.float32) -> dict:
     """Fresh parameters, initialised as the book's model (see the module docstring).
 
     Args:
       rng: a ``jax.random`` key.
       src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes
         (the book: D = 32, F = 64, L = 2).
-      num_heads: ``N``; checked to divide ``num_hiddens`` (the parameters do not depend on it).
+      num_heads: ``N``; checked to divide ``num_hiddens``.
+      num_kv_heads: ``N_kv``, dividing ``N`` (grouped-query attention, ``W_k``, ``W_v`` of
+        shape ``(D, N_kv D / N)``); ``None``: ``N``, the book's parameters.
       param_dtype: the parameters' dtype.
 
     Returns:
       The nested dict of :func:`param_shapes`, with arrays as leaves.
     """
-    check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
-    shapes = param_shapes(src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers)
-    return unflatten_params(_init_flat(rng, flatten_params(shapes), param_dtype))
+    shapes = param_shapes(src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens,
+                          num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    return unflatten_params(init_flat(rng, flatten_params(shapes), param_dtype))
 
 
 # --------------------------------------------------------------------------- the functional core
@@ -612,7 +585,7 @@ def _initial(values, shapes: dict, param_dtype, rngs: nnx.Rngs) -> dict:
     """``values`` (a nested dict of the module's structure) flattened and checked, or fresh ones
     (one draw from ``rngs.params()``), keyed by ``/``-joined paths."""
     if values is None:
-        return _init_flat(rngs.params(), flatten_params(shapes), param_dtype)
+        return init_flat(rngs.params(), flatten_params(shapes), param_dtype)
     flat = {path: jnp.asarray(value, param_dtype) for path, value in flatten_params(values).items()}
     expected = {path: tuple(shape) for path, shape in flatten_params(shapes).items()}
     got = {path: value.shape for path, value in flat.items()}
@@ -646,13 +619,16 @@ class AddNorm(ParamTree):
 
 
 class TransformerEncoderBlock(ParamTree):
-    """One encoder block — d2l §11.7.4; calls :func:`encoder_block`."""
+    """One encoder block — d2l §11.7.4; calls :func:`encoder_block` (``num_kv_heads``: see
+    :func:`init_params`)."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
-        check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
+                 num_kv_heads: int | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 params: dict | None = None):
+        K = _kv_width(check_size("num_hiddens", num_hiddens), num_heads, num_kv_heads)
         self.num_heads = num_heads
-        shapes = _encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens))
+        shapes = _encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
+                                       K)
         self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
@@ -665,10 +641,12 @@ class TransformerDecoderBlock(ParamTree):
     """One decoder block — d2l §11.7.5; calls :func:`decoder_block` (causal self-attention)."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
-        check_num_heads(check_size("num_hiddens", num_hiddens), num_heads)
+                 num_kv_heads: int | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 params: dict | None = None):
+        K = _kv_width(check_size("num_hiddens", num_hiddens), num_heads, num_kv_heads)
         self.num_heads = num_heads
-        shapes = _decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens))
+        shapes = _decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
+                                       K)
         self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, enc_outputs, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
@@ -681,15 +659,16 @@ class TransformerEncoder(ParamTree):
     """Embedding ``(V, D)`` and ``num_layers`` :class:`TransformerEncoderBlock` — d2l §11.7.4."""
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 num_layers: int, *, max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs, params: dict | None = None):
+                 num_layers: int, *, num_kv_heads: int | None = None,
+                 max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 params: dict | None = None):
         shape = (check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens))
         own = None if params is None else {"embedding": params["embedding"]}
         self.embedding = nnx.Param(_initial(own, {"embedding": shape}, param_dtype,
                                             rngs)["embedding"])
         self.blocks = nnx.List([
             TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    param_dtype=param_dtype, rngs=rngs,
+                                    num_kv_heads=num_kv_heads, param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
             for i in range(check_size("num_layers", num_layers))])
         self.num_heads = num_heads
@@ -709,8 +688,9 @@ class TransformerDecoder(ParamTree):
     """Embedding, ``num_layers`` :class:`TransformerDecoderBlock` and the output dense — d2l §11.7.5."""
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 num_layers: int, *, max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs, params: dict | None = None):
+                 num_layers: int, *, num_kv_heads: int | None = None,
+                 max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 params: dict | None = None):
         V, D = check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens)
         own = None if params is None else {"embedding": params["embedding"],
                                            "dense": params["dense"]}
@@ -719,7 +699,7 @@ class TransformerDecoder(ParamTree):
         self.embedding = nnx.Param(values["embedding"])
         self.blocks = nnx.List([
             TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    param_dtype=param_dtype, rngs=rngs,
+                                    num_kv_heads=num_kv_heads, param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
             for i in range(check_size("num_layers", num_layers))])
         self.W, self.b = nnx.Param(values["dense/W"]), nnx.Param(values["dense/b"])
@@ -756,6 +736,8 @@ class TransformerSeq2Seq(Seq2SeqModule):
       num_hiddens, ffn_num_hiddens, num_heads, num_layers: ``D``, ``F``, ``N``, ``L`` (the book:
         32, 64, 4, 2).
       dropout: the book's 0.1 (positional encoding, attention weights, AddNorm).
+      num_kv_heads: ``N_kv`` key/value heads of every attention (grouped-query attention; 1:
+        multi-query), dividing ``N``; ``None``: ``N``, the book's.
       max_positions: rows of the positional table (the book's 1000).
       params: initial values (the nested dict of :func:`param_shapes`); default: fresh ones from
         :func:`init_params` (one draw from ``rngs.params()``; submodules built alone draw their own).
@@ -771,20 +753,19 @@ class TransformerSeq2Seq(Seq2SeqModule):
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
                  ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2,
-                 dropout: float = 0.0, *, max_positions: int = MAX_POSITIONS,
-                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 params: dict | None = None):
+                 dropout: float = 0.0, *, num_kv_heads: int | None = None,
+                 max_positions: int = MAX_POSITIONS, sow_weights: bool = False,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
         if params is None:  # one compiled initialiser for the whole tree, not one per part
             params = init_params(rngs.params(), src_vocab_size, tgt_vocab_size, num_hiddens,
-                                 ffn_num_hiddens, num_heads, num_layers, param_dtype=param_dtype)
+                                 ffn_num_hiddens, num_heads, num_layers,
+                                 num_kv_heads=num_kv_heads, param_dtype=param_dtype)
+        parts = {"num_kv_heads": num_kv_heads, "max_positions": max_positions,
+                 "param_dtype": param_dtype, "rngs": rngs}
         self.encoder = TransformerEncoder(src_vocab_size, num_hiddens, ffn_num_hiddens,
-                                          num_heads, num_layers, max_positions=max_positions,
-                                          param_dtype=param_dtype, rngs=rngs,
-                                          params=params["encoder"])
+                                          num_heads, num_layers, params=params["encoder"], **parts)
         self.decoder = TransformerDecoder(tgt_vocab_size, num_hiddens, ffn_num_hiddens,
-                                          num_heads, num_layers, max_positions=max_positions,
-                                          param_dtype=param_dtype, rngs=rngs,
-                                          params=params["decoder"])
+                                          num_heads, num_layers, params=params["decoder"], **parts)
         self.num_heads = num_heads
         self.max_positions = max_positions
         self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)

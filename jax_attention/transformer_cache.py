@@ -10,7 +10,12 @@ those of :func:`jax_attention.transformer.decoder` on the whole prefix (the test
 run these steps under ``jit``; both functions are re-exported by :mod:`jax_attention.transformer`.
 
 Shape letters: ``B`` batch, ``S`` source length, ``L`` blocks, ``N`` heads, ``H = D / N``,
-``D`` model width, ``V`` vocabulary, ``M`` the cache length (``max_len`` decoding steps).
+``N_kv`` key/value heads (grouped-query attention: ``N_kv`` divides ``N``; the book's ``N_kv =
+N``), ``D`` model width, ``V`` vocabulary, ``M`` the cache length (``max_len`` decoding steps).
+
+The cache holds the key/value heads only: with grouped-query (``N_kv < N``) or multi-query
+(``N_kv = 1``) attention it is ``N / N_kv`` times smaller, and each key/value head serves its
+``N / N_kv`` query heads without being repeated (:func:`jax_attention.transformer_layers.attend`).
 """
 
 from __future__ import annotations
@@ -40,11 +45,29 @@ from jax_attention.transformer_layers import (
     check_width,
     dense,
     embed,
+    kv_heads,
     position_wise_ffn,
     project_one,
 )
 
 __all__ = ["init_decoder_state", "decoder_step"]
+
+
+def cache_heads(params, L: int, num_heads: int) -> tuple[int, int]:
+    """``(N_kv of the self-attention, N_kv of the encoder–decoder attention)`` of a decoder's
+    ``params`` (:func:`~jax_attention.transformer_layers.kv_heads`), the same in each of its
+    ``L`` blocks (``ValueError`` naming the first block that differs)."""
+    heads = []
+    for name in ("self_attention", "cross_attention"):
+        found = [kv_heads(params["blocks"][f"block_{i}"][name], num_heads,
+                          f"params['blocks']['block_{i}']['{name}']") for i in range(L)]
+        for i, n in enumerate(found):
+            if n != found[0]:
+                raise ValueError(f"params['blocks']['block_{i}']['{name}'] has {n} key/value "
+                                 f"heads, block_0 {found[0]}: the cache needs the same in every "
+                                 f"block")
+        heads.append(found[0])
+    return heads[0], heads[1]
 
 
 def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, max_len: int):
@@ -55,10 +78,17 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
 
     * ``position (B,) int32``: the step about to be decoded (its position in ``P`` and the cache
       slot it writes);
-    * ``self_keys``, ``self_values`` ``(B, L, N, M, H)``: the self-attention cache, zeros;
-    * ``cross_keys``, ``cross_values`` ``(B, L, N, S, H)``: the encoder outputs projected once by
-      each block's ``W_k`` and ``W_v``;
+    * ``self_keys``, ``self_values`` ``(B, L, N_kv, M, H)``: the self-attention cache, zeros;
+    * ``cross_keys``, ``cross_values`` ``(B, L, N_kv, S, H)``: the encoder outputs projected once
+      by each block's ``W_k`` and ``W_v``;
     * ``src_valid_len (B,) int32``.
+
+    Only the key/value heads are stored (``N_kv``, read from the parameters' ``W_k``): a cached
+    position of the self-attention costs ``2 * L * N_kv * H * itemsize`` bytes per sequence
+    (keys and values), against ``2 * L * N * H * itemsize`` without grouping — ``N / N_kv`` times
+    less (the same per source position for the encoder–decoder cache). The book's model in
+    float32 (``L = 2``, ``N = 4``, ``H = 8``): 512 bytes per position; ``N_kv = 2``: 256;
+    ``N_kv = 1`` (multi-query): 128. ``jax-attention bench decode`` measures it on this state.
 
     Args:
       params: the decoder's dict (its keys, nested ones included, are checked: ``ValueError``
@@ -72,30 +102,32 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
                                "(B, S, D)")
     B, S, D = enc_outputs.shape
     check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
+    self_heads, cross_heads = cache_heads(params, L, num_heads)
     max_len = check_size("max_len", max_len)
     H = D // num_heads
-    cross_keys = jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
-                                         enc_outputs, "W_k", num_heads) for i in range(L)], axis=1)
-    cross_values = jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
-                                           enc_outputs, "W_v", num_heads) for i in range(L)],
-                             axis=1)
+
+    def cross(name):
+        return jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
+                                      enc_outputs, name, cross_heads) for i in range(L)], axis=1)
+
     if src_valid_len is None:
         src_valid_len = jnp.full((B,), S, jnp.int32)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, B, S, "S")
-    zeros = jnp.zeros((B, L, num_heads, max_len, H), enc_outputs.dtype)
+    zeros = jnp.zeros((B, L, self_heads, max_len, H), enc_outputs.dtype)
     return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": zeros,
-            "cross_keys": cross_keys, "cross_values": cross_values,
+            "cross_keys": cross("W_k"), "cross_values": cross("W_v"),
             "src_valid_len": src_valid_len.astype(jnp.int32)}
 
 
-_STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N, M, H)",
-                 "self_values": "(B, L, N, M, H)", "cross_keys": "(B, L, N, S, H)",
-                 "cross_values": "(B, L, N, S, H)", "src_valid_len": "(B,)"}
+_STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N_kv, M, H)",
+                 "self_values": "(B, L, N_kv, M, H)", "cross_keys": "(B, L, N_kv, S, H)",
+                 "cross_values": "(B, L, N_kv, S, H)", "src_valid_len": "(B,)"}
 
 
-def _check_decoder_state(state, L: int, N: int, H: int):
-    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads of size ``H``;
-    returns ``(B, M, S)``."""
+def _check_decoder_state(state, L: int, N: int, heads: tuple[int, int], H: int):
+    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads, ``heads = (N_kv of
+    the self-, N_kv of the cross-attention)`` key/value heads of size ``H``; returns
+    ``(B, M, S)``."""
     if not hasattr(state, "keys") or set(state) != set(_STATE_SHAPES):
         raise ValueError(f"state must be the dict of init_decoder_state with keys "
                          f"{sorted(_STATE_SHAPES)}, got "
@@ -106,17 +138,20 @@ def _check_decoder_state(state, L: int, N: int, H: int):
     M = self_shape[3] if len(self_shape) == 5 else None
     cross_shape = shapes["cross_keys"]
     S = cross_shape[3] if len(cross_shape) == 5 else None
-    expected = {"position": (B,), "self_keys": (B, L, N, M, H), "self_values": (B, L, N, M, H),
-                "cross_keys": (B, L, N, S, H), "cross_values": (B, L, N, S, H),
-                "src_valid_len": (B,)}
+    N_self, N_cross = heads
+    expected = {"position": (B,), "self_keys": (B, L, N_self, M, H),
+                "self_values": (B, L, N_self, M, H), "cross_keys": (B, L, N_cross, S, H),
+                "cross_values": (B, L, N_cross, S, H), "src_valid_len": (B,)}
     for name, shape in expected.items():
         if None in shape or shapes[name] != shape:
             letters = _STATE_SHAPES[name]
+            N_kv = N_cross if name.startswith("cross") else N_self
             raise ValueError(
-                f"state[{name!r}] must have shape {letters} with L = {L} blocks, N = {N} heads "
-                f"(num_heads) and H = {H}, got {shapes[name]} (state['position'] "
-                f"{shapes['position']}, state['self_keys'] {self_shape}, state['cross_keys'] "
-                f"{cross_shape})")
+                f"state[{name!r}] must have shape {letters} with L = {L} blocks, N_kv = {N_kv} "
+                f"key/value heads and H = {H} (N = {N} heads (num_heads), N_kv read from the "
+                f"parameters' W_k), got {shapes[name]} "
+                f"(state['position'] {shapes['position']}, state['self_keys'] {self_shape}, "
+                f"state['cross_keys'] {cross_shape})")
     for name in ("position", "src_valid_len"):
         if not is_integer_dtype(jnp.result_type(state[name])):
             raise ValueError(f"state[{name!r}] must hold integers, got dtype "
@@ -125,7 +160,7 @@ def _check_decoder_state(state, L: int, N: int, H: int):
 
 
 def _write_cache(cache, new, position):
-    """``cache (B, N, M, H)`` with ``new (B, N, 1, H)`` written at each row's ``position``."""
+    """``cache (B, N_kv, M, H)`` with ``new (B, N_kv, 1, H)`` written at each row's ``position``."""
     def write(c, n, p):
         return lax.dynamic_update_slice(c, n, (jnp.zeros((), jnp.int32), p,
                                                jnp.zeros((), jnp.int32)))
@@ -160,7 +195,9 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
     L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     embedding_rows, D = jnp.shape(params["embedding"])
     check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
-    B, M, S = _check_decoder_state(state, L, num_heads, D // num_heads)
+    self_heads, cross_heads = cache_heads(params, L, num_heads)
+    B, M, S = _check_decoder_state(state, L, num_heads, (self_heads, cross_heads),
+                                   D // num_heads)
     tokens = check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
     check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
                      jnp.shape(state["self_keys"]))
@@ -179,9 +216,9 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
         block = params["blocks"][f"block_{i}"]
         q = project_one(block["self_attention"], X, "W_q", num_heads)
         k = _write_cache(state["self_keys"][:, i], project_one(block["self_attention"], X, "W_k",
-                                                                 num_heads), position)
+                                                                 self_heads), position)
         v = _write_cache(state["self_values"][:, i], project_one(block["self_attention"], X,
-                                                                   "W_v", num_heads), position)
+                                                                   "W_v", self_heads), position)
         self_keys.append(k)
         self_values.append(v)
         heads, w_self = attend(q, k, v, self_keep, 0.0, None)

@@ -10,24 +10,40 @@ blocks, the encoder and the decoder, and :mod:`jax_attention.transformer_cache` 
 key/value cache from the same pieces.
 
 Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, ``H = D / N``,
-``D`` model width, ``F`` the FFN's hidden width.
+``N_kv`` key/value heads (grouped-query attention; ``N`` in the book), ``D`` model width, ``F``
+the FFN's hidden width.
+
+Grouped-query attention (Ainslie et al. 2023; ``N_kv = 1``: multi-query attention, Shazeer 2019):
+each attention's ``W_k`` and ``W_v`` are ``(D, N_kv H)`` instead of ``(D, D)``, and query head
+``n`` attends with key/value head ``n // (N / N_kv)``. ``N_kv`` is read from ``W_k``'s width
+(:func:`kv_heads`), so the functions take no argument for it; the book's parameters give
+``N_kv = N`` and the computation of the book, unchanged.
 
 The helpers without an underscore (:func:`dense`, :func:`check_width`, :func:`project_one`,
-:func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`, and :func:`check_stack`,
-:func:`check_model` with the ``*_KEYS`` of the parameter dicts) are the building blocks the
-other Transformer modules share; the public functions are those of ``__all__``. Every function
-checks the keys of the parameter dicts it is given (a missing or unexpected key raises
-``ValueError`` naming it and the expected keys).
+:func:`kv_heads`, :func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`,
+:func:`init_flat`, and :func:`check_stack`, :func:`check_model` with the ``*_KEYS`` of the
+parameter dicts) are the building blocks the other Transformer modules share; the public
+functions are those of ``__all__``. Every function checks the keys of the parameter dicts it is
+given (a missing or unexpected key raises ``ValueError`` naming it and the expected keys).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from jax_attention._checks import check_dropout, check_numbered, check_param_keys
+from jax_attention._checks import (
+    check_dropout,
+    check_num_heads,
+    check_num_kv_heads,
+    check_numbered,
+    check_param_keys,
+)
+from jax_attention.masking import group_heads, ungroup_heads
 from jax_attention.multihead import combine_heads, mask_inputs, project_heads
 from jax_attention.positional import positional_encoding
 from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
@@ -152,18 +168,46 @@ def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
 
 
 def project_one(params, X, name: str, num_heads: int):
-    """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)``."""
+    """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)`` (``num_heads`` = ``N_kv``
+    for ``W_k`` and ``W_v``: ``(B, N_kv, T, H)``)."""
     B, T, _ = X.shape
     out = jnp.einsum(DENSE, X, jnp.asarray(params[name]).astype(X.dtype))
     # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
     return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
 
 
+def kv_heads(params, num_heads: int, name: str = "params") -> int:
+    """``N_kv``, the key/value heads of an attention's ``params``: ``W_k``'s width over
+    ``H = D / N`` (``D`` = ``W_q``'s width), a divisor of ``num_heads``; ``W_v`` must have
+    ``W_k``'s width (the Transformer's value heads have the size ``H`` of its query heads).
+    ``ValueError`` naming ``name`` and the shapes otherwise."""
+    D = jnp.shape(params["W_q"])[-1]
+    check_num_heads(D, num_heads, f"D from {name}['W_q'] of shape {jnp.shape(params['W_q'])}")
+    H, width = D // num_heads, jnp.shape(params["W_k"])[-1]
+    if width % H or jnp.shape(params["W_v"])[-1] != width:
+        raise ValueError(f"{name}['W_k'] and {name}['W_v'] must be (D, N_kv * H) with H = D / N "
+                         f"= {H} (N = {num_heads} heads), got {jnp.shape(params['W_k'])} and "
+                         f"{jnp.shape(params['W_v'])}")
+    try:
+        return check_num_kv_heads(num_heads, width // H)
+    except ValueError as error:
+        raise ValueError(f"{name}['W_k'] of shape {jnp.shape(params['W_k'])} holds "
+                         f"{width // H} key/value heads of H = {H}: {error}") from None
+
+
 def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
-    """Scaled dot-product attention of projected heads; dropout acts on the weights only."""
+    """Scaled dot-product attention of projected heads; dropout acts on the weights only.
+
+    ``heads_q (B, N, T, H)``; ``heads_k``, ``heads_v`` ``(B, N_kv, S, H)`` with ``N_kv``
+    dividing ``N`` (grouped-query attention: each key/value head serves ``N / N_kv`` query heads,
+    never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``."""
     weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
     dropped = _dropout(weights, dropout, dropout_rng)
-    return jnp.einsum(WEIGHTED_SUM, dropped, heads_v), weights
+    groups = heads_q.shape[-3] // heads_v.shape[-3]
+    if groups == 1:
+        return jnp.einsum(WEIGHTED_SUM, dropped, heads_v), weights
+    grouped = jnp.einsum(WEIGHTED_SUM, group_heads(dropped, groups), heads_v[..., None, :, :])
+    return ungroup_heads(grouped), weights
 
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
@@ -174,7 +218,8 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     projections and head split), plus the book's dropout on the attention weights.
 
     Args:
-      params: ``{"W_q", "W_k", "W_v", "W_o"}``, each ``(D, D)``; these keys exactly (no biases).
+      params: ``{"W_q", "W_k", "W_v", "W_o"}``, these keys exactly (no biases): ``W_q``, ``W_o``
+        ``(D, D)``, ``W_k``, ``W_v`` ``(D, N_kv H)`` (the book: ``(D, D)``, ``N_kv = N``).
       queries: ``(B, T, D)``. keys_values: ``(B, S, D)``.
       valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
       num_heads: ``N``. is_causal: add the causal mask (a Python bool).
@@ -190,7 +235,8 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     check_dropout(dropout)
     keep, queries, keys, values = mask_inputs(queries, keys_values, keys_values, valid_lens,
                                                None, is_causal, num_heads)
-    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads)
+    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads,
+                                              num_kv_heads=kv_heads(params, num_heads))
     heads, weights = attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
     return combine_heads(params, heads), weights
 
@@ -227,3 +273,56 @@ def embed(params, tokens, offset_positions, max_positions: int, dtype):
     positional = P[offset_positions]
     positional = positional.reshape((1,) * (tokens.ndim + 1 - positional.ndim) + positional.shape)
     return embedding[tokens] * math.sqrt(D) + positional
+
+
+# --------------------------------------------------------------------------- initialisation
+
+# A bias's fan-in is its kernel's input size: b_1 <- W_1, b_2 <- W_2, b <- W.
+_BIAS_KERNEL = {"b_1": "W_1", "b_2": "W_2", "b": "W"}
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dtype"))
+def _init_leaves(rng, spec: tuple, dtype) -> tuple:
+    """Initial values of the leaves ``spec = ((name, shape, fan_in), ...)``, chosen by name.
+
+    One uniform draw on ``(-1, 1)`` serves every random leaf, each taking its own slice (one
+    compilation of the generator instead of one per leaf):
+
+    * ``embedding``: ``N(0, 1)`` (``nn.Embedding``), as ``sqrt(2) erfinv(u)``;
+    * ``gamma``: ones, ``beta``: zeros (``nn.LayerNorm``);
+    * biases ``b_1``, ``b_2``, ``b``: ``U(-1/sqrt(in), 1/sqrt(in))`` (``nn.Linear``'s default);
+    * kernels ``(in, out)``: Xavier-uniform ``U(-a, a)``, ``a = sqrt(6 / (in + out))``.
+    """
+    sizes = [math.prod(shape) for _, shape, _ in spec]
+    uniform = jax.random.uniform(rng, (sum(sizes),), dtype, jnp.nextafter(
+        jnp.asarray(-1.0, dtype), jnp.asarray(1.0, dtype)), 1.0)
+    values, start = [], 0
+    for (name, shape, fan_in), size in zip(spec, sizes):
+        u = uniform[start:start + size].reshape(shape)
+        start += size
+        if name == "embedding":
+            values.append(jnp.sqrt(jnp.asarray(2.0, dtype)) * lax.erf_inv(u))
+        elif name == "gamma":
+            values.append(jnp.ones(shape, dtype))
+        elif name == "beta":
+            values.append(jnp.zeros(shape, dtype))
+        elif name in _BIAS_KERNEL:
+            values.append(u * (1.0 / math.sqrt(fan_in)))
+        else:
+            values.append(u * math.sqrt(6.0 / (shape[0] + shape[1])))
+    return tuple(values)
+
+
+def init_flat(rng, shapes: dict, dtype) -> dict:
+    """``{"a/b/W_1": shape, ...}`` -> ``{"a/b/W_1": initial value, ...}``: the book's
+    initialisation (:func:`_init_leaves`), chosen by each leaf's name, one compiled draw."""
+    spec = []
+    for path, shape in shapes.items():
+        prefix, _, name = path.rpartition("/")
+        fan_in = 0
+        if name in _BIAS_KERNEL:
+            kernel = f"{prefix}/{_BIAS_KERNEL[name]}" if prefix else _BIAS_KERNEL[name]
+            fan_in = shapes[kernel][0]
+        spec.append((name, tuple(shape), fan_in))
+    values = _init_leaves(rng, tuple(spec), jnp.dtype(dtype))
+    return dict(zip(shapes, values))

@@ -9,6 +9,12 @@ the whole prefix at every step, one sentence at a time, so that it checks the JA
 the encoder and the decoder scale the embeddings by ``sqrt(D)`` before adding ``P``; the decoder's
 self-attention is causal; the encoder–decoder attention is masked by the source valid lengths.
 A missing or unexpected parameter key, nested ones included, raises ``ValueError`` naming its path.
+
+Grouped-query attention (``N_kv`` key/value heads dividing ``N``; 1 = multi-query): every
+attention's ``W_k``, ``W_v`` are ``(D, N_kv H)`` (:func:`jax_attention.transformer.param_shapes`
+with ``num_kv_heads``), ``N_kv`` is read from ``W_k``'s width, as in the JAX functions, and query
+head ``n`` attends with key/value head ``n // (N / N_kv)``
+(:func:`reference_numpy.multihead.multi_head_attention`).
 """
 
 from __future__ import annotations
@@ -149,7 +155,8 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False):
     """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``.
 
-    ``params`` holds exactly ``W_q, W_k, W_v, W_o``; ``is_causal`` is a Python bool."""
+    ``params`` holds exactly ``W_q, W_k, W_v, W_o`` (``W_k``, ``W_v`` ``(D, N_kv H)``: ``N_kv``
+    key/value heads, read from ``W_k``'s width); ``is_causal`` is a Python bool."""
     check_param_keys("params", params, ATTENTION_KEYS)
     D = np.shape(params["W_q"])[0]
     queries = _check_width("queries", queries, D)

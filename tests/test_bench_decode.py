@@ -1,7 +1,9 @@
 """``bench decode``: the recompute-the-prefix baseline decoder, the record on tiny models, the CLI.
 
 Speed is not tested (tiny models, shared machine); the tests check that every peer translates
-the same sentences the same way and that the record holds what the schema promises.
+the same sentences the same way and that the record holds what the schema promises. The tiny
+Transformer has multi-query attention (``num_kv_heads = 1``): every peer, the PyTorch mirror
+included, decodes it, and the record's ``kv_cache`` measures its cache against the ungrouped one.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from jax_attention.train import save_checkpoint  # noqa: E402
 
 NUM_EXAMPLES = 64
 TINY = {
-    "transformer": {"num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2, "num_layers": 1,
-                    "dropout": 0.0, "num_steps": 6, "max_positions": 16},
+    "transformer": {"num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2, "num_kv_heads": 1,
+                    "num_layers": 1, "dropout": 0.0, "num_steps": 6, "max_positions": 16},
     "bahdanau": {"embed_size": 8, "num_hiddens": 8, "num_layers": 1, "dropout": 0.0,
                  "num_steps": 6},
 }
@@ -39,7 +41,7 @@ def _checkpoint(directory, model: str):
     if model == "transformer":
         params = transformer.init_params(jax.random.key(0), V_src, V_tgt, sizes["num_hiddens"],
                                          sizes["ffn_num_hiddens"], sizes["num_heads"],
-                                         sizes["num_layers"])
+                                         sizes["num_layers"], num_kv_heads=sizes["num_kv_heads"])
     else:
         params = bahdanau.init_params(jax.random.key(0), V_src, V_tgt, sizes["embed_size"],
                                       sizes["num_hiddens"], sizes["num_layers"])
@@ -101,6 +103,32 @@ def test_record_schema_and_agreement(record):
     assert long["peers"]["batched_recompute"]["agree_with_batched_kv"] == NUM_EXAMPLES
     json.dumps(record)
     assert "cache / recompute" in format_decode(record)
+
+
+def test_record_measures_the_key_value_cache_per_token(record):
+    """Bytes per token read off the decoder state, with and without grouping: the model's sizes
+    (N = 2: N_kv 2 and 1) and the book's (N = 4: N_kv 4, 2, 1), float32."""
+    kv_cache = record["models"]["transformer"]["kv_cache"]
+    model, book = kv_cache["model"], kv_cache["book"]
+    assert model["num_kv_heads"] == 1 and model["dtype"] == "float32"
+    assert [v["num_kv_heads"] for v in model["variants"]] == [2, 1]
+    assert [v["num_kv_heads"] for v in book["variants"]] == [4, 2, 1]
+    # The book's model: L = 2 blocks, H = 8, keys and values, 4 bytes: 2 * 2 * N_kv * 8 * 4.
+    assert [v["bytes_per_token"] for v in book["variants"]] == [512, 256, 128]
+    assert [v["saved_factor"] for v in book["variants"]] == [1, 2, 4]
+    assert book["variants"][2]["attention"] == "multi-query"
+    for footprint in (model, book):
+        N, L = footprint["sizes"]["num_heads"], footprint["sizes"]["num_layers"]
+        H = footprint["sizes"]["num_hiddens"] // N
+        ungrouped = footprint["variants"][0]["bytes_per_token"]
+        for v in footprint["variants"]:
+            assert v["bytes_per_token"] == v["formula_bytes_per_token"] == \
+                v["cross_bytes_per_source_token"] == 2 * L * v["num_kv_heads"] * H * 4
+            assert v["self_keys_shape"] == [1, L, v["num_kv_heads"], footprint["max_len"], H]
+            assert ungrouped / v["bytes_per_token"] == v["saved_factor"] == N / v["num_kv_heads"]
+    text = format_decode(record)
+    assert "key/value cache (book: D 32, N 4, L 2, float32)" in text
+    assert "the model has N_kv = 1" in text
 
 
 def test_bad_arguments():

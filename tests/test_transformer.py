@@ -375,3 +375,167 @@ def test_training_rejects_bad_arguments(kwargs, message):
 def test_the_books_run_translates_three_of_four_sentences_exactly():
     result = train_transformer(progress=False, log=None)
     assert sum(score == 1.0 for score in result.bleu) >= 3
+
+
+# ------------------------------------------------------------------- grouped-query attention
+
+N_GQA = 4  # with D = 8: H = 2; N_kv in {4, 2, 1}
+
+
+def _gqa_params(num_kv_heads, seed=0, dtype=jnp.float32):
+    return transformer.init_params(jax.random.key(seed), V_SRC, V_TGT, D, F, N_GQA, L,
+                                   num_kv_heads=num_kv_heads, param_dtype=dtype)
+
+
+def test_grouped_query_parameter_shapes():
+    H = D // N_GQA
+    for num_kv_heads in (4, 2, 1):
+        shapes = transformer.flatten_params(transformer.param_shapes(
+            V_SRC, V_TGT, D, F, L, num_heads=N_GQA, num_kv_heads=num_kv_heads))
+        for path, shape in shapes.items():
+            if path.endswith(("attention/W_k", "attention/W_v")):
+                assert shape == (D, num_kv_heads * H), path
+            elif path.endswith(("attention/W_q", "attention/W_o")):
+                assert shape == (D, D), path
+        model = transformer.TransformerSeq2Seq(V_SRC, V_TGT, D, F, N_GQA, L,
+                                               num_kv_heads=num_kv_heads, rngs=nnx.Rngs(0))
+        assert {k: tuple(v.shape) for k, v in
+                transformer.flatten_params(model.params_dict()).items()} == shapes
+    # The default is the book's model, bit for bit: num_kv_heads = N changes nothing.
+    book = transformer.param_shapes(V_SRC, V_TGT, D, F, L)
+    assert transformer.param_shapes(V_SRC, V_TGT, D, F, L, num_heads=N_GQA,
+                                    num_kv_heads=N_GQA) == book
+    chex.assert_trees_all_equal(_gqa_params(None), _gqa_params(N_GQA))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: transformer.init_params(jax.random.key(0), 5, 5, 8, 8, 4, 1, num_kv_heads=3),
+     r"num_kv_heads must be a positive integer dividing num_heads = 4, got 3"),
+    (lambda: transformer.param_shapes(5, 5, 8, 8, 1, num_kv_heads=2), r"num_heads must be"),
+    (lambda: transformer.TransformerSeq2Seq(5, 5, 8, 8, 4, 1, num_kv_heads=0, rngs=nnx.Rngs(0)),
+     r"num_kv_heads must be a positive integer dividing num_heads = 4, got 0"),
+])
+def test_grouped_query_bad_sizes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_config_num_kv_heads_is_validated_and_defaults_for_old_records():
+    from jax_attention.configs import TransformerConfig
+
+    assert TransformerConfig().num_kv_heads is None
+    assert TransformerConfig(num_kv_heads=2).num_kv_heads == 2
+    with pytest.raises(ValueError, match=r"num_kv_heads must be a positive integer dividing "
+                                         r"num_heads = 4, got 3"):
+        TransformerConfig(num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"num_kv_heads must be an integer >= 1, got 0"):
+        TransformerConfig(num_kv_heads=0)
+    record = TransformerConfig(num_kv_heads=1).record()
+    assert TransformerConfig.from_record(record).num_kv_heads == 1
+    del record["num_kv_heads"]  # written before the field existed: the default
+    assert TransformerConfig.from_record(record).num_kv_heads is None
+    del record["num_heads"]  # the model's other sizes are still required
+    with pytest.raises(ValueError, match=r"config lacks \['num_heads'\]"):
+        TransformerConfig.from_record(record)
+
+
+def test_grouped_query_weights_that_are_not_whole_heads_are_named():
+    params = _np_params()
+    attention = params["decoder"]["blocks"]["block_0"]["self_attention"]
+    attention["W_k"] = attention["W_k"][:, :3]  # 3 columns: not a whole number of H = 4
+    attention["W_v"] = attention["W_v"][:, :3]
+    X = np.zeros((B, T, D), np.float32)
+    with pytest.raises(ValueError, match=r"params\['W_k'\] and params\['W_v'\] must be \(D, N_kv "
+                                         r"\* H\) with H = D / N = 4"):
+        transformer.attention(attention, X, X, num_heads=N)
+    with pytest.raises(ValueError, match=r"params\['blocks'\]\['block_0'\]\['self_attention'\]"
+                                         r"\['W_k'\] and"):
+        transformer.init_decoder_state(params["decoder"], np.zeros((B, S, D), np.float32), None,
+                                       num_heads=N, max_len=2)
+
+
+def test_decoder_state_of_another_grouping_is_refused():
+    mqa, mha = _gqa_params(1), _gqa_params(N_GQA)
+    enc_outputs = jnp.zeros((B, S, D))
+    state = transformer.init_decoder_state(mha["decoder"], enc_outputs, None, num_heads=N_GQA,
+                                           max_len=3)
+    with pytest.raises(ValueError, match=r"state\['self_keys'\] must have shape \(B, L, N_kv, M, "
+                                         r"H\) with L = 2 blocks, N_kv = 1 key/value heads and H = 2 "
+                                         r"\(N = 4 heads \(num_heads\)"):
+        transformer.decoder_step(mqa["decoder"], state, jnp.ones(B, jnp.int32), num_heads=N_GQA)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, N_GQA], ids=["mqa", "gqa", "mha"])
+def test_grouped_query_cache_holds_kv_heads_and_equals_the_full_decoder(num_kv_heads):
+    with jax.enable_x64(True):
+        params = _gqa_params(num_kv_heads, seed=2, dtype=jnp.float64)
+        src, src_valid_len, dec_input = _inputs()
+        logits, weights = _forward(params, src, src_valid_len, dec_input, num_heads=N_GQA)
+        enc_outputs, _ = transformer.encoder(params["encoder"], src, src_valid_len,
+                                             num_heads=N_GQA)
+        state = transformer.init_decoder_state(params["decoder"], enc_outputs, src_valid_len,
+                                               num_heads=N_GQA, max_len=T)
+        H = D // N_GQA
+        chex.assert_shape([state["self_keys"], state["self_values"], state["cross_keys"],
+                           state["cross_values"]],
+                          [(B, L, num_kv_heads, T, H)] * 2 + [(B, L, num_kv_heads, S, H)] * 2)
+        # Keys and values of one position in every block: 2 L N_kv H itemsize bytes.
+        per_token = (state["self_keys"].nbytes + state["self_values"].nbytes) / (B * T)
+        assert per_token == 2 * L * num_kv_heads * H * 8
+        step = jax.jit(lambda state, tokens: transformer.decoder_step(
+            params["decoder"], state, tokens, num_heads=N_GQA))
+        for t in range(T):
+            step_logits, state, step_weights = step(state, dec_input[:, t])
+            np.testing.assert_allclose(step_logits, logits[:, t], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(step_weights["decoder_self"],
+                                       weights["decoder_self"][:, :, :, t], rtol=1e-12,
+                                       atol=1e-12)
+            np.testing.assert_allclose(step_weights["encoder_decoder"],
+                                       weights["encoder_decoder"][:, :, :, t], rtol=1e-12,
+                                       atol=1e-12)
+
+
+def test_grouped_query_module_dropout_and_beam_search():
+    model = transformer.TransformerSeq2Seq(
+        V_SRC, V_TGT, D, F, N_GQA, L, dropout=0.3, num_kv_heads=2,
+        rngs=nnx.Rngs(params=0, dropout=jax.random.key(0, impl="rbg")))
+    src, src_valid_len, dec_input = _inputs()
+    call = nnx.jit(lambda model, *args: model(*args))
+    train_a, train_b = call(model, src, src_valid_len, dec_input), call(model, src,
+                                                                          src_valid_len, dec_input)
+    assert np.isfinite(train_a).all() and not np.allclose(train_a, train_b)
+    model.eval()
+    expected, _ = _forward(model.params_dict(), src, src_valid_len, dec_input, num_heads=N_GQA)
+    np.testing.assert_allclose(call(model, src, src_valid_len, dec_input), expected, rtol=1e-6,
+                               atol=1e-6)
+    if hasattr(decoding, "beam_search"):
+        kwargs = {"num_heads": N_GQA, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 5}
+        greedy, _, _ = transformer.greedy_decode(model.params_dict(), src, src_valid_len, **kwargs)
+        beams, _, _ = transformer.beam_decode(model.params_dict(), src, src_valid_len,
+                                              beam_size=1, **kwargs)
+        np.testing.assert_array_equal(beams[:, 0], greedy)
+
+
+def test_cli_trains_exports_and_translates_a_multi_query_transformer(tmp_path):
+    """--num-kv-heads flows from the flag to the export (config and W_k shapes) and back."""
+    import contextlib
+    import io
+
+    from jax_attention.cli import main
+    from jax_attention.export import load_model
+
+    checkpoint = tmp_path / "ckpt"
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = main(["train", "transformer", "--epochs", "1", "--num-examples", "32",
+                       "--batch-size", "32", "--num-hiddens", "8", "--ffn-num-hiddens", "8",
+                       "--num-heads", "4", "--num-kv-heads", "1", "--num-layers", "1",
+                       "--num-steps", "5", "--dropout", "0", "--no-progress", "--checkpoint",
+                       str(checkpoint)])
+    assert status == 0
+    loaded = load_model(checkpoint)
+    assert loaded.config["num_kv_heads"] == 1 and loaded.model_config.num_kv_heads == 1
+    assert loaded.params["decoder"]["blocks"]["block_0"]["cross_attention"]["W_k"].shape == (8, 2)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["translate", "--checkpoint", str(checkpoint), "go ."]) == 0
+    assert "go . => " in printed.getvalue()

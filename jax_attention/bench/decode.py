@@ -29,6 +29,13 @@ checked against the batched ones (``agree``), and the recompute decoder's agains
 A second comparison (Transformer) runs both batched decoders for ``long_steps`` output steps
 (50 by default): the cost of recomputing the prefix grows with the square of the length, the
 cache's linearly.
+
+The Transformer's record also holds ``kv_cache`` (:func:`kv_cache_footprint`): the bytes its
+key/value cache takes per token, with and without grouped-query attention (every ``N_kv``
+dividing ``N``: ``N`` is plain multi-head attention, 1 multi-query), for the model's sizes and
+the book's — measured on the state :func:`jax_attention.transformer.init_decoder_state` returns
+(the ``nbytes`` of its cache leaves over the positions they hold), with the formula
+``2 * L * N_kv * H * itemsize`` beside it.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ from jax_attention.bench.common import (environment, format_environment, format_
 from jax_attention.bench.torch_support import torch_model, torch_num_threads
 from jax_attention.models import get_model
 
-__all__ = ["MODELS", "greedy_decode_recompute", "bench_decode", "format_decode"]
+__all__ = ["MODELS", "greedy_decode_recompute", "kv_cache_footprint", "bench_decode",
+           "format_decode"]
 
 MODELS = ("transformer", "bahdanau")  # the registry's models, in the order they are run
 
@@ -113,6 +121,89 @@ def greedy_decode_recompute(params, src, src_valid_len, *, num_heads: int, bos_i
     return _greedy_decode_recompute(params, src, jnp.asarray(src_valid_len), num_heads=num_heads,
                                     bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                                     max_len=max_len, max_positions=max_positions)
+
+
+# --------------------------------------------------------------------------- the cache's memory
+
+
+def _cache_variant(sizes: dict, num_kv_heads: int, *, max_len: int, source_len: int,
+                   dtype) -> dict:
+    """The cache bytes of one ``N_kv``, read off a real decoder state of one sequence."""
+    import jax.numpy as jnp
+
+    from jax_attention import transformer
+
+    D, N, L = sizes["num_hiddens"], sizes["num_heads"], sizes["num_layers"]
+    shapes = transformer.param_shapes(1, 1, D, sizes["ffn_num_hiddens"], L, num_heads=N,
+                                      num_kv_heads=num_kv_heads)
+    # The state's size depends on the parameters' shapes, not on their values.
+    params = jax.tree.map(lambda shape: jnp.zeros(shape, dtype), shapes,
+                          is_leaf=lambda x: isinstance(x, tuple))
+    state = transformer.init_decoder_state(params["decoder"], jnp.zeros((1, source_len, D), dtype),
+                                           None, num_heads=N, max_len=max_len)
+    self_bytes = state["self_keys"].nbytes + state["self_values"].nbytes
+    cross_bytes = state["cross_keys"].nbytes + state["cross_values"].nbytes
+    per_token = self_bytes / max_len  # one sequence: the positions are the cache's M slots
+    return {"num_kv_heads": num_kv_heads,
+            "attention": "multi-head" if num_kv_heads == N else
+                         "multi-query" if num_kv_heads == 1 else "grouped-query",
+            "self_keys_shape": list(state["self_keys"].shape),
+            "cross_keys_shape": list(state["cross_keys"].shape),
+            "bytes_per_token": per_token,
+            "cross_bytes_per_source_token": cross_bytes / source_len,
+            "formula_bytes_per_token": 2 * L * num_kv_heads * (D // N) * jnp.dtype(dtype).itemsize,
+            "bytes_per_sequence": self_bytes + cross_bytes}
+
+
+def kv_cache_footprint(sizes: dict, *, max_len: int, source_len: int,
+                       dtype: str = "float32") -> dict:
+    """The Transformer's key/value cache bytes per token, for every ``N_kv`` dividing ``N``.
+
+    Measured, not computed: for each ``N_kv`` the parameters of :func:`~jax_attention.
+    transformer.param_shapes` (zeros) give a decoder state of one sequence
+    (:func:`~jax_attention.transformer.init_decoder_state`, ``max_len`` cache slots, a source of
+    ``source_len`` tokens), and ``bytes_per_token`` is the ``nbytes`` of its ``self_keys`` and
+    ``self_values`` over ``max_len`` (``cross_bytes_per_source_token``: the encoder–decoder
+    cache over ``source_len``). ``formula_bytes_per_token`` is ``2 L N_kv H itemsize``;
+    ``saved_factor`` the multi-head bytes over these, ``N / N_kv``.
+
+    Args:
+      sizes: ``num_hiddens``, ``ffn_num_hiddens``, ``num_heads``, ``num_layers`` (a config's
+        record; other keys are ignored).
+      max_len, source_len: ``M`` and ``S``. dtype: the cache's dtype (the parameters').
+
+    Returns:
+      ``{"dtype", "max_len", "source_len", "sizes", "variants": [...]}``, the variants from
+      ``N_kv = N`` (no grouping) down to 1.
+    """
+    sizes = {name: int(sizes[name]) for name in
+             ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers")}
+    N = sizes["num_heads"]
+    variants = [_cache_variant(sizes, n, max_len=max_len, source_len=source_len, dtype=dtype)
+                for n in range(N, 0, -1) if N % n == 0]
+    for variant in variants:
+        variant["saved_factor"] = variants[0]["bytes_per_token"] / variant["bytes_per_token"]
+    return {"dtype": str(dtype), "max_len": max_len, "source_len": source_len, "sizes": sizes,
+            "variants": variants}
+
+
+def _transformer_cache(params, config) -> dict:
+    """``kv_cache`` of the record: the model's sizes (its ``num_kv_heads`` marked) and the
+    book's, one sequence of ``num_steps`` source and output tokens, in the parameters' dtype."""
+    from jax_attention.configs import TransformerConfig
+
+    dtype = str(jax.numpy.asarray(params["decoder"]["embedding"]).dtype)
+    steps = {"max_len": config["num_steps"], "source_len": config["num_steps"]}
+    model = kv_cache_footprint(config, dtype=dtype, **steps)
+    model["num_kv_heads"] = config.get("num_kv_heads") or config["num_heads"]
+    book = TransformerConfig().record()
+    return {"model": model,
+            "book": kv_cache_footprint(book, dtype=dtype, max_len=book["num_steps"],
+                                       source_len=book["num_steps"])}
+
+
+#: The registered models whose decoder keeps a key/value cache, and how to measure it.
+CACHE_FOOTPRINTS = {"transformer": _transformer_cache}
 
 
 # --------------------------------------------------------------------------- one sentence at a time
@@ -388,6 +479,8 @@ def _bench_model(kind: str, params, src_vocab, tgt_vocab, config, *, num_example
         "peers": peers,
         "ratios": _decode_ratios(peers, first),
     }
+    if kind in CACHE_FOOTPRINTS:
+        record["kv_cache"] = CACHE_FOOTPRINTS[kind](params, config)
     if len(batched_peers) > 1:  # the production decoder against the baseline beside it
         second = list(batched_peers)[1]
         record["ratios"][f"{first}/{second}"] = (
@@ -447,6 +540,24 @@ def bench_decode(models: Sequence[str] = MODELS, *, checkpoints: dict | None = N
     return record
 
 
+def _format_kv_cache(model: str, kv_cache: dict) -> list[str]:
+    """A table of the cache's bytes per token, for the model's sizes and the book's."""
+    lines = []
+    for which, footprint in kv_cache.items():
+        sizes = footprint["sizes"]
+        rows = [[v["num_kv_heads"], v["attention"], f"{v['bytes_per_token']:.0f}",
+                 f"{v['cross_bytes_per_source_token']:.0f}", f"{v['saved_factor']:.1f}x"]
+                for v in footprint["variants"]]
+        lines += [f"{model} key/value cache ({which}: D {sizes['num_hiddens']}, N "
+                  f"{sizes['num_heads']}, L {sizes['num_layers']}, {footprint['dtype']}), "
+                  f"measured on init_decoder_state"
+                  + (f"; the model has N_kv = {footprint['num_kv_heads']}"
+                     if "num_kv_heads" in footprint else ""),
+                  format_table(["N_kv", "attention", "bytes/token", "bytes/source token",
+                                "saved"], rows)]
+    return lines
+
+
 def format_decode(record: dict) -> str:
     """The environment, then per model a table of the peers, the ratios and the long run."""
     lines = [format_environment(record["environment"])]
@@ -475,6 +586,8 @@ def format_decode(record: dict) -> str:
                       f"equal the cache's in {long['peers']['batched_recompute']['agree_with_batched_kv']}"
                       f"/{result['num_sentences']} sentences",
                       format_table(["peer", "median ms", "sentences/s", "output steps/s"], rows)]
+        if "kv_cache" in result:
+            lines += _format_kv_cache(model, result["kv_cache"])
     load = record["load_average"]
     lines += ["", f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}"]
     return "\n".join(lines)

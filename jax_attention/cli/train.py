@@ -105,8 +105,9 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
 # the model's config and of TrainConfig (jax_attention.configs: help, metavar and check in each
 # field's metadata), then the run's own options and the long-run and device groups.
 
-_ARGUMENT_TYPES = {"int": int_at_least, "int_range": int_in_range, "rate": lambda: dropout_rate,
-                   "positive_float": lambda: positive_float}
+# "int_or_none": the flag takes an int; its absence leaves the field's default None.
+_ARGUMENT_TYPES = {"int": int_at_least, "int_or_none": int_at_least, "int_range": int_in_range,
+                   "rate": lambda: dropout_rate, "positive_float": lambda: positive_float}
 
 
 def config_flags(config_class, defaults=None) -> list[tuple[str, dict]]:

@@ -118,10 +118,13 @@ def _additive_spec(torch_prefix: str = "", our_prefix: str = "", *, sizes=("q", 
 
 
 def _multihead_spec(bias: bool, torch_prefix: str = "", our_prefix: str = "", *,
-                    sizes=("q", "k", "v", "D", "E")) -> list:
+                    sizes=("q", "k", "v", "D", "E"), kv_width: str | None = None) -> list:
+    """``kv_width``: the width of ``W_k``, ``W_v`` when it may differ from ``D`` (grouped-query
+    attention's ``N_kv H``); ``None``: ``D``."""
     q, k, v, D, E = sizes
+    K = kv_width or D
     entries = []
-    for name, dims in (("q", (q, D)), ("k", (k, D)), ("v", (v, D)), ("o", (D, E))):
+    for name, dims in (("q", (q, D)), ("k", (k, K)), ("v", (v, K)), ("o", (D, E))):
         entries += _dense(f"{torch_prefix}W_{name}.", our_prefix, f"W_{name}", dims,
                           f"b_{name}" if bias else None, (dims[1],))
     return entries
@@ -163,22 +166,27 @@ def _bahdanau_spec(encoder_layers: int, decoder_layers: int) -> list:
 
 
 _SQUARE = ("D", "D", "D", "D", "D")
+# The Transformer's W_k, W_v: (D, K) with K = N_kv H, grouped-query attention (K = D in the book).
+_KV = "K"
 
 
 def _transformer_spec(encoder_layers: int, decoder_layers: int) -> list:
     entries = [("encoder.embedding.weight", "encoder/embedding", False, ("V_src", "D"))]
     for i in range(encoder_layers):
         t, o = f"encoder.blks.block{i}.", f"encoder/blocks/block_{i}/"
-        entries += (_multihead_spec(False, f"{t}attention.", f"{o}attention/", sizes=_SQUARE)
+        entries += (_multihead_spec(False, f"{t}attention.", f"{o}attention/", sizes=_SQUARE,
+                                    kv_width=_KV)
                     + _layer_norm_spec(f"{t}addnorm1.ln.", f"{o}addnorm_1/")
                     + _ffn_spec(f"{t}ffn.", f"{o}ffn/")
                     + _layer_norm_spec(f"{t}addnorm2.ln.", f"{o}addnorm_2/"))
     entries.append(("decoder.embedding.weight", "decoder/embedding", False, ("V_tgt", "D")))
     for i in range(decoder_layers):
         t, o = f"decoder.blks.block{i}.", f"decoder/blocks/block_{i}/"
-        entries += (_multihead_spec(False, f"{t}attention1.", f"{o}self_attention/", sizes=_SQUARE)
+        entries += (_multihead_spec(False, f"{t}attention1.", f"{o}self_attention/", sizes=_SQUARE,
+                                    kv_width=_KV)
                     + _layer_norm_spec(f"{t}addnorm1.ln.", f"{o}addnorm_1/")
-                    + _multihead_spec(False, f"{t}attention2.", f"{o}cross_attention/", sizes=_SQUARE)
+                    + _multihead_spec(False, f"{t}attention2.", f"{o}cross_attention/",
+                                      sizes=_SQUARE, kv_width=_KV)
                     + _layer_norm_spec(f"{t}addnorm2.ln.", f"{o}addnorm_2/")
                     + _ffn_spec(f"{t}ffn.", f"{o}ffn/")
                     + _layer_norm_spec(f"{t}addnorm3.ln.", f"{o}addnorm_3/"))

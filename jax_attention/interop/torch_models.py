@@ -383,28 +383,46 @@ def _check_heads(num_hiddens: int, num_heads: int) -> None:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with dropout on the weights — d2l §11.5.
 
-    ``W_q``, ``W_k``, ``W_v`` ``nn.Linear(in, D, bias)`` and ``W_o`` ``nn.Linear(D, D, bias)``
-    (the book's ``bias=False`` by default); the heads are split by :func:`transpose_qkv` and the
-    lengths repeated per head, as in the book.
+    ``W_q`` ``nn.Linear(in, D, bias)``, ``W_k``, ``W_v`` ``nn.Linear(in, N_kv H, bias)`` and
+    ``W_o`` ``nn.Linear(D, D, bias)`` (the book's ``bias=False`` by default, ``N_kv = N``); the
+    heads are split by :func:`transpose_qkv` and the lengths repeated per head, as in the book.
+    Grouped-query attention (``N_kv < N``): each key/value head is repeated for its ``N / N_kv``
+    query heads (``repeat_interleave``, as ``F.scaled_dot_product_attention(enable_gqa=True)``
+    does), so query head ``n`` uses key/value head ``n // (N / N_kv)``, as ours.
 
     Args:
       num_hiddens: ``D``. num_heads: ``N``, dividing ``D``.
       dropout: rate on the attention weights.
       bias: whether the four projections have biases.
       query_size, key_size, value_size: input sizes (default ``D``).
+      num_kv_heads: ``N_kv``, dividing ``N`` (default ``N``).
     """
 
     def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, bias: bool = False, *,
                  query_size: int | None = None, key_size: int | None = None,
-                 value_size: int | None = None):
+                 value_size: int | None = None, num_kv_heads: int | None = None):
         super().__init__()
         _check_heads(num_hiddens, num_heads)
-        self.num_heads = num_heads
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads = "
+                             f"{num_heads}, got {num_kv_heads!r}")
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        kv_width = num_kv_heads * (num_hiddens // num_heads)
         self.attention = DotProductAttention(dropout)
         self.W_q = nn.Linear(query_size or num_hiddens, num_hiddens, bias=bias)
-        self.W_k = nn.Linear(key_size or num_hiddens, num_hiddens, bias=bias)
-        self.W_v = nn.Linear(value_size or num_hiddens, num_hiddens, bias=bias)
+        self.W_k = nn.Linear(key_size or num_hiddens, kv_width, bias=bias)
+        self.W_v = nn.Linear(value_size or num_hiddens, kv_width, bias=bias)
         self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+
+    def _kv_heads(self, X):
+        """``(B, S, N_kv H) -> (B * N, S, H)``: the key/value heads, each repeated for its group."""
+        heads = transpose_qkv(X, self.num_kv_heads)
+        groups = self.num_heads // self.num_kv_heads
+        if groups == 1:
+            return heads
+        heads = heads.reshape(-1, self.num_kv_heads, heads.shape[1], heads.shape[2])
+        return heads.repeat_interleave(groups, dim=1).reshape(-1, heads.shape[2], heads.shape[3])
 
     def forward(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False):
         """Attend with every head.
@@ -433,8 +451,8 @@ class MultiHeadAttention(nn.Module):
             if mask.dim() == 4:
                 mask = mask.expand(B, N, T, S).reshape(B * N, T, S)
         output, weights = self.attention(transpose_qkv(self.W_q(queries), N),
-                                         transpose_qkv(self.W_k(keys), N),
-                                         transpose_qkv(self.W_v(values), N), valid_lens,
+                                         self._kv_heads(self.W_k(keys)),
+                                         self._kv_heads(self.W_v(values)), valid_lens,
                                          mask=mask, is_causal=is_causal)
         return self.W_o(transpose_output(output, N)), weights.reshape(B, N, T, S)
 
@@ -784,11 +802,14 @@ class TransformerEncoderBlock(nn.Module):
 
     Args:
       num_hiddens: ``D``. ffn_num_hiddens: ``F``. num_heads: ``N``. dropout: the book's rate.
+      num_kv_heads: ``N_kv`` (grouped-query attention; default ``N``).
     """
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float = 0.0):
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float = 0.0,
+                 *, num_kv_heads: int | None = None):
         super().__init__()
-        self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout)
+        self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout,
+                                            num_kv_heads=num_kv_heads)
         self.addnorm1 = AddNorm(num_hiddens, dropout)
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
         self.addnorm2 = AddNorm(num_hiddens, dropout)
@@ -812,10 +833,12 @@ class TransformerEncoder(nn.Module):
     Args:
       vocab_size: ``V``. num_hiddens, ffn_num_hiddens, num_heads, num_layers: ``D``, ``F``,
       ``N``, ``L``. dropout: the book's rate. max_len: rows of the position table.
+      num_kv_heads: ``N_kv`` (grouped-query attention; default ``N``).
     """
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 num_layers: int, dropout: float = 0.0, max_len: int = 1000):
+                 num_layers: int, dropout: float = 0.0, max_len: int = 1000, *,
+                 num_kv_heads: int | None = None):
         super().__init__()
         self.num_hiddens = num_hiddens
         self.embedding = nn.Embedding(vocab_size, num_hiddens)
@@ -823,7 +846,7 @@ class TransformerEncoder(nn.Module):
         self.blks = nn.Sequential()
         for i in range(num_layers):
             self.blks.add_module(f"block{i}", TransformerEncoderBlock(
-                num_hiddens, ffn_num_hiddens, num_heads, dropout))
+                num_hiddens, ffn_num_hiddens, num_heads, dropout, num_kv_heads=num_kv_heads))
 
     def forward(self, src, valid_lens):
         """``src (B, S)``, ``valid_lens (B,)`` -> ``(outputs (B, S, D), weights (L, B, N, S, S))``."""
@@ -842,13 +865,17 @@ class TransformerDecoderBlock(nn.Module):
 
     Args:
       num_hiddens: ``D``. ffn_num_hiddens: ``F``. num_heads: ``N``. dropout: the book's rate.
+      num_kv_heads: ``N_kv`` of both attentions (grouped-query attention; default ``N``).
     """
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float = 0.0):
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float = 0.0,
+                 *, num_kv_heads: int | None = None):
         super().__init__()
-        self.attention1 = MultiHeadAttention(num_hiddens, num_heads, dropout)
+        self.attention1 = MultiHeadAttention(num_hiddens, num_heads, dropout,
+                                             num_kv_heads=num_kv_heads)
         self.addnorm1 = AddNorm(num_hiddens, dropout)
-        self.attention2 = MultiHeadAttention(num_hiddens, num_heads, dropout)
+        self.attention2 = MultiHeadAttention(num_hiddens, num_heads, dropout,
+                                             num_kv_heads=num_kv_heads)
         self.addnorm2 = AddNorm(num_hiddens, dropout)
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
         self.addnorm3 = AddNorm(num_hiddens, dropout)
@@ -870,7 +897,8 @@ class TransformerDecoder(nn.Module):
     """
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 num_layers: int, dropout: float = 0.0, max_len: int = 1000):
+                 num_layers: int, dropout: float = 0.0, max_len: int = 1000, *,
+                 num_kv_heads: int | None = None):
         super().__init__()
         self.num_hiddens = num_hiddens
         self.embedding = nn.Embedding(vocab_size, num_hiddens)
@@ -878,7 +906,7 @@ class TransformerDecoder(nn.Module):
         self.blks = nn.Sequential()
         for i in range(num_layers):
             self.blks.add_module(f"block{i}", TransformerDecoderBlock(
-                num_hiddens, ffn_num_hiddens, num_heads, dropout))
+                num_hiddens, ffn_num_hiddens, num_heads, dropout, num_kv_heads=num_kv_heads))
         self.dense = nn.Linear(num_hiddens, vocab_size)
 
     def forward(self, dec_input, enc_outputs, enc_valid_lens):
@@ -909,16 +937,18 @@ class TransformerSeq2Seq(nn.Module):
       num_hiddens, ffn_num_hiddens, num_heads, num_layers: ``D``, ``F``, ``N``, ``L`` (the book:
         32, 64, 4, 2).
       dropout: the book's 0.1 for training. max_len: rows of the position table.
+      num_kv_heads: ``N_kv`` key/value heads of every attention (grouped-query attention,
+        ``W_k``, ``W_v`` ``nn.Linear(D, N_kv H)``); default ``N``, the book's model.
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
                  ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2,
-                 dropout: float = 0.0, max_len: int = 1000):
+                 dropout: float = 0.0, max_len: int = 1000, *, num_kv_heads: int | None = None):
         super().__init__()
         self.encoder = TransformerEncoder(src_vocab_size, num_hiddens, ffn_num_hiddens, num_heads,
-                                          num_layers, dropout, max_len)
+                                          num_layers, dropout, max_len, num_kv_heads=num_kv_heads)
         self.decoder = TransformerDecoder(tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_heads,
-                                          num_layers, dropout, max_len)
+                                          num_layers, dropout, max_len, num_kv_heads=num_kv_heads)
 
     def forward_with_weights(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), weights)`` with ``weights`` ``{"encoder_self" (L, B, N, S, S),

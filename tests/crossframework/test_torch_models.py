@@ -447,6 +447,46 @@ def test_model_mirrors_in_float32():
         np.testing.assert_allclose(as_numpy(got), reference, rtol=1e-5, atol=1e-5, err_msg=kind)
 
 
+@pytest.mark.parametrize("num_kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_grouped_query_transformer_mirror_matches_the_numpy_reference(num_kv_heads):
+    """The mirror's grouped-query attention (key/value heads repeated per group, as torch's
+    enable_gqa) is ours: logits and every attention weight, float64; the registry builds the
+    mirror from the config's num_kv_heads and our parameters load into it (strict)."""
+    from jax_attention.configs import TransformerConfig
+    from jax_attention.interop import to_torch
+    from jax_attention.models import get_model
+
+    torch.manual_seed(8)
+    model = tm.TransformerSeq2Seq(SRC_VOCAB, TGT_VOCAB, num_hiddens=8, ffn_num_hiddens=12,
+                                  num_heads=4, num_layers=2, max_len=16,
+                                  num_kv_heads=num_kv_heads).double()
+    params = from_torch(model.state_dict(), "transformer")
+    for attention in ("self_attention", "cross_attention"):
+        block = params["decoder"]["blocks"]["block_1"][attention]
+        assert block["W_k"].shape == block["W_v"].shape == (8, 2 * num_kv_heads)
+    batch = _batch()
+    src, src_valid_len, tgt, _ = _torch_batch(batch)
+    dec_input = tm.teacher_forcing_inputs(tgt, BOS)
+    logits, weights = model.forward_with_weights(src, src_valid_len, dec_input)
+    ref_logits, ref_weights = np_transformer.transformer(params, batch[0], batch[1],
+                                                         as_numpy(dec_input), num_heads=4,
+                                                         max_positions=16)
+    np.testing.assert_allclose(as_numpy(logits), ref_logits, rtol=1e-10, atol=1e-10)
+    for name, expected in ref_weights.items():
+        np.testing.assert_allclose(as_numpy(weights[name]), expected, rtol=1e-10, atol=1e-10,
+                                   err_msg=name)
+    config = TransformerConfig(num_hiddens=8, ffn_num_hiddens=12, num_heads=4,
+                               num_kv_heads=num_kv_heads, num_layers=2, dropout=0.0,
+                               num_steps=6, max_positions=16, src_vocab_size=SRC_VOCAB,
+                               tgt_vocab_size=TGT_VOCAB)
+    mirror = get_model("transformer").torch_mirror(config).double()
+    mirror.load_state_dict(to_torch(params, "transformer"))
+    np.testing.assert_array_equal(as_numpy(mirror(src, src_valid_len, dec_input)), as_numpy(logits))
+    with pytest.raises(ValueError, match=r"num_kv_heads must be a positive integer dividing "
+                                         r"num_heads = 4, got 3"):
+        tm.MultiHeadAttention(8, 4, num_kv_heads=3)
+
+
 # --------------------------------------------------------------------------- dropout in training mode
 
 

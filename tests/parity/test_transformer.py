@@ -5,7 +5,8 @@ backend JAX sees; float64 (x64) to 1e-12 and float32 (full matmul precision) to 
 the FFN, LayerNorm / AddNorm, an encoder block, the encoder, a decoder block, the teacher-forced
 decoder and the full model (logits and every attention weight), the loss, greedy decoding (JAX:
 batched, compiled, key/value cache; NumPy: one sentence at a time, recomputing the prefix), and
-the NNX module on its own parameters.
+the NNX module on its own parameters; grouped-query and multi-query attention (``N_kv`` = 2, 1
+key/value heads for ``N = 4``) in the full model, the loss and greedy decoding.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jax_attention import transformer as jax_transformer
@@ -28,9 +30,10 @@ def _assert_matches(got, expected, dtype, backend):
     assert_matches(got, expected, dtype, backend, atol32=1e-5)
 
 
-def _numpy_params(seed=0, scale=0.5):
+def _numpy_params(seed=0, scale=0.5, num_heads=None, num_kv_heads=None):
     rng = np.random.default_rng(seed)
-    shapes = jax_transformer.flatten_params(jax_transformer.param_shapes(V_SRC, V_TGT, D, F, L))
+    shapes = jax_transformer.flatten_params(jax_transformer.param_shapes(
+        V_SRC, V_TGT, D, F, L, num_heads=num_heads, num_kv_heads=num_kv_heads))
     flat = {}
     for path, shape in shapes.items():
         value = scale * rng.normal(size=shape)
@@ -142,3 +145,38 @@ def test_nnx_module_runs_the_reference_on_its_own_parameters(dtype, backend):
     _assert_matches(logits, ref_logits, dtype, backend)
     for name in ref_weights:
         _assert_matches(weights[name], ref_weights[name], dtype, backend)
+
+
+# --------------------------------------------------------------------------- grouped-query attention
+
+N_GQA = 4  # H = 2; N_kv = 2 (grouped-query) and 1 (multi-query)
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_grouped_query_forward_loss_and_greedy_decode(dtype, backend, num_kv_heads):
+    params = _numpy_params(seed=6, scale=0.4, num_heads=N_GQA, num_kv_heads=num_kv_heads)
+    assert params["decoder"]["blocks"]["block_0"]["self_attention"]["W_k"].shape == (
+        D, num_kv_heads * D // N_GQA)
+    src, src_valid_len, dec_input, tgt_valid_len = _inputs()
+    logits, weights = jax.jit(jax_transformer.transformer, static_argnames="num_heads")(
+        _to_jax(params, dtype), src, src_valid_len, dec_input, num_heads=N_GQA)
+    ref_logits, ref_weights = np_transformer.transformer(params, src, src_valid_len, dec_input,
+                                                         num_heads=N_GQA)
+    _assert_matches(logits, ref_logits, dtype, backend)
+    for name in ref_weights:
+        assert ref_weights[name].shape[2] == N_GQA  # one set of weights per query head
+        _assert_matches(weights[name], ref_weights[name], dtype, backend)
+    loss = jax.jit(jax_transformer.teacher_forcing_loss, static_argnames=("bos_id", "num_heads"))(
+        _to_jax(params, dtype), src, src_valid_len, dec_input, tgt_valid_len, BOS,
+        num_heads=N_GQA)
+    _assert_matches(loss, np_transformer.teacher_forcing_loss(
+        params, src, src_valid_len, dec_input, tgt_valid_len, BOS, num_heads=N_GQA), dtype,
+        backend)
+    decode = {"num_heads": N_GQA, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 7}
+    tokens, lengths, cross = jax_transformer.greedy_decode(_to_jax(params, dtype), src,
+                                                           src_valid_len, **decode)
+    ref_tokens, ref_lengths, ref_cross = np_transformer.greedy_decode(params, src, src_valid_len,
+                                                                      **decode)
+    np.testing.assert_array_equal(np.asarray(tokens), ref_tokens)
+    np.testing.assert_array_equal(np.asarray(lengths), ref_lengths)
+    _assert_matches(cross, ref_cross, dtype, backend)
