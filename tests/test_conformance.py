@@ -84,7 +84,7 @@ def test_cases_cover_every_function_and_edge_case(stored):
                      "scoring.additive_attention", "multihead.multi_head_attention"}
     lens_ndims = {case.inputs["valid_lens"].ndim for case in stored.values()
                   if "valid_lens" in case.inputs}
-    assert lens_ndims == {1, 2}
+    assert lens_ndims == {0, 1, 2}  # () for unbatched queries
     assert any("mask" in case.inputs for case in stored.values())
     assert any("bias" in case.inputs for case in stored.values())
     assert any(case.config.get("is_causal") for case in stored.values())
@@ -96,6 +96,68 @@ def test_cases_cover_every_function_and_edge_case(stored):
                 finite = value[np.isfinite(value)]
                 assert (finite.astype(np.float32).astype(np.float64) == finite).all(), key
                 assert (np.round(finite / GRID) * GRID == finite).all(), key
+
+
+def _variants(stored, function):
+    return {name: case for name, case in stored.items() if case.function == function}
+
+
+def test_cases_cover_every_variant_of_dot_product_attention(stored):
+    """scale, sliding windows (with and without the causal mask, with valid lengths, one leaving
+    a row with no key), soft-capping that changes the result, grouped- and multi-query heads and
+    unbatched inputs each have a case, checked on the data rather than on the names."""
+    from reference_numpy.scoring import dot_product_attention
+
+    dot = _variants(stored, "scoring.dot_product_attention")
+    assert any(case.config.get("scale") not in (None, 0.5) for case in dot.values())
+    windows = [case for case in dot.values() if "local_window_size" in case.config]
+    for case in windows:  # JSON has no tuples: [left, right], which the functions take
+        window = case.config["local_window_size"]
+        assert isinstance(window, list) and len(window) == 2 and min(window) >= 0
+    assert {bool(case.config.get("is_causal")) for case in windows} == {False, True}
+    assert all("valid_lens" in case.inputs for case in windows)
+    assert any("fully_masked_row" in case.tags for case in windows)
+    # The soft cap bites: without it the weights are far from the stored ones.
+    capped = [case for case in dot.values() if case.config.get("logit_softcap")]
+    assert capped
+    for case in capped:
+        config = {k: v for k, v in case.config.items() if k != "logit_softcap"}
+        i = case.inputs
+        _, weights = dot_product_attention(i["queries"], i["keys"], i["values"],
+                                           i.get("valid_lens"), mask=i.get("mask"),
+                                           bias=i.get("bias"), **config)
+        assert np.abs(weights - case.outputs["weights"]).max() > 0.1, case.name
+    # Grouped-query (N_kv > 1) and multi-query (N_kv = 1) heads, the weights per query head.
+    kv_heads = {(case.inputs["queries"].shape[1], case.inputs["keys"].shape[1])
+                for case in dot.values() if case.inputs["queries"].ndim == 4}
+    assert any(1 < kv < n for n, kv in kv_heads) and any(kv == 1 < n for n, kv in kv_heads)
+    for case in dot.values():
+        q = case.inputs["queries"]
+        assert case.outputs["weights"].shape == q.shape[:-1] + case.inputs["keys"].shape[-2:-1]
+    unbatched = [case for case in dot.values() if case.inputs["queries"].ndim == 2]
+    assert unbatched and all(case.outputs["output"].ndim == 2 for case in unbatched)
+
+
+def test_cases_cover_every_variant_of_multi_head_attention(stored):
+    mha = _variants(stored, "multihead.multi_head_attention")
+    heads = []
+    for case in mha.values():
+        N = case.config["num_heads"]
+        H = case.params["W_q"].shape[1] // N
+        N_kv = case.params["W_k"].shape[1] // H
+        H_v = case.params["W_v"].shape[1] // N_kv
+        assert case.config.get("num_kv_heads", N_kv) == N_kv  # the config agrees with W_k
+        assert case.params["W_o"].shape[0] == N * H_v
+        heads.append((N, N_kv, H, H_v))
+    assert any(1 < N_kv < N for N, N_kv, _, _ in heads)  # grouped-query
+    assert any(N_kv == 1 < N for N, N_kv, _, _ in heads)  # multi-query
+    assert any(H_v != H for _, _, H, H_v in heads)  # value heads of their own size
+    assert any("local_window_size" in case.config and case.config.get("scale")
+               for case in mha.values())
+    unbatched = [case for case in mha.values() if case.inputs["queries"].ndim == 2]
+    assert unbatched and all(case.outputs["output"].ndim == 2 and case.outputs["weights"].ndim == 3
+                             for case in unbatched)
+    assert any(case.inputs.get("valid_lens", np.zeros(0)).ndim == 1 for case in unbatched)
 
 
 def test_file_format_is_readable_without_the_package(stored):

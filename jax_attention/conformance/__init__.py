@@ -21,8 +21,9 @@ are stored per case and dtype: float64 ``rtol 1e-9, atol 1e-12``; float32 ``rtol
 1e-6``; integer outputs exact. Inputs and parameters are multiples of ``2^-12`` (exact in
 float32), so ``--dtype float32`` measures arithmetic, not the rounding of the inputs. A built-in
 documented to differ from ours on a case (``jax.nn.dot_product_attention`` gives a fully masked
-row uniform weights, ours zeros) or unable to express it (sizes it does not accept) reports the
-row as ``n/a`` with the reason — neither a pass nor a failure.
+row uniform weights, ours zeros) or unable to express it (sizes it does not accept; a ``scale``,
+logit soft-capping or grouped-query heads it has no argument for) reports the row as ``n/a`` with
+the reason — neither a pass nor a failure.
 
 The file format (any language with a zip and ``.npy`` reader can use it)
 ---------------------------------------------------------------------------
@@ -45,8 +46,9 @@ keys:
                   "inputs": ["queries", "keys", "values"], "params": [],
                   "outputs": ["output", "weights"]}, ...]}
 
-  ``config`` holds the non-array arguments; ``tags`` mark edge cases (``fully_masked_row``,
-  ``nan_in_padding``). Reading a case without this package::
+  ``config`` holds the non-array arguments (JSON numbers, booleans and, for
+  ``local_window_size``, a list ``[left, right]``); ``tags`` mark edge cases
+  (``fully_masked_row``, ``nan_in_padding``). Reading a case without this package::
 
       import json, numpy as np
       with np.load("cases.npz") as f:
@@ -64,7 +66,8 @@ with function names from the index. Each callable is called once per case of its
 ``callable(inputs, params, config)``, where ``inputs`` is a dict of NumPy arrays (floats in the
 run's dtype, float64 by default; ids and lengths int32; masks bool; optional inputs absent when
 the case does not use them), ``params`` the nested dict of NumPy float arrays (``{}`` for
-functions without parameters) and ``config`` a dict of Python scalars. It returns a dict
+functions without parameters) and ``config`` a dict of Python scalars (and the list
+``[left, right]`` of a ``local_window_size``). It returns a dict
 ``{output name: array-like}`` (NumPy, JAX, PyTorch tensors, lists); outputs it leaves out are
 not compared (and the row says so), unknown names fail the row, exceptions fail the row with
 the message. Functions you do not list are reported as not covered. The functions, with their
@@ -74,11 +77,19 @@ inputs (``?`` = optional), params, config and outputs, in the reference's argume
 * ``masking.masked_softmax``: X, valid_lens?, mask? -> weights
 * ``attention_pooling.nadaraya_watson``: queries, keys, values; params w -> output, weights
 * ``scoring.dot_product_attention``: queries, keys, values, valid_lens?, mask?, bias?;
-  config is_causal? -> output, weights
+  config is_causal?, scale?, local_window_size?, logit_softcap? -> output, weights. Queries
+  ``(B, T, d)``, with heads ``(B, N, T, d)`` (keys and values then ``(B, N_kv, S, d)``, ``N_kv``
+  dividing ``N``: grouped-query attention, query head ``n`` using key/value head
+  ``n // (N / N_kv)``), or unbatched ``(T, d)`` with valid_lens ``()`` or ``(T,)``; scale
+  ``None`` = ``1 / sqrt(d)``; ``local_window_size`` ``[left, right]``: query ``t`` attends keys
+  ``t - left <= s <= t + right``, ANDed with the other masks; ``logit_softcap`` ``c``: scaled
+  scores ``s -> c tanh(s / c)`` before the bias and the masks
 * ``scoring.additive_attention``: queries, keys, values, valid_lens?, mask?; params W_q, W_k,
   w_v; config is_causal? -> output, weights
 * ``multihead.multi_head_attention``: queries, keys, values, valid_lens?, mask?, bias?; params
-  W_q, W_k, W_v, W_o, b_q? b_k? b_v? b_o?; config num_heads, is_causal? -> output, weights
+  W_q (q, N H), W_k (k, N_kv H), W_v (v, N_kv H_v), W_o (N H_v, E), b_q? b_k? b_v? b_o?; config
+  num_heads, num_kv_heads? (default: read from W_k's width), is_causal?, scale?,
+  local_window_size?, logit_softcap? (as for dot-product attention) -> output, weights
 * ``positional.positional_encoding``: config num_steps, num_hiddens -> P
 * ``positional.rotary_embedding``: X, positions?; config base? -> output
 * ``positional.relative_position_buckets``: relative_positions; config num_buckets,
@@ -107,32 +118,49 @@ scaled dot-product attention written from scratch in NumPy, with every mask the 
     import numpy as np
 
     def dot_product_attention(inputs, params, config):
-        q, k, v = inputs["queries"], inputs["keys"], inputs["values"]   # (B, T|S, d|d|v)
+        q, k, v = inputs["queries"], inputs["keys"], inputs["values"]  # (B, [N,] T|S, d|d|v)
+        lens = inputs.get("valid_lens")                                 # (B,) or (B, T)
+        unbatched = q.ndim == 2                       # (T, d), lengths () or (T,): a batch of 1
+        if unbatched:
+            q, k, v = q[None], k[None], v[None]
+            lens = None if lens is None else lens[None]
+        if q.ndim == 4:                               # heads; N_kv < N: grouped-query attention
+            k, v = (np.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
         T, S = q.shape[-2], k.shape[-2]
-        scores = q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 0.5        # (B, T, S)
+        scale = config.get("scale")
+        scores = q @ np.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        if config.get("logit_softcap") is not None:
+            cap = config["logit_softcap"]
+            scores = cap * np.tanh(scores / cap)
         if "bias" in inputs:
             scores = scores + inputs["bias"]
-        keep = np.ones(scores.shape, bool)                               # True = attend
-        if "valid_lens" in inputs:                                       # (B,) or (B, T)
-            lens = inputs["valid_lens"]
-            lens = lens[:, None] if lens.ndim == 1 else lens
-            keep &= np.arange(S) < lens[..., None]
+        keep = np.ones(scores.shape, bool)                              # True = attend
+        if lens is not None:                          # -> (B, [1,] T | 1, 1)
+            keep &= np.arange(S) < lens.reshape(len(lens), *[1] * (q.ndim - 3), -1, 1)
         if "mask" in inputs:
             keep &= inputs["mask"]
+        t, s = np.arange(T)[:, None], np.arange(S)
         if config.get("is_causal", False):
-            keep &= np.tril(np.ones((T, S), bool))
+            keep &= s <= t
+        if config.get("local_window_size") is not None:
+            left, right = np.broadcast_to(config["local_window_size"], 2)
+            keep &= (t - left <= s) & (s <= t + right)
         shift = np.max(np.where(keep, scores, -np.inf), axis=-1, keepdims=True)
         shift = np.where(np.isfinite(shift), shift, 0.0)
         exps = np.where(keep, np.exp(np.where(keep, scores, shift) - shift), 0.0)
         total = exps.sum(axis=-1, keepdims=True)
         weights = exps / np.where(total == 0, 1.0, total)     # nothing to attend: zero weights
-        return {"output": weights @ v, "weights": weights}
+        output = weights @ v
+        if unbatched:
+            output, weights = output[0], weights[0]
+        return {"output": output, "weights": weights}
 
     IMPLEMENTATIONS = {"scoring.dot_product_attention": dot_product_attention}
 
 ``jax-attention conformance --against my_attention.py`` then checks it on every dot-product
-case (valid lengths of both shapes, a boolean mask, the causal mask, a score bias, a fully masked
-row) and reports every other function as not covered.
+case (valid lengths of both shapes, a boolean mask, the causal mask, a score bias, fully masked
+rows, a scale, sliding windows, soft-capping, grouped-query and multi-query heads, unbatched
+inputs) and reports every other function as not covered.
 
 Platforms and precision: ``--platform cpu|gpu|tpu`` picks the JAX device for the JAX-based
 targets (``jax``, ``flax`` and user modules, default JAX's default backend); ``--precision``

@@ -10,7 +10,10 @@ Shapes are small (a few thousand numbers for the largest model) so that the file
 300 KB and a run takes seconds; the edge cases are what matter: valid lengths ``(B,)`` and
 ``(B, T)``, boolean masks, causal masks, score biases, fully masked rows (all-zero weights, the
 documented choice), NaN and Inf in padding, distinct query/key/value sizes, multi-layer GRUs with
-and without the hidden bias of the candidate gate.
+and without the hidden bias of the candidate gate; and the variants of scaled dot-product and
+multi-head attention: a ``scale``, sliding windows (``local_window_size``, with and without the
+causal mask, one leaving a row with no key), logit soft-capping, grouped-query and multi-query
+heads, value heads of their own size, unbatched inputs.
 """
 
 from __future__ import annotations
@@ -299,6 +302,97 @@ def _dot_empty_row() -> Case:
                 tags=("fully_masked_row",))
 
 
+# The variants of scaled dot-product attention: scale, sliding windows, soft-capping,
+# grouped-query (and multi-query) heads, unbatched inputs. Windows are stored as [left, right]
+# (JSON has no tuples; the functions take a list as well).
+
+def _heads(draw: _Draw, N=4, N_kv=2, B=2, T=3, S=5, d=4, v=4) -> dict:
+    """Queries ``(B, N, T, d)`` with grouped keys and values ``(B, N_kv, S, d | v)``."""
+    return {"queries": draw.normal(B, N, T, d), "keys": draw.normal(B, N_kv, S, d),
+            "values": draw.normal(B, N_kv, S, v)}
+
+
+@_case
+def _dot_scale() -> Case:
+    return Case("dot_product_attention.scale", "scoring.dot_product_attention", {"scale": 0.3},
+                "scale = 0.3 instead of 1 / sqrt(d) = 0.5; valid lengths (B,)",
+                {**_qkv(_Draw(321)), "valid_lens": _lens(4, 5)}, {})
+
+
+@_case
+def _dot_window() -> Case:
+    return Case("dot_product_attention.local_window", "scoring.dot_product_attention",
+                {"local_window_size": [1, 2]},
+                "sliding window (left, right) = (1, 2): query t attends keys t-1 .. t+2; T = 5, "
+                "S = 6, valid lengths (B,) = (6, 4)",
+                {**_qkv(_Draw(322), T=5, S=6), "valid_lens": _lens(6, 4)}, {})
+
+
+@_case
+def _dot_causal_window() -> Case:
+    return Case("dot_product_attention.causal_local_window", "scoring.dot_product_attention",
+                {"is_causal": True, "local_window_size": [2, 1]},
+                "causal with window (2, 1): keys t-2 .. t (the causal mask makes the right side "
+                "moot); valid lengths per query (B, T)",
+                {**_qkv(_Draw(323), T=5, S=6),
+                 "valid_lens": _lens([1, 2, 3, 4, 5], [5, 1, 2, 3, 6])}, {})
+
+
+@_case
+def _dot_softcap() -> Case:
+    draw = _Draw(324)
+    inputs = _qkv(draw)
+    inputs["queries"] = 3.0 * inputs["queries"]  # scores of a few units: the cap of 2 bites
+    return Case("dot_product_attention.logit_softcap", "scoring.dot_product_attention",
+                {"logit_softcap": 2.0},
+                "scores s -> 2 tanh(s / 2) (queries scaled by 3, so the cap matters), then a "
+                "score bias (B, T, S), valid lengths (B,)",
+                {**inputs, "valid_lens": _lens(5, 3), "bias": draw.normal(2, 3, 5, scale=0.5)}, {})
+
+
+@_case
+def _dot_gqa() -> Case:
+    draw = _Draw(325)
+    return Case("dot_product_attention.grouped_query", "scoring.dot_product_attention",
+                {"is_causal": True},
+                "grouped-query: queries (B, N=4, T, d), keys and values (B, N_kv=2, S, d), "
+                "query head n uses key/value head n // 2; causal, valid lengths (B,), a score "
+                "bias per head (B, N, T, S)",
+                {**_heads(draw, N=4, N_kv=2), "valid_lens": _lens(2, 4),
+                 "bias": draw.normal(2, 4, 3, 5, scale=0.5)}, {})
+
+
+@_case
+def _dot_mqa() -> Case:
+    draw = _Draw(326)
+    return Case("dot_product_attention.multi_query", "scoring.dot_product_attention", {},
+                "multi-query: queries (B, N=3, T, d), one key/value head (B, 1, S, d); valid "
+                "lengths per query (B, T) and a boolean mask per head (B, N, T, S)",
+                {**_heads(draw, N=3, N_kv=1), "valid_lens": _lens([2, 5, 4], [5, 3, 1]),
+                 "mask": draw.mask(2, 3, 3, 5)}, {})
+
+
+@_case
+def _dot_unbatched() -> Case:
+    draw = _Draw(327)
+    return Case("dot_product_attention.unbatched", "scoring.dot_product_attention",
+                {"is_causal": True},
+                "unbatched queries (T, d) = (4, 4), keys (6, 4), values (6, 4); one valid length "
+                "() = 5 for every query; causal",
+                {"queries": draw.normal(4, 4), "keys": draw.normal(6, 4),
+                 "values": draw.normal(6, 4), "valid_lens": np.asarray(5, np.int32)}, {})
+
+
+@_case
+def _dot_window_empty_row() -> Case:
+    return Case("dot_product_attention.window_fully_masked_row", "scoring.dot_product_attention",
+                {"local_window_size": [1, 0]},
+                "window (1, 0) with valid lengths (B,) = (2, 5): query 3 of sequence 0 may "
+                "attend keys 2 and 3, both padding, so its weights and output are zero",
+                {**_qkv(_Draw(328), T=4), "valid_lens": _lens(2, 5)}, {},
+                tags=("fully_masked_row",))
+
+
 @_case
 def _additive_lens() -> Case:
     draw = _Draw(311)
@@ -385,6 +479,79 @@ def _mha_sizes() -> Case:
                 {**_qkv(draw, query_size=3, key_size=5, value_size=6, S=4),
                  "valid_lens": _lens(3, 4)},
                 _mha_params(draw, query_size=3, key_size=5, value_size=6))
+
+
+# Grouped-query heads (W_k (k, N_kv H), W_v (v, N_kv H_v)), a value head size H_v other than
+# the key head size H (W_o (N H_v, E)), a sliding window and a scale.
+
+def _gqa_params(draw: _Draw, N: int, N_kv: int, H: int, H_v: int, query_size=8, key_size=6,
+                value_size=6, E=8, biases=True) -> dict:
+    params = {"W_q": draw.dense(query_size, N * H), "W_k": draw.dense(key_size, N_kv * H),
+              "W_v": draw.dense(value_size, N_kv * H_v), "W_o": draw.dense(N * H_v, E)}
+    if biases:
+        params.update({"b_q": draw.normal(N * H, scale=0.3), "b_k": draw.normal(N_kv * H, scale=0.3),
+                       "b_v": draw.normal(N_kv * H_v, scale=0.3), "b_o": draw.normal(E, scale=0.3)})
+    return params
+
+
+@_case
+def _mha_gqa() -> Case:
+    draw = _Draw(411)
+    return Case("multi_head_attention.grouped_query", "multihead.multi_head_attention",
+                {"num_heads": 4, "num_kv_heads": 2},
+                "grouped-query: 4 query heads of size 2, 2 key/value heads (W_k, W_v (6, 4)), "
+                "biases, valid lengths (B,)",
+                {**_qkv(draw, query_size=8, key_size=6, value_size=6, S=4),
+                 "valid_lens": _lens(3, 4)}, _gqa_params(draw, N=4, N_kv=2, H=2, H_v=2))
+
+
+@_case
+def _mha_mqa() -> Case:
+    draw = _Draw(412)
+    X = draw.normal(2, 4, 8)
+    return Case("multi_head_attention.multi_query", "multihead.multi_head_attention",
+                {"num_heads": 2, "num_kv_heads": 1, "is_causal": True},
+                "multi-query causal self-attention (X, X, X): 2 query heads of size 4 share one "
+                "key/value head (W_k, W_v (8, 4)); no biases",
+                {"queries": X, "keys": X, "values": X},
+                _gqa_params(draw, N=2, N_kv=1, H=4, H_v=4, key_size=8, value_size=8,
+                            biases=False))
+
+
+@_case
+def _mha_value_head() -> Case:
+    draw = _Draw(413)
+    return Case("multi_head_attention.value_head_size", "multihead.multi_head_attention",
+                {"num_heads": 2},
+                "value heads of size 3, query/key heads of size 4: W_v (6, 6), W_o (6, 8); "
+                "biases, valid lengths per query (B, T)",
+                {**_qkv(draw, query_size=8, key_size=6, value_size=6, S=4),
+                 "valid_lens": _lens([2, 4, 1], [3, 1, 4])},
+                _gqa_params(draw, N=2, N_kv=2, H=4, H_v=3))
+
+
+@_case
+def _mha_window_scale() -> Case:
+    draw = _Draw(414)
+    X = draw.normal(2, 5, 8)
+    return Case("multi_head_attention.local_window_scale", "multihead.multi_head_attention",
+                {"num_heads": 2, "local_window_size": [1, 1], "scale": 0.25},
+                "self-attention with a sliding window (1, 1) and scale 0.25 (not 1 / sqrt(4)); "
+                "biases, valid lengths (B,)",
+                {"queries": X, "keys": X, "values": X, "valid_lens": _lens(5, 3)},
+                _mha_params(draw, key_size=8, value_size=8))
+
+
+@_case
+def _mha_unbatched() -> Case:
+    draw = _Draw(415)
+    return Case("multi_head_attention.unbatched", "multihead.multi_head_attention",
+                {"num_heads": 2},
+                "unbatched queries (T, q) = (4, 8), keys and values (5, 6); valid lengths per "
+                "query (T,); output (T, E), weights (N, T, S)",
+                {"queries": draw.normal(4, 8), "keys": draw.normal(5, 6),
+                 "values": draw.normal(5, 6), "valid_lens": _lens(2, 5, 3, 1)},
+                _mha_params(draw))
 
 
 # positional encodings (d2l §11.6.3; RoPE; T5 relative buckets)
@@ -618,7 +785,6 @@ def generate_cases() -> dict[str, Case]:
         _check_tags(case)
         cases[case.name] = case
     return cases
-
 
 
 def save_cases(path: str | Path, cases: Mapping[str, Case] | None = None) -> Path:

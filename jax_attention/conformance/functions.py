@@ -5,6 +5,10 @@ is the component, e.g. ``"scoring.dot_product_attention"``); the same name exist
 argument order, in :mod:`jax_attention`. A :class:`Function` says which outputs the function
 returns, in which order, and how to call either package's version from a case's ``inputs``,
 ``params`` and ``config`` (the call is the same for both, as the two packages mirror each other).
+
+A case's ``config`` is passed as keyword arguments (``**config``). It comes from the index's JSON,
+so a pair such as ``local_window_size`` arrives as a list ``[left, right]``, which both packages
+accept as they accept a tuple.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def _attention_functions() -> list[Function]:
                                                       p["w"])),
         Function("scoring.dot_product_attention", ("output", "weights"),
                  "dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, "
-                 "is_causal=False, bias=None) -> (output, weights)",
+                 "is_causal=False, bias=None, scale=None, local_window_size=None, "
+                 "logit_softcap=None) -> (output, weights)",
                  lambda m, i, p, c: m.dot_product_attention(
                      i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
                      mask=_get(i, "mask"), bias=_get(i, "bias"), **c)),
@@ -80,7 +85,8 @@ def _attention_functions() -> list[Function]:
                      mask=_get(i, "mask"), **c)),
         Function("multihead.multi_head_attention", ("output", "weights"),
                  "multi_head_attention(params, queries, keys, values, valid_lens=None, *, "
-                 "num_heads, mask=None, is_causal=False, bias=None) -> (output, weights)",
+                 "num_heads, num_kv_heads=None, mask=None, is_causal=False, bias=None, "
+                 "scale=None, local_window_size=None, logit_softcap=None) -> (output, weights)",
                  lambda m, i, p, c: m.multi_head_attention(
                      p, i["queries"], i["keys"], i["values"], _get(i, "valid_lens"),
                      mask=_get(i, "mask"), bias=_get(i, "bias"), **c)),

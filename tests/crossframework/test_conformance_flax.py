@@ -4,19 +4,36 @@ LayerNorm, GRUCell, Embed, softmax) and our NNX modules pass every case (float64
 from __future__ import annotations
 
 from jax_attention.conformance import run_conformance
-from tests.conformance_support import assert_conforms
+from tests.conformance_support import assert_conforms, passed
 
-NOT_APPLICABLE = [
-    ("dot_product_attention.value_size_6", "flax.nnx.dot_product_attention"),
-    ("dot_product_attention.fully_masked_row", "flax.nnx.dot_product_attention"),
-    ("dot_product_attention.fully_masked_row",
-     "flax.nnx.nn.attention.dot_product_attention_weights"),
-    ("multi_head_attention.fully_masked_row", "flax.nnx.MultiHeadAttention"),
-    ("multi_head_attention.fully_masked_row", "flax.nnx.MultiHeadAttention(sow_weights=True)"),
-    ("multi_head_attention.distinct_sizes", "flax.nnx.MultiHeadAttention"),
-    ("multi_head_attention.distinct_sizes", "flax.nnx.MultiHeadAttention(sow_weights=True)"),
-    ("gru.two_layers", "flax.nnx.GRUCell + nnx.RNN"),
-]
+DOT = "flax.nnx.dot_product_attention"
+WEIGHTS = "flax.nnx.nn.attention.dot_product_attention_weights"
+MHA = "flax.nnx.MultiHeadAttention"
+MHA_SOWN = "flax.nnx.MultiHeadAttention(sow_weights=True)"
+UNIFORM = "known difference"  # a fully masked row: Flax's weights are uniform, ours zero
+NOT_APPLICABLE = {
+    ("dot_product_attention.value_size_6", DOT): "values of the query/key size",
+    **{(case, name): UNIFORM for case in ("dot_product_attention.fully_masked_row",
+                                          "dot_product_attention.window_fully_masked_row")
+       for name in (DOT, WEIGHTS)},
+    **{("dot_product_attention.scale", name): "no scale argument" for name in (DOT, WEIGHTS)},
+    **{("dot_product_attention.logit_softcap", name): "no logit soft-capping"
+       for name in (DOT, WEIGHTS)},
+    **{(case, name): reason for name in (MHA, MHA_SOWN) for case, reason in (
+        ("multi_head_attention.fully_masked_row", UNIFORM),
+        ("multi_head_attention.distinct_sizes", "in_kv_features"),
+        ("multi_head_attention.value_head_size", "one head size"),
+        ("multi_head_attention.local_window_scale", "no scale argument"))},
+    ("gru.two_layers", "flax.nnx.GRUCell + nnx.RNN"): "b_hn",
+}
+#: Grouped-query heads (Flax's own: keys and values with N_kv heads, MultiHeadAttention's
+#: num_kv_heads), windows through the mask, unbatched inputs (given a batch of one for the
+#: functions; MultiHeadAttention takes them as they are).
+DOT_VARIANTS = {"dot_product_attention.local_window", "dot_product_attention.causal_local_window",
+                "dot_product_attention.grouped_query", "dot_product_attention.multi_query",
+                "dot_product_attention.unbatched"}
+MHA_VARIANTS = {"multi_head_attention.grouped_query", "multi_head_attention.multi_query",
+                "multi_head_attention.unbatched"}
 
 
 def test_flax_passes_every_case():
@@ -28,6 +45,8 @@ def test_flax_passes_every_case():
     # Our GRU folded into flax.nnx.GRUCell runs, and passes, where b_hn = 0.
     assert any(r.case == "gru.zero_candidate_hidden_bias" and r.status == "PASS"
                and r.implementation == "flax.nnx.GRUCell + nnx.RNN" for r in report.results)
-    # Every NNX module row carries the case's parameters: none is n/a.
+    assert DOT_VARIANTS <= passed(report, DOT) and DOT_VARIANTS <= passed(report, WEIGHTS)
+    assert MHA_VARIANTS <= passed(report, MHA) and MHA_VARIANTS <= passed(report, MHA_SOWN)
+    # Every NNX module row carries the case's parameters and variants: none is n/a.
     assert all(r.status == "PASS" for r in report.results
                if r.implementation.startswith("jax_attention NNX"))

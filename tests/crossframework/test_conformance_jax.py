@@ -7,12 +7,22 @@ import jax
 import pytest
 
 from jax_attention.conformance import run_conformance
-from tests.conformance_support import assert_conforms
+from tests.conformance_support import assert_conforms, passed
 
-NOT_APPLICABLE = [
-    ("dot_product_attention.fully_masked_row", "jax.nn.dot_product_attention"),
-    ("dot_product_attention.value_size_6", "jax.nn.dot_product_attention"),
-]
+JAX_NN = "jax.nn.dot_product_attention"
+UNIFORM = "known difference"  # a fully masked row: jax.nn's weights are uniform, ours zero
+NOT_APPLICABLE = {
+    ("dot_product_attention.fully_masked_row", JAX_NN): UNIFORM,
+    ("dot_product_attention.window_fully_masked_row", JAX_NN): UNIFORM,
+    ("dot_product_attention.value_size_6", JAX_NN): "values of the query/key size",
+    ("dot_product_attention.logit_softcap", JAX_NN): "no logit soft-capping",
+}
+#: The variants jax.nn takes as its own arguments (scale=, local_window_size=, grouped K/V heads)
+#: or through its mask, and unbatched inputs given a batch of one: they must run and pass.
+JAX_NN_VARIANTS = {"dot_product_attention.scale", "dot_product_attention.local_window",
+                   "dot_product_attention.causal_local_window",
+                   "dot_product_attention.grouped_query", "dot_product_attention.multi_query",
+                   "dot_product_attention.unbatched"}
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -21,7 +31,8 @@ def test_jax_passes_every_case(dtype):
     assert_conforms(report, NOT_APPLICABLE)
     ours = [r for r in report.results if r.implementation == "jax_attention (jit)"]
     assert len(ours) == report.num_cases  # our core runs every case, none n/a
-    builtin = [r for r in report.results if r.implementation == "jax.nn.dot_product_attention"]
+    assert JAX_NN_VARIANTS <= passed(report, JAX_NN)
+    builtin = [r for r in report.results if r.implementation == JAX_NN]
     # It normalises in float32 whatever the inputs: held to the float32 tolerance, and says so.
     assert {(r.tolerance_dtype, r.rtol) for r in builtin} == {("float32", 1e-5)}
     assert all("float32" in r.note for r in builtin if r.status == "PASS")

@@ -13,15 +13,48 @@ from tests.torch_support import import_torch
 torch = import_torch()
 
 from jax_attention.cli import main  # noqa: E402
-from jax_attention.conformance import run_conformance  # noqa: E402
-from tests.conformance_support import assert_conforms  # noqa: E402
+from jax_attention.conformance import load_cases, run_conformance  # noqa: E402
+from tests.conformance_support import assert_conforms, passed  # noqa: E402
 
-NOT_APPLICABLE = [
-    ("dot_product_attention.bias_and_lens", "torch_models.DotProductAttention"),
-    ("multi_head_attention.fully_masked_row", "torch.nn.MultiheadAttention"),
-    ("multi_head_attention.distinct_sizes", "torch.nn.MultiheadAttention"),
-    ("multi_head_attention.distinct_sizes", "torch.nn.MultiheadAttention(need_weights=False)"),
-]
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+DOT_MIRROR = "torch_models.DotProductAttention"
+FLEX = "torch.nn.attention.flex_attention"
+MHA = "torch.nn.MultiheadAttention"
+MHA_UNWEIGHTED = "torch.nn.MultiheadAttention(need_weights=False)"
+MHA_MIRROR = "torch_models.MultiHeadAttention"
+MHA_SDPA = "torch.nn.functional.linear + scaled_dot_product_attention"
+NO_GQA = "no grouped-query attention"
+NOT_APPLICABLE = {
+    ("dot_product_attention.bias_and_lens", DOT_MIRROR): "no score bias",
+    ("dot_product_attention.scale", DOT_MIRROR): "no scale argument",
+    ("dot_product_attention.logit_softcap", SDPA): "no logit soft-capping",
+    ("dot_product_attention.logit_softcap", DOT_MIRROR): "no logit soft-capping",
+    ("dot_product_attention.grouped_query", DOT_MIRROR): NO_GQA,
+    ("dot_product_attention.multi_query", DOT_MIRROR): NO_GQA,
+    ("dot_product_attention.unbatched", DOT_MIRROR): "valid lengths only with a batch axis",
+    ("multi_head_attention.unbatched", MHA_MIRROR): "batched inputs (B, T, q) only",
+    ("multi_head_attention.fully_masked_row", MHA): "pytorch/pytorch#160064",
+    ("multi_head_attention.distinct_sizes", MHA): "embed_dim",
+    ("multi_head_attention.distinct_sizes", MHA_UNWEIGHTED): "embed_dim",
+    **{("multi_head_attention.grouped_query", name): NO_GQA for name in (MHA, MHA_UNWEIGHTED)},
+    **{("multi_head_attention.multi_query", name): NO_GQA for name in (MHA, MHA_UNWEIGHTED)},
+    **{("multi_head_attention.value_head_size", name): "one head size"
+       for name in (MHA, MHA_UNWEIGHTED, MHA_MIRROR)},
+    **{("multi_head_attention.local_window_scale", name): "no scale argument"
+       for name in (MHA, MHA_UNWEIGHTED, MHA_MIRROR)},
+}
+#: What SDPA takes as its own arguments (scale=, enable_gqa=) or in its attn_mask (windows), and
+#: unbatched inputs; the mirror takes windows as its mask. They must run and pass.
+SDPA_VARIANTS = {"dot_product_attention.scale", "dot_product_attention.local_window",
+                 "dot_product_attention.causal_local_window",
+                 "dot_product_attention.grouped_query", "dot_product_attention.multi_query",
+                 "dot_product_attention.unbatched",
+                 "dot_product_attention.window_fully_masked_row"}
+MIRROR_VARIANTS = {"dot_product_attention.local_window",
+                   "dot_product_attention.causal_local_window",
+                   "dot_product_attention.window_fully_masked_row"}
+#: The mirror's MultiHeadAttention has grouped-query heads (num_kv_heads).
+MHA_MIRROR_VARIANTS = {"multi_head_attention.grouped_query", "multi_head_attention.multi_query"}
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -33,11 +66,21 @@ def test_torch_passes_every_case(dtype):
             "torch.nn.GRU", "torch.nn.LayerNorm"} <= labels
     # scaled_dot_product_attention, and MultiheadAttention on its path (need_weights=False),
     # give a fully masked row zeros, as ours: they pass there.
-    passed = {(r.case, r.implementation) for r in report.results if r.status == "PASS"}
-    assert {("dot_product_attention.fully_masked_row",
-             "torch.nn.functional.scaled_dot_product_attention"),
-            ("multi_head_attention.fully_masked_row",
-             "torch.nn.MultiheadAttention(need_weights=False)")} <= passed
+    assert "dot_product_attention.fully_masked_row" in passed(report, SDPA)
+    assert "multi_head_attention.fully_masked_row" in passed(report, MHA_UNWEIGHTED)
+    # Unbatched (T, q) inputs, which MultiheadAttention takes as such, weights (N, T, S).
+    assert "multi_head_attention.unbatched" in passed(report, MHA) & passed(report, MHA_UNWEIGHTED)
+    assert SDPA_VARIANTS <= passed(report, SDPA)
+    assert MIRROR_VARIANTS <= passed(report, DOT_MIRROR)
+    assert MHA_MIRROR_VARIANTS <= passed(report, MHA_MIRROR)
+    # Every multi-head case — grouped-query, multi-query, value heads of their own size, window
+    # and scale — is checked by PyTorch's projections and SDPA (enable_gqa, scale=).
+    multi_head = {name for name, case in load_cases().items()
+                  if case.function == "multihead.multi_head_attention"}
+    assert passed(report, MHA_SDPA) == multi_head
+    # FlexAttention expresses every dot-product case, soft-capping (score_mod) included.
+    assert passed(report, FLEX) == {name for name, case in load_cases().items()
+                                    if case.function == "scoring.dot_product_attention"}
     assert torch.__version__.split("+")[0] in report.environment["versions"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +52,163 @@ def value_size_reason(name: str) -> Callable[[Case], str | None]:
     return reason
 
 
+def no_scale_reason(name: str) -> Callable[[Case], str | None]:
+    """``not_applicable`` for a built-in without a ``scale`` argument (always ``1 / sqrt(d)``)."""
+
+    def reason(case: Case) -> str | None:
+        if case.config.get("scale") is not None:
+            return (f"{name} has no scale argument (it always divides the scores by sqrt of the "
+                    f"head size); the case scales them by {case.config['scale']}")
+        return None
+
+    return reason
+
+
+def no_softcap_reason(name: str) -> Callable[[Case], str | None]:
+    """``not_applicable`` for a built-in without logit soft-capping."""
+
+    def reason(case: Case) -> str | None:
+        if case.config.get("logit_softcap") is not None:
+            return (f"{name} has no logit soft-capping (scores s -> c tanh(s / c)); the case caps "
+                    f"them at c = {case.config['logit_softcap']}")
+        return None
+
+    return reason
+
+
+def mha_heads(case: Case) -> tuple[int, int, int, int]:
+    """``(N, N_kv, H, H_v)`` of a multi-head case: query and key/value heads, their sizes, read
+    from the config and the kernels as the reference reads them."""
+    N = case.config["num_heads"]
+    H = case.params["W_q"].shape[1] // N
+    N_kv = case.config.get("num_kv_heads") or case.params["W_k"].shape[1] // H
+    return N, N_kv, H, case.params["W_v"].shape[1] // N_kv
+
+
+def grouped_heads_reason(name: str) -> Callable[[Case], str | None]:
+    """``not_applicable`` for a built-in that needs as many key/value heads as query heads (no
+    grouped-query or multi-query attention): scoring cases with keys ``(B, N_kv, S, d)`` for
+    queries ``(B, N, T, d)``, multi-head cases with ``num_kv_heads < num_heads``."""
+
+    def reason(case: Case) -> str | None:
+        if case.function == "multihead.multi_head_attention":
+            N, N_kv, _, _ = mha_heads(case)
+        elif case.inputs["queries"].ndim == 4:
+            N, N_kv = case.inputs["queries"].shape[1], case.inputs["keys"].shape[1]
+        else:
+            return None
+        if N_kv != N:
+            return (f"{name} has no grouped-query attention: it needs as many key/value heads as "
+                    f"query heads; the case has N = {N} query heads sharing N_kv = {N_kv}")
+        return None
+
+    return reason
+
+
+def value_head_size_reason(name: str) -> Callable[[Case], str | None]:
+    """``not_applicable`` for a multi-head built-in with one head size for queries, keys and
+    values, on a case whose value heads ``H_v`` differ from the key heads ``H``."""
+
+    def reason(case: Case) -> str | None:
+        _, _, H, H_v = mha_heads(case)
+        if H_v != H:
+            return (f"{name} has one head size for queries, keys and values; the case has key "
+                    f"heads of size {H} and value heads of size {H_v} (W_v "
+                    f"{case.params['W_v'].shape}, W_o {case.params['W_o'].shape})")
+        return None
+
+    return reason
+
+
+def window_of(config) -> tuple[int, int] | None:
+    """A case's ``local_window_size`` as ``(left, right)`` (the JSON holds ``[left, right]``; an
+    int ``w`` means ``(w, w)``), or ``None``: hashable, for a built-in's static argument."""
+    window = config.get("local_window_size")
+    if window is None:
+        return None
+    left, right = np.broadcast_to(np.asarray(window, dtype=np.int64), (2,))
+    return int(left), int(right)
+
+
+def local_window_keep(num_queries: int, num_keys: int, window: tuple[int, int]) -> np.ndarray:
+    """The sliding window ``(T, S)`` as a boolean mask, True = attend: query ``t`` attends key
+    ``s`` iff ``t - left <= s <= t + right`` (``jax.nn``'s rule). Built with NumPy here, not
+    with the library under test."""
+    left, right = window
+    t, s = np.arange(num_queries)[:, None], np.arange(num_keys)[None, :]
+    return (s >= t - left) & (s <= t + right)
+
+
+@dataclass(frozen=True)
+class Heads:
+    """A dot-product case laid out with a batch and a head axis: queries ``(B, N, T, d)``, keys
+    ``(B, N_kv, S, d)``, values ``(B, N_kv, S, v)`` — a case ``(B, T, d)`` gets ``N = 1``, an
+    unbatched one ``(T, d)`` also ``B = 1`` — with its masks and bias ``(B | 1, N | 1, T, S)``.
+
+    Attributes:
+      keep: every mask folded in (True = attend), or ``None``.
+      bias: the score bias, or ``None``.
+      lengths: valid lengths ``(B,)`` left out of ``keep`` for a built-in that takes them.
+      rank: the case's rank (2, 3 or 4), for :meth:`restore`.
+    """
+
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    keep: np.ndarray | None
+    bias: np.ndarray | None
+    lengths: np.ndarray | None
+    rank: int
+
+    @property
+    def grouped(self) -> bool:
+        """Fewer key/value heads than query heads."""
+        return self.keys.shape[1] != self.queries.shape[1]
+
+    def restore(self, array):
+        """An output ``(B, N, T, v)`` (NumPy, JAX or PyTorch) in the case's layout."""
+        return array if self.rank == 4 else array[:, 0] if self.rank == 3 else array[0, 0]
+
+
+def heads(inputs: dict, config, *, fold_causal: bool, fold_window: bool,
+          native_lengths: bool = False) -> Heads:
+    """:class:`Heads` of a dot-product case's NumPy ``inputs``.
+
+    ``fold_causal`` / ``fold_window`` put the causal mask / the sliding window into ``keep``
+    (for a built-in that cannot take them with its mask); ``native_lengths`` leaves valid
+    lengths ``(B,)`` out of ``keep``, in ``lengths``.
+    """
+    q, k, v = inputs["queries"], inputs["keys"], inputs["values"]
+    rank = q.ndim
+
+    def four(array):  # (T, X) | (B, T, X) | (B, N, T, X) -> (B, N, T, X)
+        array = array.reshape((1,) * (rank - array.ndim) + array.shape)
+        return array[None, None] if rank == 2 else array[:, None] if rank == 3 else array
+
+    T, S = q.shape[-2], k.shape[-2]
+    lens = inputs.get("valid_lens")
+    if lens is not None and rank == 2:  # () or (T,) -> (1,) or (1, T)
+        lens = lens[None]
+    parts, lengths = [], None
+    if lens is not None:
+        if native_lengths and lens.ndim == 1:
+            lengths = lens
+        else:
+            parts.append(valid_lens_keep(lens, T, S)[:, None])
+    if inputs.get("mask") is not None:
+        parts.append(four(inputs["mask"]))
+    if fold_causal and config.get("is_causal", False):
+        parts.append(np.tril(np.ones((T, S), dtype=bool))[None, None])
+    if fold_window and window_of(config) is not None:
+        parts.append(local_window_keep(T, S, window_of(config))[None, None])
+    keep = None
+    for part in parts:
+        keep = part if keep is None else keep & part
+    bias = inputs.get("bias")
+    return Heads(four(q), four(k), four(v), keep, None if bias is None else four(bias), lengths,
+                 rank)
+
+
 def valid_lens_keep(valid_lens, num_queries: int, num_keys: int) -> np.ndarray:
     """d2l's valid lengths ``(B,)`` or ``(B, T)`` as a boolean mask ``(B, T, S)``, True = attend.
 
@@ -63,11 +221,16 @@ def valid_lens_keep(valid_lens, num_queries: int, num_keys: int) -> np.ndarray:
     return np.arange(num_keys)[None, None, :] < valid_lens[:, :, None]
 
 
-def keep_mask(inputs: dict, num_queries: int, num_keys: int, *, is_causal: bool = False):
+def keep_mask(inputs: dict, num_queries: int, num_keys: int, *, is_causal: bool = False,
+              window: tuple[int, int] | None = None):
     """Everything that masks a case's scores — valid lengths, boolean mask and (optionally) the
-    causal mask — as one boolean ``(B | 1, T, S)`` array, or ``None`` when nothing masks."""
+    causal mask and a sliding window — as one boolean ``(B | 1, T, S)`` array, or ``None`` when
+    nothing masks."""
     keep = np.ones((1, num_queries, num_keys), dtype=bool)
     masked = False
+    if window is not None:
+        keep = keep & local_window_keep(num_queries, num_keys, window)[None]
+        masked = True
     if inputs.get("valid_lens") is not None:
         keep = keep & valid_lens_keep(inputs["valid_lens"], num_queries, num_keys)
         masked = True

@@ -4,11 +4,16 @@ Built-ins (their own parameters loaded with the case's, by reshape where the lay
 
 * ``flax.nnx.dot_product_attention`` (output; as Flax documents, it hands over to
   ``jax.nn.dot_product_attention`` without dropout, whose softmax is float32) and
-  ``flax.nnx.nn.attention.dot_product_attention_weights`` (weights) — heads laid out
-  ``(B, T, N = 1, d)``;
-* ``flax.nnx.MultiHeadAttention`` — kernels ``(in, N, H)`` and ``(N, H, out)`` are our ``(in, D)``
-  and ``(D, out)`` reshaped (head ``n`` = our columns ``n*H .. (n+1)*H - 1``); called plainly
-  (output) and with ``sow_weights=True`` (output and weights, the unfused path);
+  ``flax.nnx.nn.attention.dot_product_attention_weights`` (weights) — laid out ``(B, T, N, d)``
+  (``N = 1`` for a case without heads, a batch of one for an unbatched case), grouped-query
+  keys and values with their own ``N_kv`` heads, which both take; a sliding window joins the
+  boolean mask. They have no ``scale`` and no soft-capping: those cases are n/a;
+* ``flax.nnx.MultiHeadAttention`` — kernels ``(in, N | N_kv, H)`` and ``(N, H, out)`` are our
+  ``(in, N H | N_kv H)`` and ``(N H, out)`` reshaped (head ``n`` = our columns
+  ``n*H .. (n+1)*H - 1``), ``num_kv_heads`` for grouped-query cases, a sliding window in the
+  mask; called plainly (output) and with ``sow_weights=True`` (output and weights, the unfused
+  path). One head size for queries, keys and values, no ``scale``, no soft-capping: such cases
+  are n/a;
 * ``flax.nnx.LayerNorm`` (``epsilon=1e-5`` as the book's ``nn.LayerNorm``);
 * ``flax.nnx.GRUCell`` run by ``flax.nnx.RNN``, one per layer. Its gates have no hidden bias:
   PyTorch's ``b_hr`` and ``b_hz`` are added to the gate's input bias, which is exact, but
@@ -38,12 +43,18 @@ from jax_attention.conformance.targets._common import (
     check_device,
     first_reason,
     fully_masked_reason,
+    heads,
     jax_setup,
     keep_mask,
+    mha_heads,
+    no_scale_reason,
+    no_softcap_reason,
     softmax_where,
     standard_promotion,
     to_jax,
+    value_head_size_reason,
     value_size_reason,
+    window_of,
 )
 
 FUSED_FLOAT32 = ("without dropout Flax hands over to jax.nn.dot_product_attention, whose softmax "
@@ -115,44 +126,47 @@ def _flax_dot_product_attention(device) -> list[Implementation]:
     from flax.nnx.nn.attention import dot_product_attention_weights
 
     def prepare(case, inputs):
-        T, S = inputs["queries"].shape[1], inputs["keys"].shape[1]
-        keep = keep_mask(inputs, T, S)  # causal passed natively
-        bias = inputs.get("bias")
-        # One head: (B, T, d) -> Flax's (B, T, N = 1, d); masks and biases (B, N = 1, T, S).
-        return to_jax((inputs["queries"][:, :, None], inputs["keys"][:, :, None],
-                       inputs["values"][:, :, None], None if bias is None else bias[:, None],
-                       None if keep is None else keep[:, None]), device)
+        # Flax's layout (B, T, N, d), keys and values with their own N_kv heads (its grouped-query
+        # attention); masks, sliding window included, and biases (B | 1, N | 1, T, S); causal
+        # passed natively.
+        h = heads(inputs, case.config, fold_causal=False, fold_window=True)
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (h.queries, h.keys, h.values))
+        return h, to_jax((q, k, v, h.bias, h.keep), device)
 
     @functools.cache
     def attend(is_causal):
         return jax.jit(lambda q, k, v, bias, mask: nnx.dot_product_attention(
-            q, k, v, bias, mask, is_causal=is_causal)[:, :, 0])
+            q, k, v, bias, mask, is_causal=is_causal).transpose(0, 2, 1, 3))
 
     @functools.cache
     def weigh(is_causal):
         return jax.jit(lambda q, k, bias, mask: dot_product_attention_weights(
-            q, k, bias, mask, is_causal=is_causal)[:, 0])
+            q, k, bias, mask, is_causal=is_causal))
 
     def run_output(case, inputs, params):
-        q, k, v, bias, mask = prepare(case, inputs)
+        h, (q, k, v, bias, mask) = prepare(case, inputs)
         with standard_promotion():
             out = attend(bool(case.config.get("is_causal", False)))(q, k, v, bias, mask)
-        return check_device({"output": out}, device)
+        return check_device({"output": h.restore(out)}, device)
 
     def run_weights(case, inputs, params):
-        q, k, v, bias, mask = prepare(case, inputs)
+        h, (q, k, v, bias, mask) = prepare(case, inputs)
         with standard_promotion():
             weights = weigh(bool(case.config.get("is_causal", False)))(q, k, bias, mask)
-        return check_device({"weights": weights}, device)
+        return check_device({"weights": h.restore(weights)}, device)
 
     output_name = "flax.nnx.dot_product_attention"
     weights_name = "flax.nnx.nn.attention.dot_product_attention_weights"
     return [
         Implementation(output_name, run_output,
                        first_reason(fully_masked_reason(output_name),
-                                    value_size_reason(output_name)),
+                                    value_size_reason(output_name), no_scale_reason(output_name),
+                                    no_softcap_reason(output_name)),
                        tolerance_dtype="float32", note=FUSED_FLOAT32),
-        Implementation(weights_name, run_weights, fully_masked_reason(weights_name)),
+        Implementation(weights_name, run_weights,
+                       first_reason(fully_masked_reason(weights_name),
+                                    no_scale_reason(weights_name),
+                                    no_softcap_reason(weights_name))),
     ]
 
 
@@ -160,34 +174,44 @@ def _flax_multi_head_attention(device) -> list[Implementation]:
     import jax.numpy as jnp
     from flax import nnx
 
-    def build(params, num_heads):
+    def build(case, params):
+        num_heads, num_kv_heads, H, _ = mha_heads(case)
         query_size, num_hiddens = params["W_q"].shape
-        H = num_hiddens // num_heads
         use_bias = "b_q" in params
         dtype = _dtype(params)
         with standard_promotion():
             module = nnx.MultiHeadAttention(
                 num_heads, query_size, num_hiddens, params["W_o"].shape[1],
-                in_kv_features=params["W_k"].shape[0], use_bias=use_bias, decode=False,
-                param_dtype=dtype, rngs=nnx.Rngs(0), kernel_init=nnx.initializers.zeros)
-        for layer, name in ((module.query, "q"), (module.key, "k"), (module.value, "v")):
-            layer.kernel[...] = jnp.asarray(params[f"W_{name}"].reshape(-1, num_heads, H))
+                num_kv_heads=num_kv_heads, in_kv_features=params["W_k"].shape[0],
+                use_bias=use_bias, decode=False, param_dtype=dtype, rngs=nnx.Rngs(0),
+                kernel_init=nnx.initializers.zeros)
+        # Kernels (in, N | N_kv, H): our columns n*H .. (n+1)*H - 1 are head n.
+        for layer, name, N in ((module.query, "q", num_heads), (module.key, "k", num_kv_heads),
+                               (module.value, "v", num_kv_heads)):
+            layer.kernel[...] = jnp.asarray(params[f"W_{name}"].reshape(-1, N, H))
             if use_bias:
-                layer.bias[...] = jnp.asarray(params[f"b_{name}"].reshape(num_heads, H))
+                layer.bias[...] = jnp.asarray(params[f"b_{name}"].reshape(N, H))
         module.out.kernel[...] = jnp.asarray(params["W_o"].reshape(num_heads, H, -1))
         if use_bias:
             module.out.bias[...] = jnp.asarray(params["b_o"])
         return module
 
     def arguments(case, inputs):
-        T, S = inputs["queries"].shape[1], inputs["keys"].shape[1]
-        keep = keep_mask(inputs, T, S)
-        return to_jax((inputs["queries"], inputs["keys"], inputs["values"],
-                       None if keep is None else keep[:, None]), device)
+        # Batched (B, T, q): masks (B | 1, 1, T, S). Unbatched (T, q), which Flax takes as it
+        # is (no batch axes): lengths () or (T,) -> a mask (1, T, S) over the heads.
+        unbatched = inputs["queries"].ndim == 2
+        T, S = inputs["queries"].shape[-2], inputs["keys"].shape[-2]
+        masks = dict(inputs)
+        if unbatched and "valid_lens" in masks:
+            masks["valid_lens"] = masks["valid_lens"][None]
+        keep = keep_mask(masks, T, S, window=window_of(case.config))  # causal passed natively
+        if keep is not None and not unbatched:
+            keep = keep[:, None]
+        return to_jax((inputs["queries"], inputs["keys"], inputs["values"], keep), device)
 
     def run_plain(case, inputs, params):
         q, k, v, mask = arguments(case, inputs)
-        module = build(params, case.config["num_heads"])
+        module = build(case, params)
         with standard_promotion():
             out = nnx.jit(lambda m, q, k, v, mask: m(
                 q, k, v, mask=mask, is_causal=case.config.get("is_causal", False)))(
@@ -196,7 +220,7 @@ def _flax_multi_head_attention(device) -> list[Implementation]:
 
     def run_sown(case, inputs, params):
         q, k, v, mask = arguments(case, inputs)
-        module = build(params, case.config["num_heads"])
+        module = build(case, params)
         with standard_promotion():
             out, sown = _captured(module, q, k, v, mask=mask, sow_weights=True,
                                   is_causal=case.config.get("is_causal", False))
@@ -209,7 +233,9 @@ def _flax_multi_head_attention(device) -> list[Implementation]:
                     f"(in_kv_features); the case has {W_k.shape[0]} and {W_v.shape[0]}")
         return None
 
-    reasons = first_reason(fully_masked_reason("flax.nnx.MultiHeadAttention"), sizes)
+    name = "flax.nnx.MultiHeadAttention"
+    reasons = first_reason(fully_masked_reason(name), value_head_size_reason(name),
+                           no_scale_reason(name), no_softcap_reason(name), sizes)
     return [Implementation("flax.nnx.MultiHeadAttention", run_plain, reasons,
                            tolerance_dtype="float32", note=FUSED_FLOAT32),
             Implementation("flax.nnx.MultiHeadAttention(sow_weights=True)", run_sown, reasons)]
@@ -369,23 +395,26 @@ def _our_attention_modules(device) -> dict[str, list[Implementation]]:
         return module
 
     def mha(case, params, dtype):
+        num_heads, num_kv_heads, _, value_head_size = mha_heads(case)
         module = _without_initialisers(lambda: multihead.MultiHeadAttention(
-            params["W_q"].shape[1], case.config["num_heads"], bias="b_q" in params,
+            params["W_q"].shape[1], num_heads, bias="b_q" in params,
             query_size=params["W_q"].shape[0], key_size=params["W_k"].shape[0],
-            value_size=params["W_v"].shape[0], sow_weights=True, param_dtype=dtype,
+            value_size=params["W_v"].shape[0], num_kv_heads=num_kv_heads,
+            value_head_size=value_head_size, sow_weights=True, param_dtype=dtype,
             rngs=_rngs()))
         _load({name: getattr(module, name) for name in params}, params)
         return module
 
     ours = functools.partial(_ours, device)
     attention = ("queries", "keys", "values", "valid_lens")
+    variants = ("is_causal", "scale", "local_window_size", "logit_softcap")
     return {
         "attention_pooling.nadaraya_watson": [ours(
             "NWKernelRegression", nw, _capture(names=("queries", "keys", "values")),
             _with_weights("attention_weights"))],
         "scoring.dot_product_attention": [ours(
             "DotProductAttention", dot,
-            _capture(names=attention, keywords=("mask", "bias"), config=("is_causal",)),
+            _capture(names=attention, keywords=("mask", "bias"), config=variants),
             _with_weights("attention_weights"))],
         "scoring.additive_attention": [ours(
             "AdditiveAttention", additive,
@@ -393,7 +422,7 @@ def _our_attention_modules(device) -> dict[str, list[Implementation]]:
             _with_weights("attention_weights"))],
         "multihead.multi_head_attention": [ours(
             "MultiHeadAttention", mha,
-            _capture(names=attention, keywords=("mask", "bias"), config=("is_causal",)),
+            _capture(names=attention, keywords=("mask", "bias"), config=variants),
             _with_weights("attention", "attention_weights"))],
     }
 

@@ -4,8 +4,13 @@ Rows:
 
 * ``jax_attention`` — every function, ``jax.jit``-compiled with the case's config static, on
   the chosen device, in the run's dtype and matmul precision;
-* ``jax.nn.dot_product_attention`` — the dot-product cases (output only: it returns no weights;
-  heads laid out ``(B, T, N=1, d)``; valid lengths ``(B,)`` through ``key_value_seq_lengths``);
+* ``jax.nn.dot_product_attention`` — the dot-product cases (output only: it returns no weights),
+  laid out ``(B, T, N, d)``: a case ``(B, T, d)`` gets a head axis ``N = 1``, an unbatched one
+  ``(T, d)`` a batch of one too, a case with heads ``(B, N, T, d)`` is transposed, its keys and
+  values keeping their ``N_kv`` heads (jax.nn's grouped-query attention); ``scale``,
+  ``local_window_size``, ``is_causal`` and valid lengths ``(B,)`` (``key_value_seq_lengths``)
+  passed as its own arguments, other lengths and masks as its boolean mask. It has no logit
+  soft-capping: those cases are n/a;
 * ``jax.nn.softmax(where=)`` — the masked-softmax cases.
 """
 
@@ -23,12 +28,14 @@ from jax_attention.conformance.targets._common import (
     check_device,
     first_reason,
     fully_masked_reason,
+    heads,
     jax_setup,
-    keep_mask,
+    no_softcap_reason,
     softmax_where,
     standard_promotion,
     to_jax,
     value_size_reason,
+    window_of,
 )
 
 FLOAT32_SOFTMAX = ("jax.nn.dot_product_attention computes its softmax in float32 whatever the "
@@ -69,35 +76,33 @@ def _jax_nn_dot_product_attention(device) -> Implementation:
     import jax
 
     @functools.cache
-    def compiled(is_causal: bool, with_lengths: bool):
+    def compiled(is_causal: bool, with_lengths: bool, scale, window):
         def attend(q, k, v, bias, mask, lengths):
-            # One head: (B, T, d) -> jax.nn's (B, T, N = 1, d), and back.
+            # jax.nn's layout (B, T, N, d); keys and values may have fewer heads (grouped-query).
+            q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
             out = jax.nn.dot_product_attention(
-                q[:, :, None], k[:, :, None], v[:, :, None], bias, mask, is_causal=is_causal,
-                key_value_seq_lengths=lengths if with_lengths else None)
-            return out[:, :, 0]
+                q, k, v, bias, mask, scale=scale, is_causal=is_causal,
+                key_value_seq_lengths=lengths if with_lengths else None, local_window_size=window)
+            return out.transpose(0, 2, 1, 3)
 
         return jax.jit(attend)
 
     def run(case: Case, inputs: dict, params: dict) -> dict:
-        T, S = inputs["queries"].shape[1], inputs["keys"].shape[1]
-        lengths = inputs.get("valid_lens")
-        with_lengths = lengths is not None and lengths.ndim == 1  # jax.nn's own argument
-        masks = {name: inputs[name] for name in ("valid_lens", "mask")
-                 if name in inputs and not (name == "valid_lens" and with_lengths)}
-        keep = keep_mask(masks, T, S)  # (B | 1, T, S) or None; causal is passed natively
-        mask = None if keep is None else keep[:, None]  # (B | 1, N = 1, T, S)
-        bias = inputs.get("bias")
-        bias = None if bias is None else bias[:, None]
-        arguments = to_jax((inputs["queries"], inputs["keys"], inputs["values"], bias, mask,
-                            lengths.astype(np.int32) if with_lengths else None), device)
+        # Causal mask, sliding window, scale and valid lengths (B,) are jax.nn's own arguments;
+        # other lengths and masks go in its boolean mask (B | 1, N | 1, T, S).
+        h = heads(inputs, case.config, fold_causal=False, fold_window=False, native_lengths=True)
+        with_lengths = h.lengths is not None
+        arguments = to_jax((h.queries, h.keys, h.values, h.bias, h.keep,
+                            h.lengths.astype(np.int32) if with_lengths else None), device)
         with standard_promotion():
-            output = compiled(bool(case.config.get("is_causal", False)), with_lengths)(*arguments)
-        return check_device({"output": output}, device)
+            output = compiled(bool(case.config.get("is_causal", False)), with_lengths,
+                              case.config.get("scale"), window_of(case.config))(*arguments)
+        return check_device({"output": h.restore(output)}, device)
 
     name = "jax.nn.dot_product_attention"
     return Implementation(name, run, first_reason(fully_masked_reason(name),
-                                                  value_size_reason(name)),
+                                                  value_size_reason(name),
+                                                  no_softcap_reason(name)),
                           tolerance_dtype="float32", note=FLOAT32_SOFTMAX)
 
 

@@ -3,13 +3,26 @@
 Built-ins, parameters loaded with :func:`jax_attention.interop.to_torch`:
 
 * ``torch.nn.functional.scaled_dot_product_attention`` (output; it returns no weights) — valid
-  lengths and boolean masks as its boolean ``attn_mask`` (True = attend), a score bias as a float
-  ``attn_mask`` (added to the scores), ``is_causal`` natively;
+  lengths, boolean masks and sliding windows as its boolean ``attn_mask`` (True = attend), a
+  score bias as a float ``attn_mask`` (added to the scores), ``is_causal`` and ``scale``
+  natively, grouped-query heads ``(B, N_kv, S, d)`` with ``enable_gqa=True``; it has no logit
+  soft-capping (n/a);
+* ``torch.nn.attention.flex_attention`` (output), called eagerly — every dot-product case: the
+  masks as its block mask, the logit soft cap and a score bias as its ``score_mod``, ``scale``
+  and ``enable_gqa`` natively;
 * ``torch.nn.MultiheadAttention`` (``batch_first``) — valid lengths ``(B,)`` as
   ``key_padding_mask``, per-query lengths and the causal mask as ``attn_mask`` (True = not
   allowed); called as by default (``need_weights=True``, with ``average_attn_weights=False``
   for the weights per head) and with ``need_weights=False`` (output only; PyTorch then takes
-  its ``scaled_dot_product_attention`` path);
+  its ``scaled_dot_product_attention`` path); a sliding window joins ``attn_mask``, and
+  unbatched inputs ``(T, q)`` go in as such, their lengths in ``attn_mask``. It has one
+  head count and one head size for queries, keys and values, and no ``scale``: cases with
+  grouped-query heads, value heads of another size, a scale or soft-capping are n/a;
+* ``torch.nn.functional.linear + scaled_dot_product_attention`` (output) — multi-head attention
+  as PyTorch code writes grouped-query attention: the four projections with
+  ``torch.nn.functional.linear``, head ``n`` = columns ``n*H .. (n+1)*H - 1``, and
+  ``scaled_dot_product_attention`` with ``enable_gqa``, ``scale`` and the masks (a sliding window
+  included) as ``attn_mask``; every multi-head case but soft-capping;
 * ``torch.nn.GRU`` (``batch_first``), ``torch.nn.LayerNorm`` (eps 1e-5) and
   ``torch.nn.functional.embedding`` (the relative position bias table).
 
@@ -17,13 +30,20 @@ The rest runs through :mod:`jax_attention.interop.torch_models`, the book's PyTo
 rewritten with our masking semantics (fully masked rows: zero weights), loaded with
 :func:`~jax_attention.interop.to_torch` (components ``additive_attention``, ``multihead``,
 ``ffn``, ``layer_norm``, ``gru``, ``bahdanau``, ``transformer``; a block's ``state_dict`` is
-assembled from its parts under the book's names). Everything runs on the CPU in eval mode under
+assembled from its parts under the book's names). The mirror's attention modules take a
+sliding window as their boolean ``mask``, and ``MultiHeadAttention`` grouped-query heads
+(``num_kv_heads``); like the book's, they have no score bias, ``scale``, soft-capping or value
+head size of their own, ``DotProductAttention`` no grouped keys and values, and they take valid
+lengths (and, for multi-head attention, inputs) only with a batch axis: those cases are n/a for
+them. Everything runs on the CPU in eval mode under
 ``torch.no_grad()``, with the modules and tensors in the run's dtype.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,7 +52,19 @@ import numpy as np
 
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.target import Implementation, Target
-from jax_attention.conformance.targets._common import keep_mask, valid_lens_keep
+from jax_attention.conformance.targets._common import (
+    first_reason,
+    grouped_heads_reason,
+    heads,
+    keep_mask,
+    local_window_keep,
+    mha_heads,
+    no_scale_reason,
+    no_softcap_reason,
+    valid_lens_keep,
+    value_head_size_reason,
+    window_of,
+)
 
 
 def _import_torch():
@@ -84,6 +116,7 @@ class _Torch:
 
 
 # The book's PyTorch code: jax_attention.interop.torch_models.
+FLEX = "torch.nn.attention.flex_attention"
 MIRROR = "torch_models."
 
 
@@ -142,12 +175,30 @@ def _positional(t: _Torch) -> dict[str, list[Implementation]]:
     }
 
 
-def _attend(module, case: Case, i: dict) -> dict:
-    """One of the mirror's attention modules called as the book calls it, with the case's masks:
+def _attend(module, case: Case, i: dict, mask=None) -> dict:
+    """One of the mirror's attention modules called as the book calls it, with the case's masks
+    (``mask``: the case's boolean mask with a sliding window folded in, when it has one):
     ``{"output", "weights"}``."""
     output, weights = module(i["queries"], i["keys"], i["values"], i.get("valid_lens"),
-                             mask=i.get("mask"), is_causal=bool(case.config.get("is_causal")))
+                             mask=i.get("mask") if mask is None else mask,
+                             is_causal=bool(case.config.get("is_causal")))
     return {"output": output, "weights": weights}
+
+
+def _window_mask(t: _Torch, case: Case, i: dict, mask_shape=None):
+    """The case's boolean mask with its sliding window ANDed in, as a tensor (True = attend),
+    for a module that takes a mask but no window; ``None`` without a window. ``mask_shape``
+    shapes the window (``(T, S)`` by default)."""
+    window = window_of(case.config)
+    if window is None:
+        return None
+    T, S = i["queries"].shape[-2], i["keys"].shape[-2]
+    keep = local_window_keep(T, S, window)
+    if mask_shape is not None:
+        keep = keep.reshape(mask_shape)
+    if i.get("mask") is not None:
+        keep = i["mask"].numpy() & keep
+    return t.torch.from_numpy(np.ascontiguousarray(keep))
 
 
 def _no_score_bias(name: str):
@@ -159,41 +210,89 @@ def _no_score_bias(name: str):
     return reason
 
 
+def _no_unbatched_lengths(name: str):
+    def reason(case: Case) -> str | None:
+        if case.inputs["queries"].ndim == 2 and "valid_lens" in case.inputs:
+            return (f"{name}, as the book's, takes valid lengths only with a batch axis ((B,) or "
+                    f"(B, T)); the case is unbatched, with valid lengths of shape "
+                    f"{case.inputs['valid_lens'].shape}")
+        return None
+
+    return reason
+
+
 def _scoring(t: _Torch) -> dict[str, list[Implementation]]:
     """Scaled dot-product attention (the built-in and the mirror) and additive attention."""
     torch, tm = t.torch, t.tm
 
     def sdpa(case, i, p):
-        q, k, v = i["queries"], i["keys"], i["values"]
-        T, S = q.shape[1], k.shape[1]
-        masks = {n: i[n].numpy() for n in ("valid_lens", "mask") if n in i}
+        arrays = {n: x.numpy() for n, x in i.items()}
         is_causal = bool(case.config.get("is_causal", False))
-        keep = None
-        if masks or "bias" in i:  # SDPA refuses is_causal with an attn_mask: fold it in
-            keep = keep_mask(masks, T, S, is_causal=is_causal)
-            is_causal = False
-        attn_mask = None if keep is None else torch.from_numpy(keep)
-        if "bias" in i:  # a float attn_mask is added to the scores
-            bias = i["bias"]
+        # SDPA refuses is_causal with an attn_mask: with any mask, bias or window, fold it in.
+        fold = any(n in arrays for n in ("valid_lens", "mask", "bias")) or \
+            window_of(case.config) is not None
+        h = heads(arrays, case.config, fold_causal=fold, fold_window=True)
+        attn_mask = None if h.keep is None else torch.from_numpy(h.keep)
+        if h.bias is not None:  # a float attn_mask is added to the scores
+            bias = torch.from_numpy(np.ascontiguousarray(h.bias))
             attn_mask = bias if attn_mask is None else torch.where(
                 attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
-        return {"output": torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal)}
+        q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+                   for x in (h.queries, h.keys, h.values))
+        return {"output": h.restore(torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal and not fold,
+            scale=case.config.get("scale"), enable_gqa=h.grouped))}
+
+    def flex(case, i, p):
+        # FlexAttention: the masks (valid lengths, boolean, causal, window) as a block mask, the
+        # soft cap and the bias as its score_mod (in the reference's order), scale= and
+        # enable_gqa= natively. Called eagerly (no torch.compile): its unfused path, which warns.
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        h = heads({n: x.numpy() for n, x in i.items()}, case.config, fold_causal=True,
+                  fold_window=True)
+        q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+                   for x in (h.queries, h.keys, h.values))
+        (B, N, T, _), S = q.shape, k.shape[2]
+        cap = case.config.get("logit_softcap")
+        bias = None if h.bias is None else torch.from_numpy(
+            np.broadcast_to(h.bias, (B, N, T, S)).copy())
+
+        def score_mod(score, b, head, t, s):
+            if cap is not None:
+                score = cap * torch.tanh(score / cap)
+            return score if bias is None else score + bias[b, head, t, s]
+
+        block_mask = None
+        if h.keep is not None:
+            keep = torch.from_numpy(np.broadcast_to(h.keep, (B, N, T, S)).copy())
+            block_mask = create_block_mask(lambda b, head, t, s: keep[b, head, t, s], B, N, T, S,
+                                           device="cpu")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            output = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                    scale=case.config.get("scale"), enable_gqa=h.grouped)
+        return {"output": h.restore(output)}
 
     def dot_mirror(case, i, p):
-        return _attend(tm.DotProductAttention().eval(), case, i)
+        return _attend(tm.DotProductAttention().eval(), case, i, _window_mask(t, case, i))
 
     def additive(case, i, p):
         (q, h), k = p["W_q"].shape, p["W_k"].shape[0]
         module = t.loaded(tm.AdditiveAttention(q, k, h), t.state(p, "additive_attention"))
         return _attend(module, case, i)
 
+    sdpa_name = "torch.nn.functional.scaled_dot_product_attention"
+    mirror_name = MIRROR + "DotProductAttention"
     implementation = t.implementation
     return {
         "scoring.dot_product_attention": [
-            implementation("torch.nn.functional.scaled_dot_product_attention", sdpa),
-            implementation(MIRROR + "DotProductAttention", dot_mirror,
-                           _no_score_bias(MIRROR + "DotProductAttention"))],
+            implementation(sdpa_name, sdpa, no_softcap_reason(sdpa_name)),
+            implementation(FLEX, flex),
+            implementation(mirror_name, dot_mirror, first_reason(
+                no_scale_reason(mirror_name), no_softcap_reason(mirror_name),
+                grouped_heads_reason(mirror_name), _no_unbatched_lengths(mirror_name),
+                _no_score_bias(mirror_name)))],
         "scoring.additive_attention": [implementation(MIRROR + "AdditiveAttention", additive)],
     }
 
@@ -206,17 +305,89 @@ def _mha_sizes_reason(case: Case) -> str | None:
     return None
 
 
+def _mha_variants_reason(name: str, *, grouped: bool = False):
+    """What a multi-head module without a value head size of its own, a scale or soft-capping
+    (and, unless ``grouped``, without grouped-query heads) cannot express."""
+    reasons = [value_head_size_reason(name), no_scale_reason(name), no_softcap_reason(name)]
+    return first_reason(*([] if grouped else [grouped_heads_reason(name)]), *reasons)
+
+
+def _batched_only(name: str):
+    def reason(case: Case) -> str | None:
+        if case.inputs["queries"].ndim == 2:
+            return (f"{name}, as the book's, takes batched inputs (B, T, q) only; the case is "
+                    f"unbatched, queries {case.inputs['queries'].shape}")
+        return None
+
+    return reason
+
+
+_MHA = "torch.nn.MultiheadAttention"
+MHA_SDPA = "torch.nn.functional.linear + scaled_dot_product_attention"
+
+
 def _mha_builtin_reason(case: Case) -> str | None:
     if "fully_masked_row" in case.tags:
         return ("known difference: torch.nn.MultiheadAttention with need_weights=True (its "
                 "default) returns NaN for a query that may attend no key "
                 "(pytorch/pytorch#160064); ours gives zero weights and the output b_o, as "
                 "it does with need_weights=False (next row)")
-    return _mha_sizes_reason(case)
+    return _mha_unweighted_reason(case)
+
+
+def _mha_unweighted_reason(case: Case) -> str | None:
+    return first_reason(_mha_variants_reason(_MHA), _mha_sizes_reason)(case)
+
+
+def _mha_sdpa(t: _Torch, case: Case, i: dict, p: dict) -> dict:
+    """Multi-head attention as PyTorch code writes grouped-query attention: projections
+    (``torch.nn.functional.linear``, kernels ``(in, out)`` transposed to its ``(out, in)``), heads
+    split as the columns ``n*H .. (n+1)*H - 1``, and ``scaled_dot_product_attention`` with
+    ``enable_gqa``, ``scale=`` and every mask as its boolean ``attn_mask`` (the causal mask natively
+    when alone)."""
+    torch = t.torch
+    F = torch.nn.functional
+    N, N_kv, H, H_v = mha_heads(case)
+    P = t.tensors(p)
+    unbatched = i["queries"].dim() == 2
+    arrays = {n: x.numpy() for n, x in i.items()}
+    if unbatched:  # (T, q) -> a batch of one, lengths () / (T,) -> (1,) / (1, T)
+        arrays = {n: x[None] if n in ("queries", "keys", "values", "valid_lens")
+                  or x.ndim == 3 else x for n, x in arrays.items()}
+
+    def project(name, X, heads, size):
+        Y = F.linear(torch.from_numpy(X), P[f"W_{name}"].T, P.get(f"b_{name}"))
+        return Y.unflatten(-1, (heads, size)).transpose(1, 2)  # (B, heads, len, size)
+
+    q = project("q", arrays["queries"], N, H)
+    k = project("k", arrays["keys"], N_kv, H)
+    v = project("v", arrays["values"], N_kv, H_v)
+    T, S = q.shape[-2], k.shape[-2]
+    is_causal = bool(case.config.get("is_causal", False))
+    masks = {n: arrays[n] for n in ("valid_lens",) if n in arrays}
+    fold = bool(masks) or "mask" in arrays or "bias" in arrays or \
+        window_of(case.config) is not None
+    keep = keep_mask(masks, T, S, is_causal=is_causal and fold, window=window_of(case.config))
+    keep = None if keep is None else keep[:, None]  # (B | 1, 1, T, S)
+    if "mask" in arrays:  # (T, S) or (B | 1, N | 1, T, S)
+        mask = arrays["mask"].reshape((1,) * (4 - arrays["mask"].ndim) + arrays["mask"].shape)
+        keep = mask if keep is None else keep & mask
+    attn_mask = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep))
+    if "bias" in arrays:
+        bias = torch.from_numpy(arrays["bias"].reshape(
+            (1,) * (4 - arrays["bias"].ndim) + arrays["bias"].shape))
+        attn_mask = bias if attn_mask is None else torch.where(
+            attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+    heads = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal and not fold,
+        scale=case.config.get("scale"), enable_gqa=N_kv != N)
+    output = F.linear(heads.transpose(1, 2).flatten(2), P["W_o"].T, P.get("b_o"))
+    return {"output": output[0] if unbatched else output}
 
 
 def _multihead(t: _Torch) -> dict[str, list[Implementation]]:
-    """``torch.nn.MultiheadAttention`` (with and without weights) and the mirror."""
+    """``torch.nn.MultiheadAttention`` (with and without weights), the mirror, and PyTorch's
+    projections with ``scaled_dot_product_attention`` (:func:`_mha_sdpa`)."""
     torch, tm = t.torch, t.tm
 
     def mha_builtin(case, i, p, need_weights=True):
@@ -228,15 +399,17 @@ def _multihead(t: _Torch) -> dict[str, list[Implementation]]:
         module = t.loaded(module, t.to_torch(p, "torch.nn.MultiheadAttention", dtype=t.dtype,
                                              bias=has_bias))
         q = i["queries"]
-        T, S = q.shape[1], i["keys"].shape[1]
+        T, S = q.shape[-2], i["keys"].shape[-2]
         lens = i.get("valid_lens")
+        if q.dim() == 2 and lens is not None:  # unbatched, as it takes them: lengths in attn_mask
+            lens = lens[None]
         is_causal = bool(case.config.get("is_causal", False))
         key_padding_mask = attn_mask = None
-        if lens is not None and lens.dim() == 1:  # its own argument: True = padding
+        if lens is not None and lens.dim() == 1 and q.dim() == 3:  # its own argument: True = pad
             key_padding_mask = ~torch.from_numpy(valid_lens_keep(lens.numpy(), 1, S)[:, 0])
             lens = None
         keep = keep_mask({} if lens is None else {"valid_lens": lens.numpy()}, T, S,
-                         is_causal=is_causal)
+                         is_causal=is_causal, window=window_of(case.config))
         if keep is not None:  # True = not allowed; one (T, S) mask, or one per batch and head
             blocked = torch.from_numpy(~keep)
             attn_mask = (blocked[0] if blocked.shape[0] == 1
@@ -251,18 +424,30 @@ def _multihead(t: _Torch) -> dict[str, list[Implementation]]:
 
     def mha_mirror(case, i, p):
         D = p["W_q"].shape[1]
-        module = tm.MultiHeadAttention(D, case.config["num_heads"], bias="b_q" in p,
-                                       query_size=p["W_q"].shape[0], key_size=p["W_k"].shape[0],
-                                       value_size=p["W_v"].shape[0])
-        module = t.loaded(module, t.state(p, "multihead"))
-        return _attend(module, case, i)
+        N, N_kv, _, _ = mha_heads(case)
+        grouped = {} if N_kv == N else {"num_kv_heads": N_kv}  # the mirror's grouped-query heads
+        module = tm.MultiHeadAttention(D, N, bias="b_q" in p, query_size=p["W_q"].shape[0],
+                                       key_size=p["W_k"].shape[0], value_size=p["W_v"].shape[0],
+                                       **grouped)
+        if grouped:  # to_torch's "multihead" takes W_k, W_v of width D only: nn.Linear by hand
+            state = {f"{name}.{kind}": torch.from_numpy(np.ascontiguousarray(
+                         p[name if kind == "weight" else "b_" + name[2:]].T)).to(t.dtype)
+                     for name in ("W_q", "W_k", "W_v", "W_o")
+                     for kind in (("weight", "bias") if "b_q" in p else ("weight",))}
+        else:
+            state = t.state(p, "multihead")
+        module = t.loaded(module, state)
+        return _attend(module, case, i, _window_mask(t, case, i))
 
     implementation = t.implementation
+    mirror_name = MIRROR + "MultiHeadAttention"
     return {"multihead.multi_head_attention": [
-        implementation("torch.nn.MultiheadAttention", mha_builtin, _mha_builtin_reason),
-        implementation("torch.nn.MultiheadAttention(need_weights=False)",
-                       mha_builtin_unweighted, _mha_sizes_reason),
-        implementation(MIRROR + "MultiHeadAttention", mha_mirror)]}
+        implementation(_MHA, mha_builtin, _mha_builtin_reason),
+        implementation(_MHA + "(need_weights=False)", mha_builtin_unweighted,
+                       _mha_unweighted_reason),
+        implementation(mirror_name, mha_mirror, first_reason(
+            _mha_variants_reason(mirror_name, grouped=True), _batched_only(mirror_name))),
+        implementation(MHA_SDPA, functools.partial(_mha_sdpa, t), no_softcap_reason(MHA_SDPA))]}
 
 
 def _bahdanau(t: _Torch) -> dict[str, list[Implementation]]:
