@@ -15,17 +15,19 @@ import sys
 import numpy as np
 import pytest
 
-from jax_attention.bench.attention import (PEERS, attention_flops, bench_attention,
-                                           format_attention, padding_lens)
+from jax_attention.bench.attention import (PEERS, _float64_grads, _numpy_peer, attention_flops,
+                                           bench_attention, format_attention, padding_lens,
+                                           window_band, window_pairs)
 from jax_attention.bench.memory import (bench_memory, format_memory, nothing_measured,
                                         plain_estimate_bytes, run_child)
-from jax_attention.cli import main
+from jax_attention.cli import build_parser, main
 from tests.fault_support import assert_one_line, run_command
 
 # PyTorch is optional: without it the torch peer must be recorded as skipped, with the reason.
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 TINY = (2, 2, 16, 8)  # (B, N, T, H)
+WINDOW = (2, 1)  # query t attends keys t-2..t+1
 
 
 def _positive(x) -> bool:
@@ -36,6 +38,14 @@ def _positive(x) -> bool:
 def record():
     """One run of every peer on a tiny shape, with and without padding (shared by the tests)."""
     return bench_attention([TINY], repeats=5, warmup=0, gemm_size=64, budget_s=600.0)
+
+
+@pytest.fixture(scope="module")
+def windowed():
+    """Every peer on the tiny shape, with and without padding, without a window and with
+    :data:`WINDOW` (with padding, some queries of TINY's shorter sequence attend no key)."""
+    return bench_attention([TINY], local_window_sizes=[None, WINDOW], repeats=5, warmup=0,
+                           gemm_size=64, budget_s=600.0)
 
 
 def test_attention_flops():
@@ -63,8 +73,11 @@ def test_record_schema(record):
     assert record["sources_changed_during_run"] is False and record["loadavg_after"] is not None
     assert record["settings"]["repeats"] == 5 and record["settings"]["dtype"] == "float32"
     assert [r["mask"] for r in record["results"]] == ["none", "padding"]
+    assert record["settings"]["local_window_sizes"] == [None]
     for result in record["results"]:
         assert result["shape"] == {"B": 2, "N": 2, "T": 16, "S": 16, "H": 8}
+        assert result["local_window_size"] is None and result["window_flops"] is None
+        assert result["queries_without_keys"] == 0
         assert result["flops"]["forward"] == attention_flops(2, 2, 16, 16, 8)
         if result["mask"] == "padding":
             assert len(result["valid_lens"]) == 2 and result["padding_fraction"] == 0.25
@@ -103,6 +116,99 @@ def test_table_has_every_peer(record):
         assert name in table
 
 
+def test_window_band_and_pairs():
+    from jax_attention.masking import local_window_mask
+
+    for T, S, window in [(16, 16, (2, 1)), (7, 7, (0, 0)), (5, 9, (3, 6)), (8, 8, (20, 20))]:
+        band = window_band(T, S, window)
+        assert band.shape == (T, S)
+        np.testing.assert_array_equal(band, np.asarray(local_window_mask(T, S, window)))
+        assert window_pairs(T, S, window) == band.sum()
+    assert window_pairs(16, 16, None) == 256
+
+
+def test_windowed_record(windowed):
+    results = windowed["results"]
+    assert windowed["settings"]["local_window_sizes"] == [None, list(WINDOW)]
+    # Every (shape, mask) case once per window, in that order.
+    assert [(r["mask"], r["local_window_size"]) for r in results] == [
+        ("none", None), ("none", list(WINDOW)), ("padding", None), ("padding", list(WINDOW))]
+    B, N, T, H = TINY
+    pairs = window_pairs(T, T, WINDOW)
+    for result in results:
+        if result["local_window_size"] is None:
+            assert result["window_flops"] is None and result["queries_without_keys"] == 0
+            continue
+        # The dense count stays; window_flops counts only the pairs inside the window.
+        assert result["flops"]["forward"] == attention_flops(B, N, T, T, H)
+        assert result["window_flops"] == {"forward": 4 * B * N * H * pairs,
+                                          "forward_backward": 12 * B * N * H * pairs,
+                                          "fraction_of_dense": pairs / (T * T)}
+        assert "local_window_size=(2, 1)" in result["reference"]["forward"]
+        assert "window" in result["reference"]["gradients"] or not HAVE_TORCH
+        if result["mask"] == "padding":
+            # Lengths 10 and 14: queries 12..15 of the shorter one attend no key.
+            assert sorted(result["valid_lens"]) == [10, 14]
+            assert result["queries_without_keys"] == 4
+        else:
+            assert result["queries_without_keys"] == 0
+        for name, entry in result["peers"].items():
+            if name == "torch" and not HAVE_TORCH:
+                assert entry["status"] == "skipped"
+                continue
+            assert entry["status"] == "ok", entry
+            if name != "numpy":
+                assert "local_window_size=(2, 1)" in entry["note"] or "T, S" in entry["note"], \
+                    entry["note"]
+            # Small against the windowed float64 references, so each peer applied the window:
+            # without it, the outputs differ by O(0.1) (test_windowed_references_are_windowed).
+            assert 0 <= entry["forward"]["max_abs_error"] < 1e-5, (name, entry)
+            if name != "numpy":
+                assert 0 <= entry["forward_backward"]["max_abs_error"] < 1e-5, (name, entry)
+                assert _positive(entry["forward_backward"]["median_s"])
+    json.dumps(windowed)
+    table = format_attention(windowed)
+    header = next(line for line in table.splitlines() if line.startswith("peer"))
+    assert header.split()[:4] == ["peer", "B,N,T,H", "mask", "window"]
+    assert "  2,1  " in table and "GFLOP/s counts the dense" in table
+
+
+def test_windowed_references_are_windowed():
+    # The float64 references of a windowed case differ from the unwindowed ones, and agree with
+    # an independent windowing: the reference given the band as a mask; for the gradients, our
+    # own function under JAX's x64 (the fallback without PyTorch).
+    import jax.numpy as jnp
+
+    from reference_numpy import scoring as reference
+
+    rng = np.random.default_rng(1)
+    q, k, v, cotangent = (rng.standard_normal((2, 2, 16, 8)) for _ in range(4))
+    lens = np.array([14, 10], np.int32)
+    for window_lens in (None, lens):
+        plain = _numpy_peer(q, k, v, window_lens, jnp.dtype("float32")).forward()
+        windowed = _numpy_peer(q, k, v, window_lens, jnp.dtype("float32"), WINDOW).forward()
+        assert np.max(np.abs(windowed - plain)) > 1e-2
+        seen = [np.asarray(a.astype(np.float32)).astype(np.float64) for a in (q, k, v)]
+        masked = reference.dot_product_attention(*seen, window_lens,
+                                                 mask=window_band(16, 16, WINDOW))[0]
+        np.testing.assert_allclose(windowed, masked, rtol=0, atol=1e-12)
+    grads, source = _float64_grads(q, k, v, cotangent, lens, WINDOW)
+    unwindowed, _ = _float64_grads(q, k, v, cotangent, lens)
+    assert max(np.max(np.abs(g - u)) for g, u in zip(grads, unwindowed)) > 1e-2
+    if HAVE_TORCH:
+        assert source.startswith("torch") and "window" in source
+        # Only queries that attend a key: the cotangent of the others is zeroed by the benchmark.
+        rows = (np.arange(16)[None, :] - WINDOW[0] < lens[:, None])[:, None, :, None]
+        ct = np.where(rows, cotangent, 0.0)
+        with_torch, _ = _float64_grads(q, k, v, ct, lens, WINDOW)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, "torch", None)
+            with_jax, jax_source = _float64_grads(q, k, v, ct, lens, WINDOW)
+        assert jax_source.startswith("ours, float64")
+        for a, b in zip(with_torch, with_jax):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
 def test_over_budget_is_skipped_with_the_reason_and_errors_still_measured():
     record = bench_attention([(1, 1, 8, 4)], peers=["ours", "numpy"], masks=["none"], repeats=5,
                              warmup=0, gemm_size=32, budget_s=1e-9)
@@ -135,6 +241,11 @@ def test_without_torch(monkeypatch):
     ({"dtype": "float16"}, "dtype"),
     ({"shapes": [(1, 2, 8)]}, "four positive integers"),
     ({"shapes": [(1, 0, 8, 4)]}, "four positive integers"),
+    ({"local_window_sizes": []}, "local_window_sizes"),
+    ({"local_window_sizes": [(-1, 2)]}, "local_window_sizes"),
+    ({"local_window_sizes": [(1, 2, 3)]}, "local_window_sizes"),
+    ({"local_window_sizes": ["512"]}, "local_window_sizes"),
+    ({"local_window_sizes": "512"}, "local_window_sizes"),
 ])
 def test_bad_arguments(kwargs, message):
     arguments = {"shapes": [(1, 1, 8, 4)], **kwargs}
@@ -158,6 +269,39 @@ def test_cli_writes_json(tmp_path, capsys):
     assert settings["masks"] == ["none"] and settings["peers"] == ["ours", "jax.nn"]
     assert record["settings"]["shapes"] == [[1, 2, 8, 4]]
     assert record["results"][0]["peers"]["ours"]["status"] == "ok"
+    # No window by default: the table has no window column.
+    assert settings["local_window_sizes"] == [None]
+    assert record["results"][0]["local_window_size"] is None
+    header = next(line for line in printed.splitlines() if line.startswith("peer"))
+    assert "window" not in header
+
+
+def test_cli_local_window_size_parses():
+    parser = build_parser()
+    args = parser.parse_args(["bench", "attention", "--local-window-size", "none", "3", "2,1",
+                              "0,0", "NONE"])
+    assert args.local_window_size == [None, (3, 3), (2, 1), (0, 0), None]
+    assert parser.parse_args(["bench", "attention"]).local_window_size == [None]
+
+
+def test_cli_writes_windows(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    status = main(["bench", "attention", "--shapes", "1,2,8,4", "--peers", "ours", "jax.nn",
+                   "--no-mask", "--local-window-size", "none", "2,1", "3", "--repeats", "5",
+                   "--warmup", "0", "--gemm-size", "32", "--json", str(path)])
+    assert status == 0
+    captured = capsys.readouterr()
+    assert "mask none, window 2,1 ..." in captured.err and "mask none ..." in captured.err
+    header = next(line for line in captured.out.splitlines() if line.startswith("peer"))
+    assert "window" in header
+    record = json.loads(path.read_text())
+    assert record["settings"]["local_window_sizes"] == [None, [2, 1], [3, 3]]
+    assert [r["local_window_size"] for r in record["results"]] == [None, [2, 1], [3, 3]]
+    for result in record["results"]:
+        for entry in result["peers"].values():
+            assert entry["status"] == "ok"
+            assert entry["forward"]["max_abs_error"] < 1e-5
+            assert entry["forward_backward"]["max_abs_error"] < 1e-5
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -167,6 +311,12 @@ def test_cli_writes_json(tmp_path, capsys):
     (["bench", "attention", "--peers", "ours", "tf"], "invalid choice: 'tf'"),
     (["bench", "attention", "--dtype", "float16"], "invalid choice: 'float16'"),
     (["bench", "attention", "--budget", "0"], "> 0"),
+    (["bench", "attention", "--local-window-size", "-1"], "argument --local-window-size"),
+    (["bench", "attention", "--local-window-size", "1,2,3"], "argument --local-window-size"),
+    (["bench", "attention", "--local-window-size", "x"], "argument --local-window-size"),
+    (["bench", "attention", "--local-window-size", "4,-1"], "argument --local-window-size"),
+    (["bench", "attention", "--local-window-size", "2,"], "LEFT,RIGHT"),
+    (["bench", "attention", "--local-window-size"], "argument --local-window-size"),
     (["bench", "memory", "--sizes", "0"], ">= 1"),
     (["bench", "memory", "--variants", "flash"], "invalid choice: 'flash'"),
     (["bench", "memory", "--cap-gib", "-1"], "> 0"),

@@ -5,27 +5,37 @@ Peers, each fed its native layout (the transposes are made once, outside the tim
 * ``ours`` — :func:`jax_attention.scoring.dot_product_attention` with its default dispatch
   (``implementation=None``: plain or chunked by size, see
   :func:`jax_attention.scoring.dot_product_implementation`), heads-first ``(B, N, T, H)``,
-  padding as ``valid_lens``;
+  padding as ``valid_lens``, a sliding window as ``local_window_size``;
 * ``ours_plain`` — the same with ``implementation="plain"`` (whole ``T x S`` scores);
 * ``ours_efficient`` — :func:`jax_attention.efficient.dot_product_attention` (chunked,
   online softmax: what ``implementation="chunked"`` runs), same layout and arguments;
 * ``jax.nn`` — :func:`jax.nn.dot_product_attention`, ``(B, T, N, H)``, padding as
-  ``key_value_seq_lengths``;
+  ``key_value_seq_lengths``, a window as its own ``local_window_size``;
 * ``flax.nnx`` — :func:`flax.nnx.dot_product_attention`, ``(B, T, N, H)``, padding as a boolean
-  ``mask`` ``(B, 1, 1, S)``;
+  ``mask`` ``(B, 1, 1, S)``; with a window, that mask AND the ``(T, S)`` band: ``(B, 1, T, S)``;
 * ``torch`` — ``torch.nn.functional.scaled_dot_product_attention``, ``(B, N, T, H)``, padding as
-  a boolean ``attn_mask`` ``(B, 1, 1, S)``; forward under ``torch.inference_mode``, backward with
-  ``torch.autograd.grad``;
+  a boolean ``attn_mask`` ``(B, 1, 1, S)`` (with a window, ``(B, 1, T, S)`` as Flax's); forward
+  under ``torch.inference_mode``, backward with ``torch.autograd.grad``;
 * ``numpy`` — :func:`reference_numpy.scoring.dot_product_attention` in float64, forward only (it
-  is also the forward reference the errors are measured against).
+  is also the forward reference the errors are measured against), with ``local_window_size``.
+
+Sliding windows (``local_window_sizes``, jax.nn's rule: query ``t`` attends keys
+``t - left <= s <= t + right``): every (shape, mask) case runs once per window, ``None`` meaning
+no window, so that a windowed attention is measured against the same without one. Only our
+chunked kernel skips the key blocks outside the window; the others mask the whole ``T x S``
+scores. With padding, a window can leave a query attending no key (past the padding by more
+than ``left``); the peers' conventions differ there (zeros, or the mean of every value), so
+those query rows are left out of the output error and get a zero cotangent (as a training loss
+ignores padded positions), and the case records how many there were.
 
 Each JAX peer's forward and forward+backward (the gradients of ``sum(output * cotangent)`` with
 respect to queries, keys and values, one cotangent shared by every peer) are jitted once. All
 peers are timed interleaved (:func:`~jax_attention.bench.common.time_interleaved`) and reported
 as medians, effective GFLOP/s (``4·B·N·T·S·H`` flops forward, three times that with the
-backward pass, whatever the mask skips), the percentage of a float32 GEMM ceiling measured in
-the same run, the time ratios to ``jax.nn`` and ``torch``, and the largest absolute error of the
-output and of the gradients against float64.
+backward pass, whatever the mask or the window skips: the dense count; a windowed case also
+records ``window_flops``, the count of only the ``(t, s)`` pairs inside the window), the
+percentage of a float32 GEMM ceiling measured in the same run, the time ratios to ``jax.nn`` and
+``torch``, and the largest absolute error of the output and of the gradients against float64.
 
 A peer whose timed rounds would take longer than ``budget_s`` at a shape (NumPy at
 ``T = S = 8192``, say) is measured once for its error and recorded as skipped with the estimate,
@@ -48,8 +58,9 @@ from jax_attention.bench.common import (environment, format_environment, format_
                                         gemm_ceiling, load_average, source_fingerprint, summarize,
                                         time_interleaved)
 
-__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "padding_lens",
-           "forward_backward", "bench_attention", "format_attention", "format_sources"]
+__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "window_pairs",
+           "window_band", "padding_lens", "forward_backward", "bench_attention",
+           "format_attention", "format_sources"]
 
 PEERS = ("ours", "ours_plain", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
 # (B, N, T = S, H), from many short sequences to one long one; B·N·T² is 1M, 8M, 32M, 64M.
@@ -70,13 +81,47 @@ def attention_flops(B: int, N: int, T: int, S: int, H: int, *, backward: bool = 
     return 3 * forward if backward else forward
 
 
+def window_pairs(T: int, S: int, window: tuple[int, int] | None) -> int:
+    """How many ``(t, s)`` pairs of the ``T x S`` scores the window ``(left, right)`` keeps
+    (``t - left <= s <= t + right``); ``T·S`` without a window. Padding is not subtracted (nor
+    is it from the dense count)."""
+    if window is None:
+        return T * S
+    left, right = window
+    t = np.arange(T, dtype=np.int64)
+    first = np.maximum(t - left, 0)
+    last = np.minimum(t + right, S - 1)
+    return int(np.maximum(last - first + 1, 0).sum())
+
+
+def window_band(T: int, S: int, window: tuple[int, int]) -> np.ndarray:
+    """The boolean ``(T, S)`` band of a window ``(left, right)``: True where query ``t`` may
+    attend key ``s``, ``t - left <= s <= t + right`` (NumPy, for the peers that take a mask)."""
+    left, right = window
+    t = np.arange(T)[:, None]
+    s = np.arange(S)[None, :]
+    return (s >= t - left) & (s <= t + right)
+
+
+def check_window(window) -> tuple[int, int] | None:
+    """A window as the benchmark records it: ``None``, or ``(left, right)`` from an int ``w``
+    (``(w, w)``) or a pair of integers ``>= 0``; ``ValueError`` otherwise."""
+    from jax_attention._checks import check_local_window_size
+
+    try:
+        return check_local_window_size(window)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"local_window_sizes: {error}") from None
+
+
 def padding_lens(batch: int, num_keys: int, rng: np.random.Generator,
                  fraction: float = PADDING_FRACTION) -> np.ndarray:
     """Valid key lengths ``(B,)`` whose mean padding is ``fraction`` of ``num_keys``.
 
     Spread evenly between ``2·fraction`` padding and none (so batches differ, as real padding
     does) and shuffled; with ``B = 1`` the single length pads exactly ``fraction``. Every length
-    is at least 1, so no query row is fully masked (where the peers' conventions differ).
+    is at least 1, so no query row is fully masked (where the peers' conventions differ) unless
+    a sliding window also masks it (see :func:`bench_attention`).
     """
     padded = 2 * fraction * (np.arange(batch) + 0.5) / batch  # mean = fraction
     lens = np.clip(np.round(num_keys * (1 - padded)), 1, num_keys).astype(np.int32)
@@ -142,9 +187,21 @@ def _jax_peer(attend, inputs, *, heads_last: bool, standard_promotion: bool, not
                  output=to_bnth, grads=lambda gs: [to_bnth(g) for g in gs], note=note)
 
 
-def _build_peers(names, arrays, lens, dtype_name, efficient_chunks):
+def _keep_mask(lens, T: int, S: int, window) -> np.ndarray | None:
+    """The boolean mask of a case, True = attend: the key padding ``(B, 1, 1, S)``, AND the
+    window's band ``(1, 1, T, S)`` when there is one (``(B or 1, 1, T, S)``); ``None`` for
+    neither."""
+    keep = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
+    if window is not None:
+        band = window_band(T, S, window)[None, None]
+        keep = band if keep is None else keep & band
+    return keep
+
+
+def _build_peers(names, arrays, lens, dtype_name, efficient_chunks, window=None):
     """``{name: _Peer or reason}`` for the requested peers on float32 NumPy ``arrays`` (q, k, v,
-    cotangent in ``(B, N, T, H)``) and ``lens`` (``(B,)`` int32 or ``None``)."""
+    cotangent in ``(B, N, T, H)``), ``lens`` (``(B,)`` int32 or ``None``) and ``window``
+    (``(left, right)`` or ``None``)."""
     import jax.numpy as jnp
 
     dtype = jnp.dtype(dtype_name)
@@ -156,46 +213,52 @@ def _build_peers(names, arrays, lens, dtype_name, efficient_chunks):
     btnh = [jnp.asarray(np.ascontiguousarray(a.transpose(0, 2, 1, 3)), dtype) for a in arrays]
     ct_bnth = jnp.asarray(cotangent, dtype)
     jax_lens = None if lens is None else jnp.asarray(lens)
-    # (B, 1, 1, S): True where the key is real, broadcast over heads and queries.
-    key_mask = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
+    # (B, 1, 1, S): True where the key is real, broadcast over heads and queries; with a window,
+    # AND the (T, S) band: (B or 1, 1, T, S).
+    key_mask = _keep_mask(lens, T, S, window)
+    window_note = "" if window is None else f", local_window_size={window}"
+    mask_shape = ("None" if key_mask is None else "(B, 1, 1, S)" if window is None
+                  else f"({B if lens is not None else 1}, 1, T, S)")
 
     for name in names:
         if name == "ours":
             from jax_attention import scoring
 
             peers[name] = _jax_peer(
-                lambda q, k, v, lens: scoring.dot_product_attention(q, k, v, lens)[0],
+                lambda q, k, v, lens: scoring.dot_product_attention(
+                    q, k, v, lens, local_window_size=window)[0],
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
                 note="jax_attention.scoring.dot_product_attention (implementation=None: "
                      f"{scoring.dot_product_implementation(bnth[0], bnth[1])} here), "
-                     "(B, N, T, H), valid_lens")
+                     "(B, N, T, H), valid_lens" + window_note)
         elif name == "ours_plain":
             from jax_attention import scoring
 
             peers[name] = _jax_peer(
                 lambda q, k, v, lens: scoring.dot_product_attention(
-                    q, k, v, lens, implementation="plain")[0],
+                    q, k, v, lens, local_window_size=window, implementation="plain")[0],
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
                 note="jax_attention.scoring.dot_product_attention(implementation='plain'), "
-                     "(B, N, T, H), valid_lens")
+                     "(B, N, T, H), valid_lens" + window_note)
         elif name == "ours_efficient":
             from jax_attention import efficient
 
             peers[name] = _jax_peer(
-                lambda q, k, v, lens: efficient.dot_product_attention(q, k, v, lens,
-                                                                      **efficient_chunks),
+                lambda q, k, v, lens: efficient.dot_product_attention(
+                    q, k, v, lens, local_window_size=window, **efficient_chunks),
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
                 note="jax_attention.efficient.dot_product_attention, (B, N, T, H), valid_lens"
+                     + window_note
                      + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
         elif name == "jax.nn":
             import jax
 
             peers[name] = _jax_peer(
-                lambda q, k, v, lens: jax.nn.dot_product_attention(q, k, v,
-                                                                   key_value_seq_lengths=lens),
+                lambda q, k, v, lens: jax.nn.dot_product_attention(
+                    q, k, v, key_value_seq_lengths=lens, local_window_size=window),
                 (*btnh[:3], jax_lens, btnh[3]), heads_last=True, standard_promotion=True,
                 note="jax.nn.dot_product_attention (implementation=None), (B, T, N, H), "
-                     "key_value_seq_lengths")
+                     "key_value_seq_lengths" + window_note)
         elif name == "flax.nnx":
             from flax import nnx
 
@@ -203,17 +266,18 @@ def _build_peers(names, arrays, lens, dtype_name, efficient_chunks):
             peers[name] = _jax_peer(
                 lambda q, k, v, mask: nnx.dot_product_attention(q, k, v, mask=mask),
                 (*btnh[:3], flax_mask, btnh[3]), heads_last=True, standard_promotion=True,
-                note="flax.nnx.dot_product_attention, (B, T, N, H), mask (B, 1, 1, S)")
+                note=f"flax.nnx.dot_product_attention, (B, T, N, H), mask {mask_shape}"
+                     + ("" if window is None else " (padding AND the window's band)"))
         elif name == "torch":
-            peers[name] = _torch_peer(q, k, v, cotangent, key_mask, dtype_name)
+            peers[name] = _torch_peer(q, k, v, cotangent, key_mask, dtype_name, mask_shape)
         elif name == "numpy":
-            peers[name] = _numpy_peer(q, k, v, lens, dtype)
+            peers[name] = _numpy_peer(q, k, v, lens, dtype, window)
         else:
             raise ValueError(f"unknown peer {name!r}; expected one of {', '.join(PEERS)}")
     return peers
 
 
-def _torch_peer(q, k, v, cotangent, key_mask, dtype_name) -> _Peer | str:
+def _torch_peer(q, k, v, cotangent, key_mask, dtype_name, mask_shape="(B, 1, 1, S)") -> _Peer | str:
     try:
         import torch
         import torch.nn.functional as F
@@ -238,29 +302,34 @@ def _torch_peer(q, k, v, cotangent, key_mask, dtype_name) -> _Peer | str:
     return _Peer(forward, forward_backward, output=to_numpy,
                  grads=lambda gs: [to_numpy(g) for g in gs],
                  note=f"torch.nn.functional.scaled_dot_product_attention, (B, N, T, H), "
-                      f"attn_mask (B, 1, 1, S), {torch.get_num_threads()} threads")
+                      f"attn_mask {mask_shape}, {torch.get_num_threads()} threads")
 
 
-def _numpy_peer(q, k, v, lens, dtype) -> _Peer:
+def _numpy_peer(q, k, v, lens, dtype, window=None) -> _Peer:
     from reference_numpy import scoring as reference
 
     # The inputs as the other peers see them (rounded to bfloat16 when that is the dtype).
     q, k, v = (np.asarray(np.asarray(a).astype(dtype)).astype(np.float64) for a in (q, k, v))
-    return _Peer(lambda: reference.dot_product_attention(q, k, v, lens)[0], None,
+    return _Peer(lambda: reference.dot_product_attention(q, k, v, lens,
+                                                         local_window_size=window)[0], None,
                  output=lambda x: x,
                  note="reference_numpy.scoring.dot_product_attention in float64, forward only "
-                      "(the forward reference itself)")
+                      "(the forward reference itself)"
+                      + ("" if window is None else f", local_window_size={window}"))
 
 
-def _float64_grads(q, k, v, cotangent, lens):
+def _float64_grads(q, k, v, cotangent, lens, window=None):
     """Float64 gradients ``(dq, dk, dv)`` of ``sum(attention * cotangent)`` and what made them.
 
     PyTorch float64 autograd through the textbook formula (two matmuls and a masked softmax,
-    no fused kernel), independent of every peer; without PyTorch, our own function under JAX's
-    64-bit mode.
+    no fused kernel; the mask is the padding AND the window's band), independent of every peer,
+    a block of query rows at a time (each row's attention is its own; ``dk`` and ``dv`` add up
+    over the blocks), so that no more than about 128 MiB of float64 scores are held at once;
+    without PyTorch, our own function under JAX's 64-bit mode.
     """
+    B, N, T, H = q.shape
     S = k.shape[2]
-    keep = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
+    keep = _keep_mask(lens, T, S, window)
     try:
         import torch
     except ImportError:
@@ -269,26 +338,37 @@ def _float64_grads(q, k, v, cotangent, lens):
         from jax_attention import scoring
 
         def attend(q, k, v, lens):
-            return scoring.dot_product_attention(q, k, v, lens)[0]
+            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window)[0]
 
         with jax.enable_x64(True):
             grads = jax.jit(forward_backward(attend))(q, k, v, lens, cotangent)
             return [np.asarray(g, np.float64) for g in grads], "ours, float64 (jax x64)"
     leaves = [torch.from_numpy(a).requires_grad_(True) for a in (q, k, v)]
-    scores = leaves[0] @ leaves[1].transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if keep is not None:
-        keep_t = torch.from_numpy(np.ascontiguousarray(keep))
-        scores = torch.where(keep_t, scores, torch.finfo(torch.float64).min)
-    output = torch.softmax(scores, dim=-1) @ leaves[2]
-    grads = torch.autograd.grad(output, leaves, grad_outputs=torch.from_numpy(cotangent))
-    return [g.numpy() for g in grads], "torch float64 autograd of softmax(Q K^T / sqrt(H)) V"
+    keep_t = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep))
+    rows = max(1, (1 << 24) // (B * N * S))
+    for first in range(0, T, rows):
+        block = slice(first, min(first + rows, T))
+        scores = leaves[0][:, :, block] @ leaves[1].transpose(-1, -2) / math.sqrt(H)
+        if keep_t is not None:
+            keep_block = keep_t if keep_t.shape[-2] == 1 else keep_t[:, :, block]
+            scores = torch.where(keep_block, scores, torch.finfo(torch.float64).min)
+        output = torch.softmax(scores, dim=-1) @ leaves[2]
+        output.backward(torch.from_numpy(np.ascontiguousarray(cotangent[:, :, block])))
+    return ([leaf.grad.numpy() for leaf in leaves],
+            "torch float64 autograd of softmax(Q K^T / sqrt(H)) V" +
+            ("" if window is None else ", masked by the window's band"))
 
 
 # --------------------------------------------------------------------------- the benchmark
 
 
-def _max_error(got, expected) -> float:
-    return float(np.max(np.abs(np.asarray(got) - np.asarray(expected))))
+def _max_error(got, expected, rows=None) -> float:
+    """Largest ``|got - expected|``; ``rows`` (broadcastable to ``(B, N, T, 1)``, or ``None`` for
+    all): only the query rows where it is True count."""
+    difference = np.abs(np.asarray(got) - np.asarray(expected))
+    if rows is not None:
+        difference = np.where(rows, difference, 0.0)
+    return float(np.max(difference))
 
 
 def _check_shapes(shapes) -> list[tuple[int, int, int, int]]:
@@ -308,6 +388,7 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
                     dtype: str = "float32", repeats: int = 7, warmup: int = 1,
                     budget_s: float = 60.0, gemm_size: int = 2048, seed: int = 0,
                     efficient_chunks: dict | None = None,
+                    local_window_sizes: Sequence = (None,),
                     log: Callable[[str], None] | None = None) -> dict:
     """Run the attention benchmark; returns its JSON-able record.
 
@@ -325,12 +406,19 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
       seed: seeds the inputs and the order of the valid lengths.
       efficient_chunks: keyword arguments for ``ours_efficient`` (``query_chunk_size``,
         ``key_chunk_size``); ``None`` keeps its defaults.
+      local_window_sizes: the sliding windows each (shape, mask) case runs with, one case per
+        window: ``None`` (no window), an int ``w`` (= ``(w, w)``) or ``(left, right)``; query
+        ``t`` attends keys ``t - left <= s <= t + right``. Every peer applies it (see the module
+        docstring), and so do both float64 references. Default: no window only.
       log: called with a line before each case (progress); ``None`` for silence.
 
     Returns:
       ``{"command", "environment", "settings", "gemm", "results": [...], "sources",
       "sources_changed_during_run", "loadavg_after"}``; each result holds a
-      shape, a mask, the flops, the float64 references used and ``peers``: per peer
+      shape, a mask, its ``local_window_size`` (``None`` or ``[left, right]``), the flops (the
+      dense count) and ``window_flops`` (``None`` without a window), ``queries_without_keys``
+      (query rows, over the batch, that the padding and the window leave no key: left out of
+      the errors), the float64 references used and ``peers``: per peer
       ``{"status": "ok" | "skipped", "reason", "note", "forward": {...},
       "forward_backward": {...}}`` with the timing summary, ``gflops``,
       ``percent_of_ceiling``, ``ratio_to_<baseline>`` (time / the baseline's time) and
@@ -350,6 +438,13 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
         raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
     if warmup < 0 or not budget_s > 0:
         raise ValueError(f"need warmup >= 0 and budget_s > 0, got {warmup} and {budget_s}")
+    if (isinstance(local_window_sizes, (str, bytes))
+            or not isinstance(local_window_sizes, Iterable)):
+        raise ValueError(f"local_window_sizes must be a sequence of windows (None, w or (left, "
+                         f"right)), got {local_window_sizes!r}")
+    windows = list(dict.fromkeys(check_window(w) for w in local_window_sizes))
+    if not windows:
+        raise ValueError("local_window_sizes must name at least one window (None: no window)")
     efficient_chunks = dict(efficient_chunks or {})
     log = log or (lambda line: None)
 
@@ -368,20 +463,28 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
         lens_padding = padding_lens(B, S, rng)
         for mask in masks:
             lens = lens_padding if mask == "padding" else None
-            log(f"(B, N, T, H) = ({B}, {N}, {T}, {H}), mask {mask} ...")
-            results.append(_bench_case(arrays, lens, mask, peers, dtype, repeats, warmup, budget_s,
-                                       ceiling, efficient_chunks))
+            for window in windows:
+                log(f"(B, N, T, H) = ({B}, {N}, {T}, {H}), mask {mask}"
+                    + ("" if window is None else f", window {window[0]},{window[1]}") + " ...")
+                results.append(_bench_case(arrays, lens, mask, peers, dtype, repeats, warmup,
+                                           budget_s, ceiling, efficient_chunks, window))
     return {"command": "bench attention", "environment": env,
             "settings": {"shapes": [list(s) for s in shapes], "peers": peers, "masks": masks,
+                         "local_window_sizes": [None if w is None else list(w) for w in windows],
                          "dtype": dtype, "repeats": repeats, "warmup": warmup,
                          "budget_s": budget_s, "seed": seed, "efficient_chunks": efficient_chunks,
                          "interleaving": "each round calls every timed function once, in a new "
                                          "random order (seeded)",
-                         "flops": "4·B·N·T·S·H forward, 3× that forward+backward (effective: "
-                                  "the same whatever the mask skips)",
+                         "flops": "4·B·N·T·S·H forward, 3× that forward+backward: the dense "
+                                  "count (effective: the same whatever the mask or the window "
+                                  "skips; GFLOP/s and % of ceiling use it); window_flops: "
+                                  "4·B·N·H·(the (t, s) pairs inside the window) forward, 3× that "
+                                  "forward+backward, padding not subtracted",
                          "ratios": "this peer's median time / the baseline's (> 1: slower)",
                          "errors": "max |peer - float64 reference| over the output (forward) and "
-                                   "over dq, dk, dv (forward_backward)"},
+                                   "over dq, dk, dv (forward_backward); the query rows that the "
+                                   "padding and the window leave no key (queries_without_keys) "
+                                   "are left out of the output's and get a zero cotangent"},
             "gemm": gemm, "results": results, "sources": sources,
             "sources_changed_during_run":
                 source_fingerprint(*SOURCES)["modules"] != sources["modules"],
@@ -389,25 +492,68 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
             "loadavg_after": load_average()}
 
 
+def _case_flops(B: int, N: int, T: int, S: int, H: int, window) -> tuple[dict, dict | None]:
+    """The dense FLOP counts of a case and, with a window, those of the scores inside it."""
+    flops = {"forward": attention_flops(B, N, T, S, H),
+             "forward_backward": attention_flops(B, N, T, S, H, backward=True)}
+    if window is None:
+        return flops, None
+    pairs = window_pairs(T, S, window)
+    return flops, {"forward": 4 * B * N * H * pairs, "forward_backward": 3 * 4 * B * N * H * pairs,
+                   "fraction_of_dense": pairs / (T * S)}
+
+
+def _rows_with_keys(lens, B: int, T: int, S: int, window):
+    """``(rows, count)``: the query rows that attend some key, ``(B, 1, T, 1)``, and how many do
+    not — or ``(None, 0)`` when every row does. Rows without a key (padding and a window together)
+    are where the peers disagree (zeros, or the mean of every value): they count for no error and
+    get a zero cotangent."""
+    keep = _keep_mask(lens, T, S, window)
+    if keep is None:
+        return None, 0
+    rows = np.broadcast_to(keep.any(axis=-1, keepdims=True), (B, 1, T, 1))
+    without_keys = int((~rows).sum())
+    return (rows, without_keys) if without_keys else (None, 0)
+
+
+def _add_timings(record_peers: dict, medians: dict, flops: dict, ceiling: float) -> None:
+    """Each timed peer's medians, GFLOP/s (dense count), % of the ceiling and time ratios."""
+    for name, entry in record_peers.items():
+        for kind in ("forward", "forward_backward"):
+            result = entry.get(kind)
+            timing = medians.get(f"{name}/{kind}")
+            if result is None or timing is None:
+                continue
+            result.update(timing)
+            result["gflops"] = flops[kind] / timing["median_s"] / 1e9
+            result["percent_of_ceiling"] = 100.0 * result["gflops"] / ceiling
+            for baseline in BASELINES:
+                other = medians.get(f"{baseline}/{kind}")
+                result[f"ratio_to_{baseline}"] = (None if other is None else
+                                                  timing["median_s"] / other["median_s"])
+
+
 def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s, ceiling,
-                efficient_chunks) -> dict:
+                efficient_chunks, window=None) -> dict:
     q, k, v, cotangent = arrays
     B, N, T, H = q.shape
     S = k.shape[2]
-    flops = {"forward": attention_flops(B, N, T, S, H),
-             "forward_backward": attention_flops(B, N, T, S, H, backward=True)}
-    built = _build_peers(peer_names, arrays, lens, dtype, efficient_chunks)
+    flops, window_flops = _case_flops(B, N, T, S, H, window)
+    rows, without_keys = _rows_with_keys(lens, B, T, S, window)
+    if rows is not None:
+        arrays = [q, k, v, np.where(rows, cotangent, np.float32(0))]
+    built = _build_peers(peer_names, arrays, lens, dtype, efficient_chunks, window)
 
     # float64 references, from the inputs each peer actually sees (rounded to its dtype).
     import jax.numpy as jnp
 
     seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
     numpy_peer = built.get("numpy") if isinstance(built.get("numpy"), _Peer) else \
-        _numpy_peer(q, k, v, lens, jnp.dtype(dtype))
+        _numpy_peer(q, k, v, lens, jnp.dtype(dtype), window)
     start = time.perf_counter()
     reference_output = numpy_peer.forward()
     reference_seconds = time.perf_counter() - start
-    reference_grads, grads_source = _float64_grads(*seen, lens)
+    reference_grads, grads_source = _float64_grads(*seen, lens, window)
 
     record_peers: dict[str, dict] = {}
     timed: dict[str, Callable[[], object]] = {}
@@ -419,7 +565,7 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
         entry = {"status": "ok", "note": peer.note, "forward": {}, "forward_backward": None}
         # First calls: compilation, and the results whose errors are reported.
         output = reference_output if name == "numpy" else peer.output(peer.forward())
-        entry["forward"]["max_abs_error"] = _max_error(output, reference_output)
+        entry["forward"]["max_abs_error"] = _max_error(output, reference_output, rows)
         estimate = reference_seconds if name == "numpy" else None
         if peer.forward_backward is not None:
             entry["forward_backward"] = {"max_abs_error": max(
@@ -450,25 +596,17 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
 
     samples = (time_interleaved(timed, repeats=repeats, warmup=warmup, shuffle_seed=0)
                if timed else {})
-    medians = {key: summarize(times) for key, times in samples.items()}
-    for name, entry in record_peers.items():
-        for kind in ("forward", "forward_backward"):
-            result = entry.get(kind)
-            timing = medians.get(f"{name}/{kind}")
-            if result is None or timing is None:
-                continue
-            result.update(timing)
-            result["gflops"] = flops[kind] / timing["median_s"] / 1e9
-            result["percent_of_ceiling"] = 100.0 * result["gflops"] / ceiling
-            for baseline in BASELINES:
-                other = medians.get(f"{baseline}/{kind}")
-                result[f"ratio_to_{baseline}"] = (None if other is None else
-                                                  timing["median_s"] / other["median_s"])
+    _add_timings(record_peers, {key: summarize(times) for key, times in samples.items()}, flops,
+                 ceiling)
     return {"shape": {"B": B, "N": N, "T": T, "S": S, "H": H}, "mask": mask,
+            "local_window_size": None if window is None else list(window),
             "valid_lens": None if lens is None else lens.tolist(),
             "padding_fraction": 0.0 if lens is None else float(1 - lens.sum() / (B * S)),
-            "flops": flops,
-            "reference": {"forward": "reference_numpy.scoring.dot_product_attention, float64",
+            "queries_without_keys": without_keys,
+            "flops": flops, "window_flops": window_flops,
+            "reference": {"forward": "reference_numpy.scoring.dot_product_attention, float64"
+                                     + ("" if window is None else
+                                        f", local_window_size={window}"),
                           "forward_s": reference_seconds, "gradients": grads_source},
             "peers": record_peers}
 
@@ -498,33 +636,47 @@ def _fmt(value, spec):
     return None if value is None else format(value, spec)
 
 
+def _window_text(window) -> str:
+    return "none" if window is None else f"{window[0]},{window[1]}"
+
+
 def format_attention(record: dict) -> str:
-    """The environment header and one table row per (shape, mask, peer)."""
+    """The environment header and one table row per (shape, mask, peer), with a window column
+    when some case has a sliding window."""
     gemm = record["gemm"]
     settings = record["settings"]
+    windowed = any(r.get("local_window_size") is not None for r in record["results"])
     lines = [format_environment(record["environment"]),
              f"GEMM ceiling ({gemm['n']}³ float32): {gemm['ceiling_gflops']:.1f} GFLOP/s ("
              + ", ".join(f"{k} {v:.1f}" for k, v in gemm["gflops"].items()) + ")",
              f"dtype {settings['dtype']}, medians of {settings['repeats']} interleaved rounds after "
              f"{settings['warmup']} warm-up; GFLOP/s and % of ceiling are forward+backward "
              f"(forward for numpy); ×jax.nn, ×torch: time ratios (> 1 slower)",
+             *(["window: left,right (query t attends keys t-left..t+right); GFLOP/s counts the "
+                "dense T·S scores whatever the window skips (window_flops in the JSON counts "
+                "only those inside)"] if windowed else []),
              f"load average at the end: {record.get('loadavg_after')}",
              format_sources(record), ""]
-    headers = ["peer", "B,N,T,H", "mask", "fwd ms", "fwd+bwd ms", "GFLOP/s", "% ceil",
+    headers = ["peer", "B,N,T,H", "mask", *(["window"] if windowed else []), "fwd ms",
+               "fwd+bwd ms", "GFLOP/s", "% ceil",
                "fwd ×jax.nn", "f+b ×jax.nn", "fwd ×torch", "f+b ×torch", "err fwd", "err grad"]
     rows = []
     skipped = []
     for result in record["results"]:
         s = result["shape"]
         shape = f"{s['B']},{s['N']},{s['T']},{s['H']}"
+        window = _window_text(result.get("local_window_size"))
         for name, entry in result["peers"].items():
             fwd = entry.get("forward") or {}
             both = entry.get("forward_backward") or {}
             main = both if "median_s" in both else fwd
             if entry["status"] != "ok":
-                skipped.append(f"  {name} at {shape}, mask {result['mask']}: {entry['reason']}")
+                skipped.append(f"  {name} at {shape}, mask {result['mask']}"
+                               + (f", window {window}" if windowed else "")
+                               + f": {entry['reason']}")
             rows.append([
                 name if entry["status"] == "ok" else name + " (skipped)", shape, result["mask"],
+                *([window] if windowed else []),
                 _fmt(fwd.get("median_s") and fwd["median_s"] * 1e3, ".2f"),
                 _fmt(both.get("median_s") and both["median_s"] * 1e3, ".2f"),
                 _fmt(main.get("gflops"), ".1f"), _fmt(main.get("percent_of_ceiling"), ".0f"),

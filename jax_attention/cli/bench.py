@@ -54,6 +54,23 @@ def _bench_shape(text: str) -> tuple[int, int, int, int]:
     return shape
 
 
+def _local_window(text: str) -> tuple[int, int] | None:
+    """argparse type: ``none`` (no window), ``W`` (= ``W,W``) or ``LEFT,RIGHT``, integers
+    ``>= 0``: query ``t`` attends keys ``t - LEFT <= s <= t + RIGHT``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        sides = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sides = ()
+    if len(sides) == 1:
+        sides = sides * 2
+    if len(sides) != 2 or min(sides) < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected none, W or LEFT,RIGHT (integers >= 0) such as 512 or 256,0, got {text!r}")
+    return sides
+
+
 @register("bench attention",
           help="dot-product attention, forward and forward+backward, against jax.nn, Flax, "
                "torch SDPA and the NumPy reference",
@@ -63,8 +80,10 @@ def _bench_shape(text: str) -> tuple[int, int, int, int]:
                       "flax.nnx.dot_product_attention, torch.nn.functional."
                       "scaled_dot_product_attention and the float64 NumPy reference (forward "
                       "only), interleaved in one run, with and without a padding mask (~25% of "
-                      "the keys). Prints the environment and a table: median ms, effective "
-                      "GFLOP/s (4·B·N·T·S·H forward, 3× with backward), % of a float32 GEMM "
+                      "the keys), and with each sliding window of --local-window-size. Prints "
+                      "the environment and a table: median ms, effective GFLOP/s "
+                      "(4·B·N·T·S·H forward, 3× with backward: the dense count, whatever the "
+                      "mask or the window skips), % of a float32 GEMM "
                       "ceiling measured in the same run, time ratios to jax.nn and torch, and "
                       "the largest error against float64.")
 def _bench_attention(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +100,14 @@ def _bench_attention(parser: argparse.ArgumentParser) -> None:
                              "padding) or both (default: %(default)s)")
     parser.add_argument("--no-mask", dest="mask", action="store_const", const="none",
                         help="same as --mask none")
+    parser.add_argument("--local-window-size", metavar="W", type=_local_window, nargs="+",
+                        default=[None],
+                        help="sliding windows: every (shape, mask) case runs once per W, each "
+                             "none (no window), an int w (= w,w) or left,right: query t attends "
+                             "keys t-left..t+right (jax.nn's rule), e.g. --local-window-size "
+                             "none 512 to time a window against the same without one; GFLOP/s "
+                             "stays the dense count, the JSON adds window_flops "
+                             "(default: none)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="dtype of every peer but NumPy, which is float64 "
                              "(default: %(default)s)")
@@ -115,7 +142,9 @@ def run_bench_attention(args: argparse.Namespace, parser: argparse.ArgumentParse
                              masks=MASKS if args.mask == "both" else (args.mask,),
                              dtype=args.dtype, repeats=args.repeats, warmup=args.warmup,
                              budget_s=args.budget, gemm_size=args.gemm_size, seed=args.seed,
-                             efficient_chunks=chunks, log=_bench_progress(args))
+                             efficient_chunks=chunks,
+                             local_window_sizes=args.local_window_size,
+                             log=_bench_progress(args))
     return _finish(args, format_attention(record), record)
 
 
