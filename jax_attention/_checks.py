@@ -421,14 +421,15 @@ def check_unbatched(queries, keys, values, valid_lens):
         return False, queries, keys, values, valid_lens
     for name, array in (("keys", keys), ("values", values)):
         if array is not None and jnp.ndim(array) != 2:
+            size = "S, k" if name == "keys" else "S, v"
             raise ValueError(f"queries {jnp.shape(queries)} are unbatched (T, q), so {name} must "
-                             f"be ({'S, k' if name == 'keys' else 'S, v'}) too, got {jnp.shape(array)}")
+                             f"be ({size}) too, got {jnp.shape(array)}")
     if valid_lens is not None:
         valid_lens = as_array_like(valid_lens)
         shape = jnp.shape(valid_lens)
         if shape not in ((), (jnp.shape(queries)[0],)):
-            raise ValueError(f"valid_lens of unbatched queries (T, q) = {jnp.shape(queries)} must have "
-                             f"shape () or (T,) = ({jnp.shape(queries)[0]},), got {shape}")
+            raise ValueError(f"valid_lens of unbatched queries (T, q) = {jnp.shape(queries)} must "
+                             f"have shape () or (T,) = ({jnp.shape(queries)[0]},), got {shape}")
         valid_lens = jnp.asarray(valid_lens)[None]
     return (True, jnp.asarray(queries)[None], jnp.asarray(keys)[None],
             None if values is None else jnp.asarray(values)[None], valid_lens)

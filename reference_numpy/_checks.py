@@ -318,14 +318,15 @@ def check_unbatched(queries, keys, values, valid_lens):
         return False, queries, keys, values, valid_lens
     for name, array in (("keys", keys), ("values", values)):
         if array is not None and np.ndim(array) != 2:
+            size = "S, k" if name == "keys" else "S, v"
             raise ValueError(f"queries {np.shape(queries)} are unbatched (T, q), so {name} must "
-                             f"be ({'S, k' if name == 'keys' else 'S, v'}) too, got {np.shape(array)}")
+                             f"be ({size}) too, got {np.shape(array)}")
     if valid_lens is not None:
         valid_lens = np.asarray(valid_lens)
         shape = np.shape(valid_lens)
         if shape not in ((), (np.shape(queries)[0],)):
-            raise ValueError(f"valid_lens of unbatched queries (T, q) = {np.shape(queries)} must have "
-                             f"shape () or (T,) = ({np.shape(queries)[0]},), got {shape}")
+            raise ValueError(f"valid_lens of unbatched queries (T, q) = {np.shape(queries)} must "
+                             f"have shape () or (T,) = ({np.shape(queries)[0]},), got {shape}")
         valid_lens = np.asarray(valid_lens)[None]
     return (True, np.asarray(queries)[None], np.asarray(keys)[None],
             None if values is None else np.asarray(values)[None], valid_lens)
