@@ -194,12 +194,15 @@ def evaluate_held_out(params, split, src_vocab, tgt_vocab, *, num_heads: int, nu
                       ) -> dict:
     """:func:`score_held_out` for a Transformer given by its sizes (the signature of earlier
     versions; :func:`score_held_out` serves every registered model)."""
+    from jax_attention.transformer_layers import kv_heads
+
     spec = MODELS["transformer"]
     blocks = params["encoder"]["blocks"]
     config = spec.model_config(
         num_hiddens=int(np.shape(params["encoder"]["embedding"])[1]),
         ffn_num_hiddens=int(np.shape(blocks["block_0"]["ffn"]["W_1"])[1]),
-        num_heads=num_heads, num_layers=len(blocks), dropout=0.0, num_steps=num_steps,
+        num_heads=num_heads, num_kv_heads=kv_heads(blocks["block_0"]["attention"], num_heads),
+        num_layers=len(blocks), dropout=0.0, num_steps=num_steps,
         max_positions=max_positions, src_vocab_size=len(src_vocab),
         tgt_vocab_size=len(tgt_vocab))
     return score_held_out(spec, params, config, split, src_vocab, tgt_vocab,
