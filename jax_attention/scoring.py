@@ -115,31 +115,28 @@ def _add_bias(scores, bias, groups: int = 1):
     ``groups > 1``, to the ungrouped scores ``(B, ..., N, T, S)``, then split as they are."""
     if bias is None:
         return scores
-    if groups > 1:
-        bias = jnp.asarray(as_array_like(bias))
-        full = scores.shape[:-4] + (scores.shape[-4] * scores.shape[-3],) + scores.shape[-2:]
-        try:
-            ok = np.broadcast_shapes(bias.shape, full) == full
-        except ValueError:
-            ok = False
-        if not ok or not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
-            return _add_bias(ungroup_heads(scores), bias)  # raises the error for those scores
-        bias = group_heads(bias.reshape((1,) * (len(full) - bias.ndim) + bias.shape), groups)
+    shape = scores.shape if groups == 1 else _ungrouped_shape(scores.shape)
     bias = jnp.asarray(as_array_like(bias))
     if not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
         # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
         raise TypeError(f"bias must hold real numbers added to the scores (a boolean mask goes in "
                         f"mask=), got dtype {bias.dtype} with shape {bias.shape}")
     try:
-        if np.broadcast_shapes(bias.shape, scores.shape) != scores.shape:
+        if np.broadcast_shapes(bias.shape, shape) != shape:
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"bias must broadcast to the scores' shape (B, ..., T, S) = {scores.shape}, "
+            f"bias must broadcast to the scores' shape (B, ..., T, S) = {shape}, "
             f"got shape {bias.shape}"
         ) from None
     # Explicit rank and dtype, so that strict promotion holds.
-    return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
+    bias = bias.reshape((1,) * (len(shape) - bias.ndim) + bias.shape)
+    return scores + (group_heads(bias, groups) if groups > 1 else bias).astype(scores.dtype)
+
+
+def _ungrouped_shape(shape):
+    """``(..., N_kv, G, T, S) -> (..., N_kv * G, T, S)``, the shape :func:`ungroup_heads` gives."""
+    return shape[:-4] + (shape[-4] * shape[-3],) + shape[-2:]
 
 
 def _half_scores_dtype(dtype):
@@ -211,6 +208,18 @@ def _check_variants(scale, local_window_size, logit_softcap):
     """The static variant arguments of the dot-product functions, checked."""
     return (check_scale(scale), check_local_window_size(local_window_size),
             check_logit_softcap(logit_softcap))
+
+
+def weighted_sum(weights, values):
+    """``weights (B, ..., N, T, S) @ values (B, ..., N_kv, S, v) -> (B, ..., N, T, v)``, with
+    ``N_kv`` dividing ``N`` (grouped-query attention: each value head serves its ``N / N_kv``
+    query heads, never repeated; ``N_kv = N`` is the plain :data:`WEIGHTED_SUM`). Not part of
+    the user-facing API (``__all__``): the Transformer's attention pools its heads with it."""
+    groups = weights.shape[-3] // values.shape[-3]
+    if groups == 1:
+        return jnp.einsum(WEIGHTED_SUM, weights, values)
+    return ungroup_heads(jnp.einsum(WEIGHTED_SUM, group_heads(weights, groups),
+                                    values[..., None, :, :]))
 
 
 def _ungrouped(groups, *arrays):

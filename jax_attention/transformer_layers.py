@@ -43,10 +43,9 @@ from jax_attention._checks import (
     check_numbered,
     check_param_keys,
 )
-from jax_attention.masking import group_heads, ungroup_heads
 from jax_attention.multihead import combine_heads, mask_inputs, project_heads
 from jax_attention.positional import positional_encoding
-from jax_attention.scoring import WEIGHTED_SUM, dot_product_attention_weights
+from jax_attention.scoring import dot_product_attention_weights, weighted_sum
 from jax_attention.dropout import dropout as _dropout
 from jax_attention.dropout import fold
 
@@ -203,11 +202,7 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
     never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``."""
     weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
     dropped = _dropout(weights, dropout, dropout_rng)
-    groups = heads_q.shape[-3] // heads_v.shape[-3]
-    if groups == 1:
-        return jnp.einsum(WEIGHTED_SUM, dropped, heads_v), weights
-    grouped = jnp.einsum(WEIGHTED_SUM, group_heads(dropped, groups), heads_v[..., None, :, :])
-    return ungroup_heads(grouped), weights
+    return weighted_sum(dropped, heads_v), weights
 
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
