@@ -21,6 +21,7 @@ from flax import nnx
 from jax_attention import archive, bahdanau, data
 from jax_attention.train import BOOK_PAIRS, train_bahdanau
 from reference_numpy import bahdanau as np_bahdanau
+from tests.params_support import rename
 from tests.reproducibility import assert_same_losses, assert_same_params
 
 B, S, T = 3, 5, 4
@@ -233,20 +234,6 @@ def _np_params():
     return jax.tree.map(np.asarray, _params())
 
 
-def _rename(tree, path, new_name):
-    """``tree`` with the entry at ``path`` (a tuple of keys) moved to ``new_name`` (a typo);
-    ``new_name=None`` adds an extra key beside it instead."""
-    *parents, last = path
-    parent = tree
-    for key in parents:
-        parent = parent[key]
-    if new_name is None:
-        parent["extra"] = parent[last]
-    else:
-        parent[new_name] = parent.pop(last)
-    return tree
-
-
 @pytest.mark.parametrize("path, new_name, message", [
     (("decoder", "attention", "w_v"), "w_V",
      r"params\['decoder'\]\['attention'\] has unexpected keys \['w_V'\] and missing keys "
@@ -262,7 +249,7 @@ def _rename(tree, path, new_name):
                               r"\['encoder'\]: expected the keys \['encoder', 'decoder'\]"),
 ])
 def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name, message):
-    params = _rename(_np_params(), path, new_name)
+    params = rename(_np_params(), path, new_name)
     src, src_valid_len, tgt, tgt_valid_len = (np.asarray(a) for a in _inputs())
     for module in (bahdanau, np_bahdanau):
         with pytest.raises(ValueError, match=message):
@@ -275,7 +262,7 @@ def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name
 
 
 def test_misspelled_keys_of_the_parts_are_named_too():
-    params = _rename(_np_params(), ("decoder", "gru", "layer_0", "W_h"), "W_H")
+    params = rename(_np_params(), ("decoder", "gru", "layer_0", "W_h"), "W_H")
     state = np.zeros((L, B, H), np.float32)
     enc_outputs = np.zeros((B, S, H), np.float32)
     layer = params["decoder"]["gru"]["layer_0"]
@@ -288,7 +275,7 @@ def test_misspelled_keys_of_the_parts_are_named_too():
             module.gru_cell(layer, np.zeros((B, H + E), np.float32), np.zeros((B, H), np.float32))
         with pytest.raises(ValueError, match=r"params\['layer_0'\] has unexpected keys \['W_H'\]"):
             module.gru(params["decoder"]["gru"], np.zeros((B, T, H + E), np.float32))
-        encoder = _rename(_np_params()["encoder"], ("embedding",), None)
+        encoder = rename(_np_params()["encoder"], ("embedding",), None)
         with pytest.raises(ValueError, match=r"params has unexpected keys \['extra'\]"):
             module.encoder(encoder, np.zeros((B, S), np.int32))
 

@@ -18,6 +18,7 @@ from flax import nnx
 from jax_attention import decoding, transformer
 from jax_attention.train import train_transformer
 from reference_numpy import transformer as np_transformer
+from tests.params_support import rename
 
 B, S, T = 3, 6, 5
 V_SRC, V_TGT, D, F, N, L = 11, 13, 8, 12, 2, 2
@@ -254,20 +255,6 @@ def _np_params():
     return jax.tree.map(np.asarray, _params())
 
 
-def _rename(tree, path, new_name):
-    """``tree`` with the entry at ``path`` moved to ``new_name`` (a typo); ``None`` adds an extra
-    key ``"extra"`` beside it instead."""
-    *parents, last = path
-    parent = tree
-    for key in parents:
-        parent = parent[key]
-    if new_name is None:
-        parent["extra"] = parent[last]
-    else:
-        parent[new_name] = parent.pop(last)
-    return tree
-
-
 @pytest.mark.parametrize("path, new_name, message", [
     (("decoder", "blocks", "block_1", "ffn", "b_1"), "B_1",
      r"params\['decoder'\]\['blocks'\]\['block_1'\]\['ffn'\] has unexpected keys \['B_1'\] and "
@@ -285,7 +272,7 @@ def _rename(tree, path, new_name):
                          r"\['encoder', 'decoder'\]"),
 ])
 def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name, message):
-    params = _rename(_np_params(), path, new_name)
+    params = rename(_np_params(), path, new_name)
     src, src_valid_len, dec_input = (np.asarray(a) for a in _inputs())
     decode = {"num_heads": N, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 2}
     for module in (transformer, np_transformer):
@@ -301,7 +288,7 @@ def test_misspelled_or_extra_param_keys_are_named_with_their_path(path, new_name
 
 
 def test_misspelled_keys_of_blocks_and_sublayers_are_named():
-    params = _rename(_np_params(), ("decoder", "blocks", "block_0", "self_attention", "W_k"), "W_K")
+    params = rename(_np_params(), ("decoder", "blocks", "block_0", "self_attention", "W_k"), "W_K")
     decoder = params["decoder"]
     block = decoder["blocks"]["block_0"]
     enc_outputs = np.zeros((B, S, D), np.float32)
