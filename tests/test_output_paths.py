@@ -84,6 +84,8 @@ def _cases(read_only: Path, tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "bench train json": (["bench", "train", "--json", str(read_only / "b.json")], "--json"),
         "bench decode json": (["bench", "decode", "--json", str(read_only / "b.json")],
                               "--json"),
+        "bench profile json": (["bench", "profile", "--json", str(read_only / "b.json")],
+                               "--json"),
     }
 
 
@@ -91,7 +93,7 @@ CASES = ["checkpoint read-only", "checkpoint under a file", "json read-only",
          "json is a directory", "out read-only", "out under a file", "checkpoint-dir read-only",
          "translate json", "translate out", "plot out", "kernel regression json",
          "conformance json", "bench attention json", "bench memory json", "bench train json",
-         "bench decode json"]
+         "bench decode json", "bench profile json"]
 
 
 @pytest.mark.parametrize("case", CASES)

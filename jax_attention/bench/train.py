@@ -82,7 +82,7 @@ def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: in
                              tgt_vocab_size=tgt_vocab_size)
 
 
-def _our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int):
+def our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int):
     """Our model in training mode, seeded as :func:`jax_attention.train.seq2seq.setup` seeds it."""
     import jax
     from flax import nnx
@@ -117,7 +117,7 @@ def _step_batches(nmt, steps: int):
     return plain, padded
 
 
-def _training_batches(batch_size: int, num_steps: int, num_examples: int, data, seed: int,
+def training_batches(batch_size: int, num_steps: int, num_examples: int, data, seed: int,
                       steps: int):
     """The book's data and one round's batches: ``(nmt, plain, padded, tokens)`` with the
     batches of :func:`_step_batches` and ``tokens`` the target tokens of the round."""
@@ -266,12 +266,12 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
     load_before = load_average()
     environment_record = environment()
 
-    nmt, plain, padded, tokens = _training_batches(batch_size, num_steps, num_examples, data,
+    nmt, plain, padded, tokens = training_batches(batch_size, num_steps, num_examples, data,
                                                    seed, steps)
     V_src, V_tgt = len(nmt.src_vocab), len(nmt.tgt_vocab)
     bos_id = nmt.tgt_vocab["<bos>"]
 
-    ours_model = _our_model(model, settings, V_src, V_tgt, seed)
+    ours_model = our_model(model, settings, V_src, V_tgt, seed)
     optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
     initial = jax.tree.map(np.asarray, ours_model.params_dict())
     torch.manual_seed(seed)
@@ -390,10 +390,10 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
 
     mesh = distributed.make_mesh(devices)
     distributed.check_batch_size(batch_size, mesh)
-    nmt, _, padded, tokens = _training_batches(batch_size, num_steps, num_examples, data, seed,
+    nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                                steps)
     bos_id = nmt.tgt_vocab["<bos>"]
-    ours_model = _our_model(model, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
+    ours_model = our_model(model, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
     optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
     graphdef, state = nnx.split((ours_model, optimizer))
     state = distributed.replicate(state, mesh)

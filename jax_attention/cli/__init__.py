@@ -43,7 +43,7 @@ from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_INTERRUPTED, EXIT_NONFI
                                          dropout_rate, int_at_least, positive_float,
                                          positive_int)
 from jax_attention.cli.bench import (run_bench_attention, run_bench_decode, run_bench_memory,
-                                     run_bench_train)
+                                     run_bench_profile, run_bench_train)
 from jax_attention.cli.conformance import run_conformance_command
 from jax_attention.cli.plot import run_plot_attention, run_plot_positional_encoding
 from jax_attention.cli.registry import Configure, children, register, register_group
@@ -59,7 +59,7 @@ __all__ = ["main", "build_parser", "register", "register_group", "int_at_least",
            "run_train_kernel_regression", "run_train_bahdanau", "run_train_transformer",
            "run_translate", "run_plot_positional_encoding", "run_plot_attention",
            "run_conformance_command", "run_bench_attention", "run_bench_memory",
-           "run_bench_train", "run_bench_decode"]
+           "run_bench_train", "run_bench_decode", "run_bench_profile"]
 
 
 

@@ -1,5 +1,6 @@
 """``jax-attention bench attention | memory | train | decode``: benchmarks against named peers, in
-one run on this machine (see :mod:`jax_attention.bench`)."""
+one run on this machine (see :mod:`jax_attention.bench`); ``bench profile``: where the training
+step's time goes, kernel by kernel."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from jax_attention.cli.arguments import (add_data_argument, check_data_argument,
                                          write_json_report)
 from jax_attention.cli.registry import register, register_group
 
-__all__ = ["run_bench_attention", "run_bench_memory", "run_bench_train", "run_bench_decode"]
+__all__ = ["run_bench_attention", "run_bench_memory", "run_bench_train", "run_bench_decode",
+           "run_bench_profile"]
 
 register_group("bench", help="benchmarks against named peers, in one run on this machine (JSON)")
 
@@ -435,3 +437,46 @@ def run_bench_decode(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     except (FileNotFoundError, ValueError) as error:  # an unusable checkpoint
         parser.error(str(error))
     return _finish(args, format_decode(record), {"command": "bench decode", **record})
+
+
+@register("bench profile",
+          help="where the compiled training step's time goes: XLA:CPU's kernels, one by one",
+          description="Build the book's model (--model) and batches as 'bench train' does, "
+                      "compile the training step of 'jax-attention train' for --steps steps, "
+                      "run it --calls times under jax.profiler and read XLA's trace back: each "
+                      "kernel (a fusion, a library GEMM, a copy) is mapped to its HLO "
+                      "instruction, output shape and the JAX operation it came from. Prints, per "
+                      "training step, the wall time (without the profiler), the kernels and "
+                      "their time by phase (forward, backward, update: clipping, Adam, the "
+                      "non-finite check), by kind and by output shape, and the slowest kernels. "
+                      "The profiler adds a little to each kernel: compare shares, not times.")
+def _bench_profile(parser: argparse.ArgumentParser) -> None:
+    from jax_attention.bench.train import MODELS
+
+    parser.add_argument("--model", choices=MODELS, default="transformer",
+                        help="the model (default: %(default)s)")
+    parser.add_argument("--steps", metavar="N", type=positive_int, default=10,
+                        help="training steps per compiled call (default: %(default)s, an "
+                             "epoch of the book's data)")
+    parser.add_argument("--calls", metavar="N", type=positive_int, default=10,
+                        help="profiled calls, and timed calls without the profiler (default: "
+                             "%(default)s)")
+    parser.add_argument("--top", metavar="N", type=positive_int, default=15,
+                        help="the slowest kernels and output shapes listed (default: "
+                             "%(default)s)")
+    parser.add_argument("--seed", metavar="N", type=seed, default=0,
+                        help="seeds the batch order, the weights and dropout (default: "
+                             "%(default)s)")
+    add_data_argument(parser)
+    _add_json_and_progress(parser, "do not print progress lines on stderr")
+    parser.set_defaults(handler=run_bench_profile)
+
+
+def run_bench_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``bench profile``; see its ``--help``."""
+    _check_bench_paths(args, parser)
+    from jax_attention.bench.step_profile import format_step_profile, profile_train_step
+
+    record = profile_train_step(args.model, steps=args.steps, calls=args.calls, seed=args.seed,
+                                data=args.data, top=args.top, log=_bench_progress(args))
+    return _finish(args, format_step_profile(record), {"command": "bench profile", **record})
