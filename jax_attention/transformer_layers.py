@@ -45,7 +45,8 @@ from jax_attention._checks import (
 )
 from jax_attention.multihead import combine_heads, mask_inputs, project_heads
 from jax_attention.positional import positional_encoding
-from jax_attention.scoring import dot_product_attention_weights, weighted_sum
+from jax_attention.scoring import (dot_product_attention_weights, dropout_attention,
+                                   weighted_sum)
 from jax_attention.dropout import dropout as _dropout
 from jax_attention.dropout import fold
 
@@ -199,7 +200,14 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
 
     ``heads_q (B, N, T, H)``; ``heads_k``, ``heads_v`` ``(B, N_kv, S, H)`` with ``N_kv``
     dividing ``N`` (grouped-query attention: each key/value head serves ``N / N_kv`` query heads,
-    never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``."""
+    never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``.
+
+    With dropout active (training) and ``N_kv = N`` in float32/float64 this is
+    :func:`jax_attention.scoring.dropout_attention`: the same forward values, a hand-written
+    backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``)."""
+    if (dropout_rng is not None and dropout > 0.0 and heads_q.shape[1] == heads_k.shape[1]
+            and jnp.finfo(heads_q.dtype).bits >= 32):
+        return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
     weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
     dropped = _dropout(weights, dropout, dropout_rng)
     return weighted_sum(dropped, heads_v), weights

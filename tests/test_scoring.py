@@ -1212,3 +1212,83 @@ def test_unbatched_module_sows_weights_without_a_batch_axis():
     assert output.shape == (4, 2) and weights.shape == (4, 6)
     for got, want in zip((output, weights), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- dropout_attention
+
+
+def _dropout_reference(queries, keys, values, keep, rate, rng):
+    """What the Transformer computed before dropout_attention: the weights, the library's
+    dropout, the weighted sum (autodiff for the backward pass)."""
+    from jax_attention.dropout import dropout
+
+    weights = jax_scoring.dot_product_attention_weights(queries, keys, mask=keep)
+    return jax_scoring.weighted_sum(dropout(weights, rate, rng), values), weights
+
+
+def _dropout_case(dtype, seed=0):
+    B, N, T, S, H, V = 3, 2, 4, 5, 4, 3
+    queries, keys, values = (_normal(shape, dtype, seed + i) for i, shape in
+                             enumerate([(B, N, T, H), (B, N, S, H), (B, N, S, V)]))
+    # The first sequence attends nothing (fully masked rows), the others a prefix; causal too.
+    valid = jnp.asarray([0, 3, 5])
+    keep = ((jnp.arange(S)[None, None, None, :] < valid[:, None, None, None])
+            & (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + 1)[None, None])
+    cotangents = (_normal((B, N, T, V), dtype, seed + 7), _normal((B, N, T, S), dtype, seed + 8))
+    return (queries, keys, values), keep, cotangents, jax.random.key(seed + 3, impl="rbg")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_dropout_attention_forward_is_the_composition_bit_for_bit(jit):
+    (queries, keys, values), keep, _, rng = _dropout_case(jnp.float32)
+    fused = jax_scoring.dropout_attention
+    if jit:
+        fused = jax.jit(fused, static_argnums=4)
+    output, weights = fused(queries, keys, values, keep, 0.3, rng)
+    expected_output, expected_weights = _dropout_reference(queries, keys, values, keep, 0.3, rng)
+    np.testing.assert_array_equal(output, expected_output)
+    np.testing.assert_array_equal(weights, expected_weights)
+    assert not np.any(output[0]) and not np.any(weights[0])  # the sequence that attends nothing
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 2e-6), (jnp.float64, 1e-13)])
+def test_dropout_attention_gradients_match_autodiff_of_the_composition(dtype, tolerance, x64):
+    inputs, keep, (d_output, d_weights), rng = _dropout_case(dtype)
+
+    def loss(function):
+        def value(*arrays):
+            output, weights = function(*arrays, keep, 0.3, rng)
+            return jnp.sum(output * d_output) + jnp.sum(weights * d_weights)
+        return value
+
+    fused = jax.jit(jax.grad(loss(jax_scoring.dropout_attention), argnums=(0, 1, 2)))(*inputs)
+    expected = jax.grad(loss(_dropout_reference), argnums=(0, 1, 2))(*inputs)
+    for got, want in zip(fused, expected, strict=True):
+        assert got.dtype == dtype and bool(jnp.all(jnp.isfinite(got)))
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    assert not np.any(fused[0][0])  # no gradient reaches queries that attend nothing
+
+
+def test_dropout_attention_vmaps_and_keeps_masked_inputs_out_of_the_gradients():
+    (queries, keys, values), keep, (d_output, _), rng = _dropout_case(jnp.float32)
+    # NaN in keys and values nobody attends (sequence 0 attends nothing; its keys are never read).
+    poisoned = keys.at[0].set(jnp.nan), values.at[0].set(jnp.inf)
+    grads = jax.grad(lambda q, k, v: jnp.sum(jax_scoring.dropout_attention(
+        q, k, v, keep, 0.3, rng)[0][1:] * d_output[1:]), argnums=(0, 1, 2))(queries, *poisoned)
+    assert all(bool(jnp.all(jnp.isfinite(g[1:]))) for g in grads)
+    batched = jax.vmap(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3,
+                                                               rng)[0])(queries[None])
+    np.testing.assert_array_equal(
+        batched[0], jax_scoring.dropout_attention(queries, keys, values, keep, 0.3, rng)[0])
+
+
+def test_dropout_attention_is_reverse_mode_only_and_checks_its_inputs():
+    (queries, keys, values), keep, _, rng = _dropout_case(jnp.float32)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3, rng)[0],
+                (queries,), (queries,))
+    with pytest.raises(ValueError, match="same leading axes"):
+        jax_scoring.dropout_attention(queries, keys[:, :1], values[:, :1], keep, 0.3, rng)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        jax_scoring.dropout_attention(queries.astype(jnp.bfloat16), keys, values, keep, 0.3,
+                                      rng)

@@ -163,6 +163,25 @@ def test_dropout_only_with_a_key_and_reproducible():
     assert not np.allclose(a, plain)
 
 
+def test_training_attention_is_reverse_mode_only_and_evaluation_both():
+    """With dropout active the attention takes scoring.dropout_attention (a hand-written backward
+    pass, reverse mode only); without it forward mode works through the whole model."""
+    params = _params()
+    src, src_valid_len, dec_input = _inputs()
+
+    def logits(dropout, rng):
+        return lambda p: _forward(p, src, src_valid_len, dec_input, num_heads=N,
+                                  dropout=dropout, dropout_rng=rng)[0]
+
+    training = logits(0.1, jax.random.key(3, impl="rbg"))
+    grads = jax.grad(lambda p: jnp.sum(training(p) ** 2))(params)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(training, (params,), (params,))
+    _, tangent = jax.jvp(logits(0.0, None), (params,), (params,))
+    assert bool(jnp.all(jnp.isfinite(tangent)))
+
+
 def test_module_train_and_eval_modes_and_sown_weights():
     # An "rbg" dropout key, as in training: its masks compile faster than threefry's.
     model = transformer.TransformerSeq2Seq(
