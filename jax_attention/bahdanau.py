@@ -63,7 +63,9 @@ from jax_attention._checks import (
 )
 from jax_attention.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.scoring import ADDITIVE_KEYS, WEIGHTED_SUM, additive_attention_weights
+from jax_attention.scoring import (ADDITIVE_KEYS, WEIGHTED_SUM,
+                                   additive_attention_weights_of_projected,
+                                   additive_key_projection)
 from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
 from jax_attention.dropout import dropout as _dropout
 from jax_attention.dropout import fold, keep_mask
@@ -371,13 +373,17 @@ def _check_decoder_state(params, state, enc_outputs):
     return state, enc_outputs
 
 
-def _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout: float, keep):
-    """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout)."""
+def _decoder_step(params, tokens, state, enc_outputs, projected_keys, src_valid_len,
+                  dropout: float, keep):
+    """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout) and the
+    attention's keys already projected (:func:`~jax_attention.scoring.additive_key_projection`
+    of ``enc_outputs``: the same at every step, so :func:`decoder` projects them once)."""
     embedding = jnp.asarray(params["embedding"])
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
     tokens = check_tokens("tokens", tokens, embedding.shape[0], ndim=1, batch=state.shape[1])
     query = state[-1][:, None, :]  # (B, 1, h)
-    weights = additive_attention_weights(params["attention"], query, enc_outputs, src_valid_len)
+    weights = additive_attention_weights_of_projected(params["attention"], query, projected_keys,
+                                                      src_valid_len)
     dropped = weights if keep is None else _apply_keep(weights, keep[0][:, None, :], dropout)
     context = jnp.einsum(WEIGHTED_SUM, dropped, enc_outputs)  # (B, 1, h)
     layer_input = jnp.concatenate([context[:, 0], embedding[tokens].astype(state.dtype)], axis=-1)
@@ -418,7 +424,9 @@ def decoder_step(params, tokens, state, enc_outputs, src_valid_len, *, dropout: 
     if dropout_rng is not None and dropout > 0:
         L, B, h = state.shape
         keep = _decoder_keep_masks(dropout_rng, dropout, (B,), enc_outputs.shape[1], L, h)
-    return _decoder_step(params, tokens, state, enc_outputs, src_valid_len, dropout, keep)
+    projected_keys = additive_key_projection(params["attention"], enc_outputs, src_valid_len)
+    return _decoder_step(params, tokens, state, enc_outputs, projected_keys, src_valid_len,
+                         dropout, keep)
 
 
 def decoder(params, dec_input, state, enc_outputs, src_valid_len, *, dropout: float = 0.0,
@@ -447,10 +455,14 @@ def decoder(params, dec_input, state, enc_outputs, src_valid_len, *, dropout: fl
         L, _, h = state.shape
         keep = _decoder_keep_masks(dropout_rng, dropout, (T, B), jnp.shape(enc_outputs)[1], L, h)
 
+    # The keys' projection is the same at every step: computed once, outside the loop (and its
+    # weight gradient once, on the sum of the steps' gradients).
+    projected_keys = additive_key_projection(params["attention"], enc_outputs, src_valid_len)
+
     def step(state, xs):
         tokens, step_keep = xs
-        logits, state, weights = _decoder_step(params, tokens, state, enc_outputs, src_valid_len,
-                                               dropout, step_keep)
+        logits, state, weights = _decoder_step(params, tokens, state, enc_outputs, projected_keys,
+                                               src_valid_len, dropout, step_keep)
         return state, (logits, weights)
 
     state, (logits, weights) = lax.scan(step, state, (jnp.swapaxes(dec_input, 0, 1), keep))
@@ -504,8 +516,12 @@ def _greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_
                    max_len: int):
     enc_outputs, state = encoder(params["encoder"], src)
 
+    projected_keys = additive_key_projection(params["decoder"]["attention"], enc_outputs,
+                                             src_valid_len)
+
     def step(state, tokens):
-        return decoder_step(params["decoder"], tokens, state, enc_outputs, src_valid_len)
+        return _decoder_step(params["decoder"], tokens, state, enc_outputs, projected_keys,
+                             src_valid_len, 0.0, None)
 
     return greedy_search(step, state, enc_outputs.shape[0], bos_id=bos_id, eos_id=eos_id,
                          pad_id=pad_id, max_len=max_len)

@@ -524,8 +524,69 @@ def _check_additive_params(params, queries, keys):
 
 def _additive_weights(params, queries, keys, keep):
     W_q, W_k, w_v = _check_additive_params(params, queries, keys)
+    return _additive_softmax(W_q, w_v, queries, jnp.einsum(PROJECT_KEYS, keys, W_k), keep)
+
+
+def additive_key_projection(params, keys, valid_lens=None):
+    """``keys W_k``, the keys at or past ``valid_lens`` set to zero first, as
+    :func:`additive_attention_weights` zeroes the keys no query attends: the part of additive
+    attention that does not depend on the queries.
+
+    Not part of the user-facing API (``__all__``): d2l §11.4's decoder attends the same keys at
+    every step, so it projects them once, outside its loop, and passes them to
+    :func:`additive_attention_weights_of_projected` — one ``(B, S, k) x (k, h)`` product (and
+    its weight gradient) per sequence instead of one per step.
+
+    Args:
+      params: ``{"W_q", "W_k": (k, h), "w_v"}``. keys: ``(B, ..., S, k)``.
+      valid_lens: ``None`` or ``(B,)`` (the same keys for every query).
+
+    Returns:
+      ``(B, ..., S, h)``.
+    """
+    check_param_keys("params", params, ADDITIVE_KEYS)
+    keys, W_k = jnp.asarray(keys), jnp.asarray(params["W_k"])
+    if keys.ndim < 2 or W_k.ndim != 2 or W_k.shape[0] != keys.shape[-1]:
+        raise ValueError(f"params['W_k'] must have shape (k, h) for keys (B, ..., S, k), got "
+                         f"{W_k.shape} and keys {keys.shape}")
+    keep = attention_mask(keys.shape[:-2] + (1,) + keys.shape[-2:-1], valid_lens)
+    if keep is not None:  # as _prepare: a key no query attends is zero
+        key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)
+        keys = jnp.where(key_attended, keys, jnp.zeros((), keys.dtype))
+    return jnp.einsum(PROJECT_KEYS, keys, W_k.astype(keys.dtype))
+
+
+def additive_attention_weights_of_projected(params, queries, projected_keys, valid_lens=None):
+    """:func:`additive_attention_weights` ``(params, queries, keys, valid_lens)`` from
+    ``projected_keys = additive_key_projection(params, keys, valid_lens)``: the same weights, bit
+    for bit, without projecting the keys. Not part of the user-facing API (``__all__``).
+
+    Args:
+      queries: ``(B, ..., T, q)``. projected_keys: ``(B, ..., S, h)``. valid_lens: ``None`` or
+        ``(B,)``, those given to :func:`additive_key_projection`.
+
+    Returns:
+      Weights ``(B, ..., T, S)``; fully masked rows are zero.
+    """
+    check_param_keys("params", params, ADDITIVE_KEYS)
+    queries, projected_keys = jnp.asarray(queries), jnp.asarray(projected_keys)
+    W_q, w_v = jnp.asarray(params["W_q"]), jnp.asarray(params["w_v"])
+    h = projected_keys.shape[-1]
+    if W_q.shape != (queries.shape[-1], h) or w_v.shape != (h, 1):
+        raise ValueError(f"params['W_q'] and params['w_v'] must have shapes (q, h) and (h, 1) "
+                         f"with h = {h} (the projected keys' width), got {W_q.shape} and "
+                         f"{w_v.shape} for queries {queries.shape}")
+    keep = attention_mask(queries.shape[:-1] + projected_keys.shape[-2:-1], valid_lens)
+    if keep is not None:  # as _prepare: a query that attends no key is zero
+        queries = jnp.where(jnp.any(keep, axis=-1, keepdims=True), queries,
+                            jnp.zeros((), queries.dtype))
+    return _additive_softmax(W_q.astype(queries.dtype), w_v.astype(queries.dtype), queries,
+                             projected_keys, keep)
+
+
+def _additive_softmax(W_q, w_v, queries, projected_keys, keep):
+    """``masked_softmax(w_v^T tanh(queries W_q + projected_keys))`` in the queries' dtype."""
     projected_queries = jnp.einsum(PROJECT_QUERIES, queries, W_q)
-    projected_keys = jnp.einsum(PROJECT_KEYS, keys, W_k)
     # float16/bfloat16: features and scores in float32. The features lie in [-1, 1], but their
     # w_v-weighted sums can overflow float16, and so can the backward's dS w_v, which a saturated
     # feature's tanh' = 0 would then turn into 0 * Inf = NaN.

@@ -1292,3 +1292,41 @@ def test_dropout_attention_is_reverse_mode_only_and_checks_its_inputs():
     with pytest.raises(TypeError, match="float32 or float64"):
         jax_scoring.dropout_attention(queries.astype(jnp.bfloat16), keys, values, keep, 0.3,
                                       rng)
+
+
+# --------------------------------------------------------------------------- projected additive keys
+
+
+@pytest.mark.parametrize("valid_lens", [None, jnp.asarray([0, 5])])
+def test_additive_weights_of_projected_keys_are_the_weights_bit_for_bit(valid_lens):
+    params = _params()
+    queries, keys, _ = _inputs("additive")
+    projected = jax_scoring.additive_key_projection(params, keys, valid_lens)
+    got = jax.jit(jax_scoring.additive_attention_weights_of_projected)(params, queries,
+                                                                       projected, valid_lens)
+    want = jax.jit(jax_scoring.additive_attention_weights)(params, queries, keys, valid_lens)
+    np.testing.assert_array_equal(got, want)
+
+    def loss(function, *arrays):
+        return jnp.sum(function(*arrays) ** 2)
+
+    got = jax.grad(lambda p, q, k: loss(
+        jax_scoring.additive_attention_weights_of_projected, p, q,
+        jax_scoring.additive_key_projection(p, k, valid_lens), valid_lens),
+        argnums=(0, 1, 2))(params, queries, keys)
+    want = jax.grad(lambda p, q, k: loss(jax_scoring.additive_attention_weights, p, q, k,
+                                         valid_lens), argnums=(0, 1, 2))(params, queries, keys)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_projected_additive_keys_name_their_bad_shapes():
+    params = _params()
+    queries, keys, _ = _inputs("additive")
+    with pytest.raises(ValueError, match=r"params\['W_k'\] must have shape \(k, h\)"):
+        jax_scoring.additive_key_projection(params, keys[..., :-1])
+    projected = jax_scoring.additive_key_projection(params, keys)
+    with pytest.raises(ValueError, match=r"params\['W_q'\] and params\['w_v'\]"):
+        jax_scoring.additive_attention_weights_of_projected(params, queries[..., :-1], projected)
+    with pytest.raises(ValueError, match="missing"):
+        jax_scoring.additive_key_projection({"W_k": params["W_k"]}, keys)
