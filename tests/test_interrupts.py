@@ -108,15 +108,29 @@ def test_ctrl_c_at_ten_moments_exits_130_with_one_line_and_whole_files(uninterru
                                                 "before the first training step")), line
 
 
-def _stderr_lines(process) -> tuple[list[tuple[float, str]], threading.Thread]:
+def _stderr_lines(process, *, stdout: list | None = None
+                  ) -> tuple[list[tuple[float, str]], threading.Thread]:
     """Read ``process``'s stderr in a thread: ``[(monotonic time, line)]`` as they come; the
-    thread closes both pipes when the process has closed them."""
+    thread closes both pipes when the process has closed them. ``stdout``: a list that collects
+    stdout's lines the same way, as they come (otherwise stdout is read at the end)."""
     lines: list[tuple[float, str]] = []
+
+    def read_stdout():
+        for line in process.stdout:
+            stdout.append((time.monotonic(), line.rstrip("\n")))
+
+    out_reader = None
+    if stdout is not None:
+        out_reader = threading.Thread(target=read_stdout, daemon=True)
+        out_reader.start()
 
     def read():
         for line in process.stderr:
             lines.append((time.monotonic(), line.rstrip("\n")))
-        process.stdout.read()
+        if out_reader is None:
+            process.stdout.read()
+        else:
+            out_reader.join()
         process.stdout.close()
         process.stderr.close()
 
@@ -127,8 +141,14 @@ def _stderr_lines(process) -> tuple[list[tuple[float, str]], threading.Thread]:
 
 def test_the_first_ctrl_c_is_acknowledged_at_once_even_while_compiling(tmp_path):
     process = _train(tmp_path)
-    lines, reader = _stderr_lines(process)
-    time.sleep(2.0)  # start-up and the first compilation: seconds of XLA
+    stdout: list[tuple[float, str]] = []
+    lines, reader = _stderr_lines(process, stdout=stdout)
+    # Into the first compilation (seconds of XLA): once the run says it compiles, not after a
+    # fixed delay, which a loaded machine's start-up can outlast (the Ctrl-C then lands before
+    # the command's handler, which is another test's case).
+    wait_for(lambda: any(line.startswith("compiling the training step") for _, line in stdout),
+             process, 120, "the compilation")
+    time.sleep(0.3)
     sent = time.monotonic()
     send_sigint(process)
     wait_for(lambda: any("Ctrl-C: stopping" in line for _, line in lines), process, 30,
