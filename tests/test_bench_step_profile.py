@@ -66,6 +66,8 @@ def test_kernel_table_reads_the_compiled_text():
         '  %ynn_fusion.2 = f32[64,10]{1,0} fusion(%c), kind=kCustom, metadata={op_name='
         '"jit(train_steps)/while/body/closed_call/jvp(x)/dot_general"}',
         "  %copy.1 = f32[3]{0} copy(%d)",
+        "  %fusion.4 = (f32[2]{0}, s32[]) fusion(%e), kind=kLoop",
+        "  %cond.7 = f32[3]{0} conditional(%p, %x, %y)",
         "}",
     ])
     table = profile.kernel_table(text)
@@ -75,9 +77,17 @@ def test_kernel_table_reads_the_compiled_text():
         "ynn_fusion.2": ("f32[64,10]", "fusion",
                          "jit(train_steps)/while/body/closed_call/jvp(x)/dot_general"),
         "copy.1": ("f32[3]", "copy", ""),
+        "fusion.4": ("(f32[2], s32[])", "fusion", ""),
+        "cond.7": ("f32[3]", "conditional", ""),
     }
-    assert [profile.phase_of(op) for _, _, op in table.values()] == ["backward", "forward",
-                                                                      "update"]
+    assert [profile.phase_of(op) for _, _, op in table.values()][:3] == ["backward", "forward",
+                                                                          "update"]
+    # A conditional's span holds its branch's kernels: not counted itself. Nor is what is not
+    # an instruction (the runtime's spans), nor what is not a complete event.
+    trace = {"traceEvents": [{"ph": "X", "name": "dot.3", "dur": 5}, {"ph": "X", "name": "cond.7",
+             "dur": 9}, {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 20},
+             {"ph": "X", "name": "fusion.4", "dur": 2}, {"ph": "M", "name": "copy.1"}]}
+    assert profile.kernel_events(trace, table) == [("dot.3", 5.0), ("fusion.4", 2.0)]
     assert profile.phase_of("jit(train_steps)/while/body/add") == "update"
     assert profile.kind_of("dot.3", "dot") == "GEMM, generic (Eigen)"
     assert profile.kind_of("ynn_fusion.2", "fusion") == "library fusion (YNNPACK)"

@@ -42,14 +42,20 @@ import numpy as np
 from jax_attention._checks import check_int
 from jax_attention.bench.common import environment, format_table, load_average
 
-__all__ = ["PHASES", "kernel_table", "phase_of", "kind_of", "profile_train_step",
-           "format_step_profile"]
+__all__ = ["PHASES", "CONTAINERS", "kernel_table", "kernel_events", "phase_of", "kind_of",
+           "profile_train_step", "format_step_profile"]
 
 PHASES = ("forward", "backward", "update")
 
-# An instruction of the compiled program's text: `%name = shape opcode(...)` (ROOT optional).
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+) ([a-z][\w\-]*)\(")
+#: Instructions whose trace events hold other kernels' (a loop, a conditional, a call): counting
+#: them would count their kernels twice.
+CONTAINERS = ("while", "conditional", "call")
+
+# An instruction of the compiled program's text: `%name = shape opcode(...)` (ROOT optional);
+# the shape is an array's or a tuple's (a multi-output fusion's).
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^()]*\)|\S+) ([a-z][\w\-]*)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_LAYOUT = re.compile(r"\{[^{}]*\}")  # `{1,0}` after each array's dimensions
 
 
 def kernel_table(hlo_text: str) -> dict:
@@ -60,7 +66,7 @@ def kernel_table(hlo_text: str) -> dict:
         match = _INSTRUCTION.match(line)
         if match:
             op_name = _OP_NAME.search(line)
-            table[match.group(1)] = (match.group(2).split("{")[0], match.group(3),
+            table[match.group(1)] = (_LAYOUT.sub("", match.group(2)), match.group(3),
                                      op_name.group(1) if op_name else "")
     return table
 
@@ -88,17 +94,23 @@ def kind_of(name: str, opcode: str) -> str:
     return "other"
 
 
-def _kernel_events(trace_dir: Path, table: dict) -> list[tuple[str, float]]:
-    """``(name, microseconds)`` of each kernel run in the trace: the complete events whose name
-    is an instruction of the program (the runtime's own spans and Python's are not)."""
+def kernel_events(trace, table: dict) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of each kernel run in a Chrome/Perfetto ``trace`` (its dict, or
+    its list of events): the complete events whose name is an instruction of the program
+    (``table``, :func:`kernel_table`), less the :data:`CONTAINERS`. The runtime's own spans and
+    Python's are not instructions."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [(event["name"], float(event["dur"])) for event in events
+            if event.get("ph") == "X" and event.get("name") in table
+            and table[event["name"]][1] not in CONTAINERS]
+
+
+def _read_trace(trace_dir: Path):
     files = sorted(trace_dir.glob("plugins/profile/*/perfetto_trace.json.gz"))
     if not files:
         raise RuntimeError(f"jax.profiler wrote no trace under {trace_dir}")
     with gzip.open(files[-1], "rt") as handle:
-        trace = json.load(handle)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return [(event["name"], float(event["dur"])) for event in events
-            if event.get("ph") == "X" and event.get("name") in table]
+        return json.load(handle)
 
 
 _TRACE_PREFIX = "jax-attention-profile-"
@@ -210,7 +222,7 @@ def profile_train_step(model: str = "transformer", *, steps: int = 10, calls: in
                 call()
         finally:
             jax.profiler.stop_trace()
-        events = _kernel_events(Path(directory), table)
+        events = kernel_events(_read_trace(Path(directory)), table)
 
     tally = _tally(events, table, steps * calls)
     return {
