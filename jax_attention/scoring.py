@@ -101,8 +101,7 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
         keep = None if keep is None else group_heads(keep, groups)
     if keep is None:
         return keep, arrays, groups
-    query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
-    key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)  # (B, ..., S, 1)
+    query_attends, key_attended = _attending(keep)
     if groups > 1:  # a key/value head is attended when any query head of its group attends it
         key_attended = jnp.any(key_attended, axis=-3, keepdims=True)
     zero = jnp.zeros((), queries.dtype)
@@ -110,6 +109,13 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
         jnp.where(key_attended, a, zero) for a in arrays[1:]
     ]
     return keep, arrays, groups
+
+
+def _attending(keep):
+    """``(query_attends (B, ..., T, 1), key_attended (B, ..., S, 1))`` of a mask ``keep``
+    ``(B, ..., T, S)``: the queries that attend some key, the keys some query attends."""
+    return (jnp.any(keep, axis=-1, keepdims=True),
+            jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2))
 
 
 def _add_bias(scores, bias, groups: int = 1):
@@ -551,8 +557,7 @@ def additive_key_projection(params, keys, valid_lens=None):
                          f"{W_k.shape} and keys {keys.shape}")
     keep = attention_mask(keys.shape[:-2] + (1,) + keys.shape[-2:-1], valid_lens)
     if keep is not None:  # as _prepare: a key no query attends is zero
-        key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)
-        keys = jnp.where(key_attended, keys, jnp.zeros((), keys.dtype))
+        keys = jnp.where(_attending(keep)[1], keys, jnp.zeros((), keys.dtype))
     return jnp.einsum(PROJECT_KEYS, keys, W_k.astype(keys.dtype))
 
 
@@ -578,8 +583,7 @@ def additive_attention_weights_of_projected(params, queries, projected_keys, val
                          f"{w_v.shape} for queries {queries.shape}")
     keep = attention_mask(queries.shape[:-1] + projected_keys.shape[-2:-1], valid_lens)
     if keep is not None:  # as _prepare: a query that attends no key is zero
-        queries = jnp.where(jnp.any(keep, axis=-1, keepdims=True), queries,
-                            jnp.zeros((), queries.dtype))
+        queries = jnp.where(_attending(keep)[0], queries, jnp.zeros((), queries.dtype))
     return _additive_softmax(W_q.astype(queries.dtype), w_v.astype(queries.dtype), queries,
                              projected_keys, keep)
 

@@ -220,6 +220,12 @@ def _add_bench_common(parser: argparse.ArgumentParser, *, repeats: int) -> None:
     parser.add_argument("--warmup", metavar="N", type=int_at_least(0), default=1,
                         help="untimed rounds after the first (compiling) call (default: "
                              "%(default)s)")
+    _add_training_run(parser)
+
+
+def _add_training_run(parser: argparse.ArgumentParser) -> None:
+    """``--seed``, the data and ``--json``/``--no-progress``: what every benchmark that trains
+    on the book's data takes."""
     parser.add_argument("--seed", metavar="N", type=seed, default=0,
                         help="seeds the batch order, the weights and dropout (default: "
                              "%(default)s)")
@@ -464,11 +470,7 @@ def _bench_profile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", metavar="N", type=positive_int, default=15,
                         help="the slowest kernels and output shapes listed (default: "
                              "%(default)s)")
-    parser.add_argument("--seed", metavar="N", type=seed, default=0,
-                        help="seeds the batch order, the weights and dropout (default: "
-                             "%(default)s)")
-    add_data_argument(parser)
-    _add_json_and_progress(parser, "do not print progress lines on stderr")
+    _add_training_run(parser)
     parser.set_defaults(handler=run_bench_profile)
 
 
