@@ -282,10 +282,9 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False,
     Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
     ``shape``, with ``is_causal`` :func:`causal_mask` ``(T, S)`` and with
     ``local_window_size`` :func:`local_window_mask` ``(T, S)`` (as ``jax.nn`` composes them).
-    Raises ``ValueError`` for
-    lengths of the wrong shape, type or (when concrete) range; ``TypeError`` for a non-boolean mask
-    and for an ``is_causal`` that is not a Python bool (a string, an int, an array, or a traced
-    value: causality is static).
+    Raises ``ValueError`` for lengths of the wrong shape, type or (when concrete) range;
+    ``TypeError`` for a non-boolean mask and for an ``is_causal`` that is not a Python bool (a
+    string, an int, an array, or a traced value: causality is static).
 
     Returns:
       ``None`` (attend everywhere) or a boolean array broadcastable to ``shape``.

@@ -12,8 +12,8 @@ Parameters are a dict of dense kernels stored ``(in, out)`` — ``W_q (q, D)``, 
 multi-query attention): ``W_k (k, N_kv H)``, ``W_v (v, N_kv H_v)``, and a value head size
 ``H_v`` other than ``H`` makes ``W_v (v, N_kv H_v)`` and ``W_o (N H_v, E)``; ``H_v`` is read from
 ``W_v``'s width, ``N_kv`` from ``num_kv_heads`` (default: from ``W_k``'s width). Any other
-key (a misspelled ``B_o``) or a missing kernel raises ``ValueError`` naming
-it. ``is_causal`` must be a Python bool (``TypeError`` otherwise). Head ``n`` uses columns
+key (a misspelled ``B_o``) or a missing kernel raises ``ValueError`` naming it. ``is_causal``
+must be a Python bool (``TypeError`` otherwise). Head ``n`` uses columns
 ``n*H .. (n+1)*H - 1`` of the projected width, as the book's
 ``transpose_qkv`` splits them (and as ``flax.nnx.MultiHeadAttention``'s ``(in, N, H)`` kernels
 reshape). The computation runs in the queries' float dtype; parameters are cast to it.

@@ -210,9 +210,9 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False,
     Combines d2l's ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean ``mask`` broadcastable to
     ``shape``, with ``is_causal`` :func:`causal_mask` ``(T, S)`` and with
     ``local_window_size`` :func:`local_window_mask` ``(T, S)`` (as ``jax.nn`` composes them).
-    Raises ``ValueError`` for
-    lengths of the wrong shape, type or range; ``TypeError`` for a non-boolean mask and for an
-    ``is_causal`` that is not a Python bool (a string, an int, an array).
+    Raises ``ValueError`` for lengths of the wrong shape, type or range; ``TypeError`` for a
+    non-boolean mask and for an ``is_causal`` that is not a Python bool (a string, an int, an
+    array).
     """
     is_causal = check_static_bool("is_causal", is_causal)
     if len(shape) < 2:
