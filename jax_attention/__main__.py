@@ -15,6 +15,7 @@ from jax_attention import interrupts  # imports no JAX
 def main() -> int:
     """Run ``jax-attention`` with ``sys.argv``; returns the exit status."""
     interrupts.stop_outside_commands("jax-attention")
+    interrupts.phase("startup")
     from jax_attention.cli import main as run
 
     status = run()

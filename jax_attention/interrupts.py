@@ -25,6 +25,11 @@ of one (a leftover temporary is removed or ignored by the next run).
 In Python code that does not use :func:`handle_sigint`, nothing changes: Ctrl-C raises
 :class:`KeyboardInterrupt` (the training loop turns the first one into a checkpoint when it keeps
 checkpoints, :func:`jax_attention.train.loop.sigint_requests`).
+
+A test hook, for the test suite only: the commands mark the phases of their work with
+:func:`phase` (:data:`PHASES`), and ``JAX_ATTENTION_TEST_SIGINT`` (:data:`TEST_SIGINT_VARIABLE`)
+names the phases at which the process presses Ctrl-C on itself, so that the tests stop a run in
+a named phase instead of after a guessed number of seconds. Unset, :func:`phase` does nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "handle_sigint", "stop_outside_commands", "ignore_from_now", "finish",
-           "active", "requested", "request_event", "set_note", "resume_command", "Interrupted"]
+           "active", "requested", "request_event", "set_note", "resume_command", "Interrupted",
+           "TEST_SIGINT_VARIABLE", "PHASES", "phase"]
 
 #: The exit status after Ctrl-C: 128 + SIGINT, what a shell reports for a program it stopped.
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -59,7 +66,8 @@ class _Handler:
         self.acknowledgement = acknowledgement
         self.event = threading.Event()
         self.note = ""
-        self.count = 0
+        self.count = 0  # the Ctrl-Cs acted on
+        self.received = 0  # every SIGINT the watcher took, acted on or ignored (the test hook)
         # Held while a Ctrl-C is acted on, and by :func:`finish`: the command's last line and
         # a stop at once never both print.
         self.lock = threading.Lock()
@@ -84,6 +92,7 @@ class _Handler:
 
     def _on_sigint(self) -> None:
         with self.lock:
+            self.received += 1
             if self.finished:  # the command has said its last line: nothing to stop
                 return
             self.count += 1
@@ -223,3 +232,54 @@ def set_note(note: str, *, resumable: bool = False) -> None:
 def resume_command() -> str | None:
     """The command line that resumes the run, as :func:`handle_sigint` was given it."""
     return None if _active is None else _active.resume_command
+
+
+# --------------------------------------------------------------------------- the test hook
+
+#: Test-only (tests/test_interrupts.py): ``PHASE[:N]`` entries separated by commas. When the
+#: process enters the ``N``-th (default: the first) ``PHASE`` it sends itself SIGINT, once per
+#: entry, and waits until the Ctrl-C handling has taken it, as if the user had pressed Ctrl-C at
+#: that moment: ``steps:2`` is a Ctrl-C as the third compiled call of training steps starts,
+#: ``save,save`` two at the first checkpoint save (the second stops at once). Not for users.
+TEST_SIGINT_VARIABLE = "JAX_ATTENTION_TEST_SIGINT"
+
+#: The phases the commands mark with :func:`phase`, in the order a training run meets them:
+#: ``startup`` (Python imports JAX), ``compile`` (the first compiled call of training steps),
+#: ``steps`` (each later call), ``save`` (a training checkpoint), ``evaluation`` (the trained
+#: model's translations; ``translate``'s decoding), ``export`` (the trained model), ``plots``,
+#: ``report`` (the ``--json`` file).
+PHASES = ("startup", "compile", "steps", "save", "evaluation", "export", "plots", "report")
+
+_entered: dict[str, int] = {}
+
+
+def phase(name: str) -> None:
+    """Mark that the command enters phase ``name`` of :data:`PHASES` (for the test hook: see
+    :data:`TEST_SIGINT_VARIABLE`; without it, nothing happens)."""
+    entries = os.environ.get(TEST_SIGINT_VARIABLE, "").strip()
+    if not entries:
+        return
+    count = _entered[name] = _entered.get(name, 0) + 1
+    for entry in entries.split(","):
+        wanted, _, nth = entry.strip().partition(":")
+        if wanted not in PHASES or not (nth or "1").isdigit():
+            raise ValueError(f"{TEST_SIGINT_VARIABLE}: {entry!r} is not PHASE[:N] with PHASE one "
+                             f"of {', '.join(PHASES)}")
+        if wanted == name and int(nth or 1) == count:
+            _press_ctrl_c()
+
+
+def _press_ctrl_c() -> None:
+    """SIGINT to this process, returning once it is handled: outside :func:`handle_sigint`
+    Python runs the handler before ``raise_signal`` returns; under it, the watcher thread has
+    acted on it (a stop at once never returns)."""
+    handler = _active
+    seen = None if handler is None else handler.received
+    signal.raise_signal(signal.SIGINT)
+    if handler is None:
+        return
+    deadline = time.monotonic() + 30
+    while handler.received == seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with handler.lock:  # held while the watcher acts on it (for good, when it stops at once)
+        pass

@@ -338,6 +338,7 @@ def finish_outputs(args: argparse.Namespace, command: str, record: Mapping,
         print(f"wrote {path}")
     if args.json is None:
         return 0
+    interrupts.phase("report")
     environment = provenance.environment() if environment is None else environment
     report = {"command": command, **record, **environment,
               "plots": {name: str(path) for name, path in plots.items()}}

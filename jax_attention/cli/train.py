@@ -197,6 +197,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     if args.out is not None:
         from jax_attention.plotting import plot_curve
 
+        interrupts.phase("plots")
         try:
             plots["loss"] = args.out / f"{spec.name}_loss.png"
             plot_curve(result.losses, ylabel="loss", path=plots["loss"],

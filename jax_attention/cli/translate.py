@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from jax_attention import interrupts
 from jax_attention.cli.arguments import (add_compilation_cache_argument, check_output_arguments,
                                          finish_outputs, positive_int, start_compilation_cache)
 from jax_attention.cli.registry import register
@@ -202,6 +203,7 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                                      beam_size=args.beam)
     except ValueError as error:
         parser.error(str(error))
+    interrupts.phase("evaluation")
     results = model.translate(args.sentences, max_len=args.max_len, beam_size=args.beam)
     if args.out is not None:
         from jax_attention.plotting import translation_heatmap
@@ -216,6 +218,7 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             if kept is not None:
                 print(f"  note: {kept} exists (an earlier translation); not overwritten, this "
                       f"heatmap goes to {plots[stem]}")
+            interrupts.phase("plots")
             translation_heatmap(result, plots[stem])
     record = {"checkpoint": str(args.checkpoint), "model": kind, "beam": args.beam,
               "translations": [_record(r) for r in results]}

@@ -686,6 +686,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 chunk = batches if (batch, end) == (0, schedule.steps_per_epoch) else tuple(
                     array[batch:end] for array in batches)
                 chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
+                interrupts.phase("compile" if clock is None else "steps")
                 with CompileTimer(this_thread=True) as compiling:
                     state, losses = train_steps(graphdef, state, chunk, bos_id,
                                                 long_run.skip_nonfinite, shardings)
@@ -706,6 +707,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                     bar.restart_clock()
                 if (checkpoints is not None and saved != done.step
                         and schedule.checkpoint_due(done.step, stopping=stopping)):
+                    interrupts.phase("save")
                     checkpoints.save(done.step, distributed.to_local(state),
                                      done.record(schedule.steps_per_epoch))
                     saved = done.step

@@ -435,11 +435,13 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
             if stopping:
                 params, translations, scores, validation = _trained_params(module), [], [], None
             else:
+                interrupts.phase("evaluation")
                 params, translations, scores, validation = _evaluate(spec, module, model_config,
                                                                      nmt, early)
         written = export_error = None
         with phases("export_s"):
             if checkpoint is not None and distributed.is_main_process():
+                interrupts.phase("export")
                 written, export_error = _export(checkpoint, spec, params, nmt, model_config,
                                                 train_config)
         if stopping:
