@@ -15,6 +15,8 @@ import tempfile
 import jax
 import pytest
 
+from tests import hypothesis_support  # noqa: F401 - loads the hypothesis profile (ci or dev)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Every comparison in the suite is at float32 or float64 tolerance; GPUs would otherwise multiply
@@ -39,10 +41,12 @@ os.environ["JAX_ATTENTION_NO_DOWNLOAD"] = "1"
 # programs another process of the session has compiled already instead of compiling them again.
 # It lives in a temporary directory made by the first process of the session (pytest itself, or
 # the xdist controller before it starts the workers, which inherit the variables) and removed when
-# the session ends, so every run starts cold and runs stay independent. Only programs that take
-# a while to compile are written: the many small ones (one per eager operation and shape) are
-# rarely shared between processes. A loaded executable is the one the compiler produced, so
-# bit-identical results are unaffected; key-reuse checks happen when tracing, before any cache.
+# the session ends, so every run starts cold and runs stay independent. Every program is
+# written, the small ones too: a command the tests start compiles dozens of them (the model's
+# initialisation, the data's eager operations), which the suite's one tiny configuration per
+# model (tests/shared_runs.py) lets every later command load instead (a subprocess's set-up went
+# from 2.8 s to 0.9 s). A loaded executable is the one the compiler produced, so bit-identical
+# results are unaffected; key-reuse checks happen when tracing, before any cache.
 #
 # A JAX_COMPILATION_CACHE_DIR set by the user is used as it is, with every program written (unless
 # JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise): a cache kept across runs, for a
@@ -54,7 +58,7 @@ _CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 _OWN_CACHE = _CACHE_VARIABLE not in os.environ
 if _OWN_CACHE:
     os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="jax-attention-tests-compilation-cache-")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5" if _OWN_CACHE else "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
@@ -172,10 +176,38 @@ def highest_precision():
 @pytest.fixture(scope="session")
 def data_path():
     """The English–French corpus, found as the CLI finds it (``$JAX_ATTENTION_DATA``, then
-    ``shared/data/fra-eng.zip`` beside the checkout, then the user cache; DESIGN.md, Data)."""
+    ``shared/data/fra-eng.zip`` beside the checkout, then the user cache; docs/design.md,
+    Data)."""
     from jax_attention import data
 
     return data.find_data()
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory, data_path):
+    """The session's shared trained models (:mod:`tests.shared_runs`); at the end, each process
+    checks that no test changed the files of one it used."""
+    from tests.shared_runs import SharedRuns, shared_directory
+
+    runs = SharedRuns(shared_directory(tmp_path_factory), data_path)
+    yield runs
+    changed = runs.check_unchanged()
+    assert not changed, (f"a test changed the files of the shared runs {changed}; copy them "
+                         "first (SharedRun.copy)")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(shared_runs):
+    """``tiny_run(kind)``: the session's tiny run of a registered model kind
+    (:meth:`tests.shared_runs.SharedRuns.tiny`): export, training checkpoints, report, plots."""
+    return shared_runs.tiny
+
+
+@pytest.fixture(scope="session")
+def book_run(shared_runs):
+    """``book_run(kind)``: the session's run of a model at the book's settings, seed 0
+    (:meth:`tests.shared_runs.SharedRuns.book`): export, report, printed lines."""
+    return shared_runs.book
 
 
 # The modules that take longest (each trains models or starts subprocesses that compile whole

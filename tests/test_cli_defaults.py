@@ -3,9 +3,9 @@ a training run wrote and says which, a run says what it replaced, heatmaps named
 sentence, empty sentences refused, help texts, consistent option spellings, and
 ``scripts/benchmarks.sh --help``.
 
-One tiny training run (the sizes of tests/test_cli_translate.py, so that the compiled step is
-shared) writes ``runs/bahdanau`` and a directory of training checkpoints in a temporary folder;
-a second, shorter one replaces the model.
+Two training runs of the suite's tiny configuration (:mod:`tests.shared_runs`, so that the
+compiled steps are shared) in a temporary folder: the first writes ``runs/bahdanau`` and a
+directory of training checkpoints, a second, shorter one replaces the model.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import pytest
 
 from jax_attention.cli import build_parser, main
 from jax_attention.cli.translate import find_models, plot_name
+from tests.shared_runs import tiny_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_ARGS = ["--num-examples", "64", "--batch-size", "32", "--embed-size", "8",
-             "--num-hiddens", "8", "--num-layers", "2", "--num-steps", "6", "--seed", "5",
-             "--no-progress"]
 
 
 def _main(argv: list[str]) -> tuple[int, str, str]:
@@ -48,9 +46,9 @@ def runs(tmp_path_factory):
     before = Path.cwd()
     os.chdir(root)
     try:
-        first = _main(["train", "bahdanau", *TINY_ARGS, "--epochs", "2",
+        first = _main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=2),
                        "--checkpoint-dir", "training"])
-        second = _main(["train", "bahdanau", *TINY_ARGS, "--epochs", "1"])
+        second = _main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=1)])
     finally:
         os.chdir(before)
     assert first[0] == 0, first[2]

@@ -1,7 +1,7 @@
 """`jax-attention train transformer` and `jax-attention translate --model transformer`, in-process.
 
-One tiny training run (2 epochs on 64 pairs, a quarter held out) writes the checkpoint, the JSON
-and the plots that the other tests read.
+The session's tiny Transformer run (:func:`tests.shared_runs.tiny_run`: 80 pairs, a fifth held
+out) gives the export, the JSON and the plots that the tests read.
 """
 
 from __future__ import annotations
@@ -18,13 +18,9 @@ import pytest
 from jax_attention import decoding, transformer
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint
+from tests.shared_runs import EPOCHS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY_ARGS = ["--epochs", "2", "--num-examples", "64", "--batch-size", "32", "--num-hiddens", "8",
-             "--ffn-num-hiddens", "16", "--num-heads", "2", "--num-layers", "2", "--num-steps",
-             "6", "--val-fraction", "0.25", "--seed", "5", "--no-progress",
-             # no dropout: a quicker compile (the dropout path is tested in test_transformer.py)
-             "--dropout", "0"]
 
 
 def _run(argv):
@@ -35,19 +31,15 @@ def _run(argv):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("transformer")
-    paths = {"checkpoint": root / "ckpt", "out": root / "plots", "json": root / "run.json"}
-    status, printed = _run(["train", "transformer", *TINY_ARGS, "--checkpoint",
-                            str(paths["checkpoint"]), "--out", str(paths["out"]), "--json",
-                            str(paths["json"])])
-    assert status == 0
-    return {**paths, "printed": printed}
+def trained(tiny_run):
+    run = tiny_run("transformer")
+    return {"checkpoint": run.model, "out": run.plots, "json": run.root / "run.json",
+            "printed": run.stdout}
 
 
 def test_train_writes_checkpoint_json_and_plots(trained):
     printed = trained["printed"]
-    assert "epoch 2, loss" in printed and "tokens/sec" in printed
+    assert f"epoch {EPOCHS}, loss" in printed and "tokens/sec" in printed
     for source, _ in BOOK_PAIRS:
         assert f"{source} => " in printed
     assert printed.count(", bleu ") == 4

@@ -1,13 +1,11 @@
 """`jax-attention train bahdanau` and `jax-attention translate`, run in-process; checkpoints.
 
-One tiny training run (2 epochs on 64 pairs, the same sizes as tests/test_bahdanau.py, so that the
-compiled step is shared) writes the checkpoint, the JSON and the plots that the other tests read.
+The session's tiny Bahdanau run (:func:`tests.shared_runs.tiny_run`, trained once for every test
+that needs a trained model) gives the export, the JSON and the plots that the tests read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 
@@ -21,28 +19,22 @@ from jax_attention.bahdanau import flatten_params, translate
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint, save_checkpoint, train_bahdanau
 from tests.reproducibility import assert_same_params
+from tests.shared_runs import EPOCHS, tiny_flags, tiny_settings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY_ARGS = ["--epochs", "2", "--num-examples", "64", "--batch-size", "32", "--embed-size", "8",
-             "--num-hiddens", "8", "--num-layers", "2", "--num-steps", "6", "--seed", "5",
-             "--no-progress"]
+TINY_ARGS = tiny_flags("bahdanau")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bahdanau")
-    paths = {"checkpoint": root / "ckpt", "out": root / "plots", "json": root / "run.json"}
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        status = main(["train", "bahdanau", *TINY_ARGS, "--checkpoint", str(paths["checkpoint"]),
-                       "--out", str(paths["out"]), "--json", str(paths["json"])])
-    assert status == 0
-    return {**paths, "printed": printed.getvalue()}
+def trained(tiny_run):
+    run = tiny_run("bahdanau")
+    return {"checkpoint": run.model, "out": run.plots, "json": run.root / "run.json",
+            "printed": run.stdout}
 
 
 def test_train_writes_checkpoint_json_and_plots(trained):
     printed = trained["printed"]
-    assert "epoch 2, loss" in printed and "tokens/sec" in printed
+    assert f"epoch {EPOCHS}, loss" in printed and "tokens/sec" in printed
     for source, _ in BOOK_PAIRS:
         assert f"{source} => " in printed
     assert printed.count(", bleu ") == 4
@@ -51,7 +43,7 @@ def test_train_writes_checkpoint_json_and_plots(trained):
         "config.json", "params.npz", "src_vocab.json", "tgt_vocab.json"]
     # The atomic write leaves no temporary directory behind.
     assert sorted(p.name for p in trained["checkpoint"].parent.iterdir()) == [
-        "ckpt", "plots", "run.json"]
+        "model", "plots", "run.json", "train"]
 
     plots = {"loss": trained["out"] / "bahdanau_loss.png",
              "attention": trained["out"] / "bahdanau_attention.png"}
@@ -61,12 +53,12 @@ def test_train_writes_checkpoint_json_and_plots(trained):
 
     record = json.loads(trained["json"].read_text())
     assert record["command"] == "train bahdanau"
-    assert record["final_loss"] == record["losses"][-1] and len(record["losses"]) == 2
+    assert record["final_loss"] == record["losses"][-1] and len(record["losses"]) == EPOCHS
     assert record["tokens_per_sec"] > 0 and record["wall_time_s"] > 0
     assert [t["source"] for t in record["translations"]] == [s for s, _ in BOOK_PAIRS]
     assert [t["reference"] for t in record["translations"]] == [r for _, r in BOOK_PAIRS]
     assert all(0 <= t["bleu"] <= 1 for t in record["translations"])
-    assert record["config"]["training"]["seed"] == 5 and record["config"]["num_steps"] == 6
+    assert record["config"]["training"]["seed"] == 1 and record["config"]["num_steps"] == 6
     assert record["checkpoint"] == str(trained["checkpoint"])
     assert record["plots"] == {name: str(path) for name, path in plots.items()}
     assert {"jax", "flax", "optax", "backend"} <= set(record)
@@ -106,8 +98,7 @@ def test_translate_prints_the_translations(trained, tmp_path, capsys):
 
 def test_checkpoint_round_trip(trained, tmp_path):
     # The same run, in-process: bit-identical to the one the command saved (on CPU).
-    run = train_bahdanau(epochs=2, num_examples=64, batch_size=32, embed_size=8, num_hiddens=8,
-                         num_layers=2, num_steps=6, seed=5, progress=False, log=None)
+    run = train_bahdanau(**tiny_settings("bahdanau"))
     loaded = load_checkpoint(trained["checkpoint"])
     assert_same_params(loaded.params, run.params)
     assert loaded.src_vocab == run.src_vocab and loaded.tgt_vocab == run.tgt_vocab

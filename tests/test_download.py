@@ -1,4 +1,4 @@
-"""The download of d2l's archive when the data is found nowhere (DESIGN.md, Data; issue 17).
+"""The download of d2l's archive when the data is found nowhere (docs/design.md, Data; issue 17).
 
 Never against the internet: a local HTTP server on 127.0.0.1, in a thread of this process, serves
 the shared archive (``shared/data/fra-eng.zip``, whose SHA-1 is not d2l's: the expected URL and
@@ -31,6 +31,7 @@ from jax_attention import archive
 from jax_attention.cli import main
 from jax_attention.cli.arguments import add_data_argument, check_data_argument
 from tests.fault_support import assert_one_line, command_env, run_command
+from tests.shared_runs import EPOCHS, tiny_flags
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SHARED_ARCHIVE = CHECKOUT.parent / "shared" / "data" / "fra-eng.zip"
@@ -278,9 +279,9 @@ def clone_env(clone: Path, cache: Path, url: str) -> dict[str, str]:
     return env
 
 
-# The README's first training command (`make run`), shortened.
-README_COMMAND = ("train", "transformer", "--epochs", "2", "--num-examples", "64",
-                  "--batch-size", "32", "--no-progress")
+# The README's first training command (`make run`), at the session's tiny Transformer's size
+# (tests/shared_runs.py: its programs are in the session's compilation cache).
+README_COMMAND = ("train", "transformer", *tiny_flags("transformer"))
 
 
 def test_fresh_clone_downloads_its_data_and_trains(fresh_clone, server, tmp_path):
@@ -295,7 +296,7 @@ def test_fresh_clone_downloads_its_data_and_trains(fresh_clone, server, tmp_path
     assert hashlib.sha1(cached.read_bytes()).hexdigest() == SHARED_ARCHIVE_SHA1
     assert server.requests == 1
     assert f"downloading {server.url} (" in err and f"into {cached.parent}" in err
-    assert "Traceback" not in err and "epoch 2" in out and "bleu" in out, out
+    assert "Traceback" not in err and f"epoch {EPOCHS}" in out and "bleu" in out, out
     assert (fresh_clone / "runs" / "transformer" / "config.json").is_file()
 
 

@@ -1,44 +1,74 @@
 """Ctrl-C (SIGINT) in every phase of a command: exit 130, one line, no crash, nothing lost.
 
-Real subprocesses (``python -m jax_attention``) of a short training run are interrupted at ten
-evenly spread moments of its life — start-up, compilation, steps, checkpoint saves, the final
-translations, the export, the plots — and each must end with exit status 130 (or 0 when it had
-finished first: never a negative status, a crash), no traceback, one line saying what was kept,
-and every file on disk complete: the exported model loads, the JSON parses, the newest training
-checkpoint reads back and resuming from it finishes the run. A second Ctrl-C stops at once; the
-first is acknowledged at once, even during a compilation; ``translate`` stops the same way.
+Real subprocesses (``python -m jax_attention train bahdanau``) of the suite's tiny run
+(:func:`tests.shared_runs.run_flags`: 3 epochs of 4 steps, a training checkpoint every 2 steps,
+the export, the report and the plots) are interrupted in each phase of their life, one
+subprocess per phase: start-up, the compilation, the later steps (the last ones among them), a
+checkpoint save, the final evaluation, the export, the plots and the report. The phase is named
+through the test hook (``JAX_ATTENTION_TEST_SIGINT``, :func:`jax_attention.interrupts.phase`):
+the command presses Ctrl-C on itself as it enters that phase, so a loaded machine cannot move
+the moment. Each run must end with exit status 130, no traceback, one line saying what was kept,
+and every file on disk whole: the exported model loads, the JSON parses, the newest training
+checkpoint reads back, and resuming finishes the run as the uninterrupted tiny run ended, bit for
+bit (losses, parameters, Adam's state, dropout stream). A second Ctrl-C stops at once; the first
+is acknowledged at once, even during a real compilation; ``translate`` stops at once.
 See :mod:`jax_attention.interrupts`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jax_attention import data
 from jax_attention.checkpointing import read_training_checkpoint
-from jax_attention.cli import EXIT_INTERRUPTED
+from jax_attention.cli import EXIT_INTERRUPTED, main
 from jax_attention.export import load_model
-from tests.fault_support import finish, send_sigint, start_command, wait_for
+from jax_attention.interrupts import PHASES, TEST_SIGINT_VARIABLE
+from tests.fault_support import command_env, finish, send_sigint, start_command, wait_for
+from tests.reproducibility import assert_same_losses, assert_same_params
+from tests.shared_runs import EVERY, TOTAL_STEPS, run_flags
 
-RUN = ["--epochs", "12", "--num-examples", "128", "--batch-size", "32", "--embed-size", "8",
-       "--num-hiddens", "8", "--num-layers", "1", "--num-steps", "6", "--no-progress",
-       "--checkpoint-every", "4", "--log-every", "1", "--no-compilation-cache"]
+KIND = "bahdanau"
 
 
-def _train(root: Path, *extra: str):
-    return start_command(
-        "train", "bahdanau", "--data", str(data.find_data()), *RUN, "--checkpoint-dir",
-        str(root / "train"), "--checkpoint", str(root / "model"), "--json",
-        str(root / "run.json"), "--out", str(root / "plots"), *extra)
+def _argv(root: Path, *extra: str, plots: bool = False) -> list[str]:
+    return ["train", KIND, "--data", str(data.find_data()), *run_flags(KIND, root, plots=plots),
+            *extra]
+
+
+def _train(root: Path, *extra: str, sigint_at: str | None = None, env=None):
+    """The tiny run as a subprocess, outputs under ``root`` (plots only where the Ctrl-C comes
+    in their phase); Ctrl-C at ``sigint_at`` (the hook's ``PHASE[:N],...``)."""
+    extra_env = {} if sigint_at is None else {TEST_SIGINT_VARIABLE: sigint_at}
+    return start_command(*_argv(root, *extra, plots=sigint_at == "plots"),
+                         env=env or command_env(**extra_env))
+
+
+def _resume_in_process(root: Path) -> int:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(_argv(root, "--resume"))
+    assert status == 0, err.getvalue()
+    return status
 
 
 def _interrupted_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("jax-attention: interrupted")]
+
+
+def _steps(root: Path) -> list[int]:
+    train = root / "train"
+    return sorted(int(p.name) for p in train.iterdir() if p.name.isdigit()) \
+        if train.is_dir() else []
 
 
 def _leftovers(root: Path) -> list[Path]:
@@ -46,66 +76,118 @@ def _leftovers(root: Path) -> list[Path]:
             if p.name.endswith(".tmp") or ".orbax-checkpoint-tmp" in p.name]
 
 
-def _assert_outputs_complete(root: Path, *, temporaries: bool = False) -> None:
-    """Whatever a stopped run left is whole: nothing half-written, and (unless
-    ``temporaries``: a stop at once during a save) nothing temporary."""
+def _assert_outputs_whole(root: Path) -> None:
+    """Whatever a stopped run left is whole: nothing half-written, nothing temporary."""
     if (root / "model").exists():
-        assert load_model(root / "model").spec.name == "bahdanau"
+        assert load_model(root / "model").spec.name == KIND
     if (root / "run.json").exists():
         json.loads((root / "run.json").read_text())
-    steps = sorted(int(p.name) for p in (root / "train").iterdir() if p.name.isdigit()) \
-        if (root / "train").is_dir() else []
-    if steps:
+    if _steps(root):
         _, progress = read_training_checkpoint(root / "train")
-        assert progress["step"] == steps[-1]
-    assert temporaries or not _leftovers(root), _leftovers(root)
+        assert progress["step"] == _steps(root)[-1]
+    assert not _leftovers(root), _leftovers(root)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> float:
-    """The seconds of the whole run, start to exit, uninterrupted."""
-    root = tmp_path_factory.mktemp("whole")
-    start = time.monotonic()
-    status, _, err = finish(_train(root))
-    assert status == 0, err
-    return time.monotonic() - start
+def _assert_ends_as_the_reference(root: Path, reference) -> None:
+    """The run in ``root`` ended as the uninterrupted tiny run did, bit for bit."""
+    figures = json.loads((root / "run.json").read_text())
+    assert_same_losses(figures["losses"], reference.record["losses"])
+    arrays, progress = read_training_checkpoint(root / "train")
+    expected, _ = read_training_checkpoint(reference.train)
+    assert progress["step"] == TOTAL_STEPS
+    assert sorted(arrays) == sorted(expected)
+    assert_same_params(arrays, expected)
+    with np.load(root / "model" / "params.npz") as got, \
+            np.load(reference.model / "params.npz") as want:
+        assert_same_params(dict(got), dict(want))
 
 
-@pytest.mark.parametrize("tenth", range(10))
-def test_ctrl_c_at_ten_moments_exits_130_with_one_line_and_whole_files(uninterrupted, tmp_path,
-                                                                      tenth):
-    process = _train(tmp_path)
-    time.sleep(uninterrupted * (tenth + 0.5) / 10)
-    running = process.poll() is None
-    if running:
-        send_sigint(process)
-    status, out, err = finish(process)
-    assert status >= 0, err  # never a crash (a negative status is a signal)
+def _resume_line(root: Path, phase: str | None = None) -> str:
+    return f"resume with: jax-attention {' '.join(_argv(root, plots=phase == 'plots'))} --resume"
+
+
+# What each phase's stop says, and what is on disk after it: the training checkpoint the line
+# names (None: none), whether the export and the report were written. ``{train}`` is the run's
+# checkpoint directory.
+STOPS = {
+    "startup": ("interrupted (Ctrl-C) while starting; nothing was done", None, False, False),
+    # The compiled call under way finishes (its steps are done), then a checkpoint is saved.
+    "compile": (f"interrupted (Ctrl-C) after step {EVERY} of {TOTAL_STEPS} (next: epoch 1, "
+                f"batch 3 of 4); saved training checkpoint {EVERY} in {{train}}", EVERY,
+                False, False),
+    "steps:2": ("interrupted (Ctrl-C) after step 6 of 12 (next: epoch 2, batch 3 of 4); saved "
+                "training checkpoint 6 in {train}", 6, False, False),
+    # The last call: the model is exported, the evaluation skipped.
+    "steps:5": ("interrupted (Ctrl-C) after training; all 12 steps done; training checkpoint "
+                "12 in {train} holds them; the trained model was written to {model}; the "
+                "translations and the held-out evaluation were skipped", TOTAL_STEPS, True,
+                False),
+    # The save under way completes; the stop comes before the next call.
+    "save": (f"interrupted (Ctrl-C) after step {EVERY} of {TOTAL_STEPS} (next: epoch 1, batch "
+             f"3 of 4); saved training checkpoint {EVERY} in {{train}}", EVERY, False, False),
+    "evaluation": ("interrupted (Ctrl-C) after the run; the trained model is in {model}; plots "
+                   "and --json not written", TOTAL_STEPS, True, False),
+    "export": ("interrupted (Ctrl-C) after the run; the trained model is in {model}; plots and "
+               "--json not written", TOTAL_STEPS, True, False),
+    "plots": ("interrupted (Ctrl-C) as the command ended; it had finished, its outputs are "
+              "written", TOTAL_STEPS, True, True),
+    "report": ("interrupted (Ctrl-C) as the command ended; it had finished, its outputs are "
+               "written", TOTAL_STEPS, True, True),
+}
+
+
+def test_every_phase_is_interrupted_here():
+    assert {entry.split(":")[0] for entry in STOPS} == set(PHASES)
+
+
+@pytest.mark.parametrize("phase", list(STOPS))
+def test_ctrl_c_in_each_phase_exits_130_with_one_line_and_resumes_to_the_same_end(
+        phase, tmp_path, tiny_run):
+    reference = tiny_run(KIND)
+    status, _, err = finish(_train(tmp_path, sigint_at=phase))
     assert "Traceback" not in err, err
-    _assert_outputs_complete(tmp_path)
-    if not running or status == 0:
-        # It had finished; or the Ctrl-C came as the interpreter shut down, when it is ignored.
-        assert status == 0 and not _interrupted_lines(err), err
-        assert json.loads((tmp_path / "run.json").read_text())["checkpoint"]
-        return
     assert status == EXIT_INTERRUPTED, err
     lines = _interrupted_lines(err)
     assert len(lines) == 1, err
-    line = lines[0]
-    if "had finished" in line:  # the Ctrl-C came after its last output, and it says so
-        assert json.loads((tmp_path / "run.json").read_text())["checkpoint"]
+    line, step, exported, reported = STOPS[phase]
+    line = "jax-attention: " + line.format(train=tmp_path / "train", model=tmp_path / "model")
+    if step is not None and step < TOTAL_STEPS or phase == "steps:5":
+        line += f"; {_resume_line(tmp_path)}"
+    assert lines[0] == line
+    assert "Ctrl-C: stopping after the current training steps and saving a training " \
+           "checkpoint" in err or phase == "startup", err
+    _assert_outputs_whole(tmp_path)
+    assert (_steps(tmp_path) or [None])[-1] == step
+    assert (tmp_path / "model").is_dir() == exported
+    assert (tmp_path / "run.json").is_file() == reported
+    assert (tmp_path / "plots").is_dir() == (phase == "plots")
+    if phase == "startup":
+        assert list(tmp_path.iterdir()) == []  # nothing was done
         return
-    steps = sorted(int(p.name) for p in (tmp_path / "train").iterdir() if p.name.isdigit()) \
-        if (tmp_path / "train").is_dir() else []
-    if steps:  # the line names the newest checkpoint and how to resume
-        assert f"training checkpoint {steps[-1]} in {tmp_path / 'train'}" in line, line
-        assert line.endswith("--resume"), line
-        resumed, _, resumed_err = finish(_train(tmp_path, "--resume"))
-        assert resumed == 0, resumed_err
-        assert json.loads((tmp_path / "run.json").read_text())["num_bleu_1"] >= 0
-    else:
-        assert any(words in line for words in ("no training checkpoint", "while starting",
-                                                "before the first training step")), line
+    if reported:
+        assert json.loads((tmp_path / "run.json").read_text())["checkpoint"] == \
+            str(tmp_path / "model")
+        _assert_ends_as_the_reference(tmp_path, reference)
+        return
+    _resume_in_process(tmp_path)
+    _assert_outputs_whole(tmp_path)
+    _assert_ends_as_the_reference(tmp_path, reference)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_names_what_is_on_disk(tmp_path, tiny_run):
+    """Two Ctrl-Cs as the second checkpoint save starts: the first asks for a stop, the second
+    stops at once, before that save; the line names the newest checkpoint on disk."""
+    status, _, err = finish(_train(tmp_path, sigint_at="save:2,save:2"))
+    assert status == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    stops = _interrupted_lines(err)
+    assert stops == [f"jax-attention: interrupted (Ctrl-C), stopped at once; training "
+                     f"checkpoint {EVERY} in {tmp_path / 'train'} is the newest; "
+                     f"{_resume_line(tmp_path)}"], err
+    assert _steps(tmp_path) == [EVERY]
+    _assert_outputs_whole(tmp_path)
+    _resume_in_process(tmp_path)
+    _assert_ends_as_the_reference(tmp_path, tiny_run(KIND))
 
 
 def _stderr_lines(process, *, stdout: list | None = None
@@ -140,12 +222,14 @@ def _stderr_lines(process, *, stdout: list | None = None
 
 
 def test_the_first_ctrl_c_is_acknowledged_at_once_even_while_compiling(tmp_path):
-    process = _train(tmp_path)
+    """A real compilation (no compilation cache: seconds of XLA in one C++ call) and a real
+    SIGINT from outside, 0.3 s into it: acknowledged within a second, not once XLA returns."""
+    env = {key: value for key, value in command_env().items()
+           if key != "JAX_COMPILATION_CACHE_DIR"}
+    process = _train(tmp_path, env=env)
     stdout: list[tuple[float, str]] = []
     lines, reader = _stderr_lines(process, stdout=stdout)
-    # Into the first compilation (seconds of XLA): once the run says it compiles, not after a
-    # fixed delay, which a loaded machine's start-up can outlast (the Ctrl-C then lands before
-    # the command's handler, which is another test's case).
+    # Into the first compilation: once the run says it compiles, not after a fixed delay.
     wait_for(lambda: any(line.startswith("compiling the training step") for _, line in stdout),
              process, 120, "the compilation")
     time.sleep(0.3)
@@ -163,71 +247,13 @@ def test_the_first_ctrl_c_is_acknowledged_at_once_even_while_compiling(tmp_path)
     assert len(_interrupted_lines(text)) == 1, text
 
 
-def _train_to_a_first_checkpoint(root: Path):
-    """A run started and waited for until its first training checkpoint is on disk:
-    ``(process, its stderr lines as they come, their reader thread)``."""
-    process = _train(root)
-    lines, reader = _stderr_lines(process)
-    wait_for(lambda: (root / "train").is_dir()
-             and any(p.name.isdigit() for p in (root / "train").iterdir()), process,
-             what="a first training checkpoint")
-    return process, lines, reader
-
-
-def test_a_second_ctrl_c_stops_at_once_and_names_what_is_on_disk(tmp_path):
-    process, lines, reader = _train_to_a_first_checkpoint(tmp_path)
-    send_sigint(process)
-    time.sleep(0.1)
-    send_sigint(process)
-    process.wait(timeout=60)
-    reader.join(timeout=10)
-    text = "\n".join(line for _, line in lines)
-    assert process.returncode == EXIT_INTERRUPTED, text
-    assert "Traceback" not in text
-    stops = _interrupted_lines(text)
-    assert len(stops) == 1, text
-    newest = max(int(p.name) for p in (tmp_path / "train").iterdir() if p.name.isdigit())
-    if "stopped at once" in stops[0]:
-        assert f"training checkpoint {newest} in {tmp_path / 'train'}" in stops[0], stops[0]
-    assert "--resume" in stops[0]
-    # A stop at once in the middle of a save leaves Orbax's temporary directory, never a step;
-    # the resumed run removes it and finishes.
-    _assert_outputs_complete(tmp_path, temporaries=True)
-    resumed, _, err = finish(_train(tmp_path, "--resume"))
-    assert resumed == 0, err
-    _assert_outputs_complete(tmp_path)
-
-
-def test_ctrl_c_stops_translate_with_one_line(tmp_path):
-    trained, _, err = finish(_train(tmp_path))
-    assert trained == 0, err
-    process = start_command("translate", "--checkpoint", str(tmp_path / "model"), "go .",
-                            "i lost .", "--no-compilation-cache", "--json",
-                            str(tmp_path / "translations.json"))
-    time.sleep(1.5)
-    running = process.poll() is None
-    if running:
-        send_sigint(process)
-    status, _, err = finish(process)
-    assert "Traceback" not in err
-    if running:
-        assert status == EXIT_INTERRUPTED, err
-        assert len(_interrupted_lines(err)) == 1, err
-    else:
-        assert status == 0, err
-    if (tmp_path / "translations.json").exists():
-        json.loads((tmp_path / "translations.json").read_text())
-
-
 def test_a_ctrl_c_after_the_stop_line_adds_no_second_line(tmp_path):
     """The first Ctrl-C stops the run; another one, sent as soon as the stop line is out, is
     ignored: one interrupted line, status 130 (it once printed a second, wrong line)."""
-    process, lines, reader = _train_to_a_first_checkpoint(tmp_path)
-    send_sigint(process)
-    deadline = time.monotonic() + 60
-    while (not any(line.startswith("jax-attention: interrupted") for _, line in lines)
-           and process.poll() is None and time.monotonic() < deadline):
-        time.sleep(0.001)
+    process = _train(tmp_path, sigint_at="steps:1")
+    lines, reader = _stderr_lines(process)
+    wait_for(lambda: any(line.startswith("jax-attention: interrupted") for _, line in lines)
+             or process.poll() is not None, process, 120, "the stop line")
     if process.poll() is None:
         send_sigint(process)
     process.wait(timeout=60)
@@ -236,3 +262,29 @@ def test_a_ctrl_c_after_the_stop_line_adds_no_second_line(tmp_path):
     assert process.returncode == EXIT_INTERRUPTED, text
     stops = _interrupted_lines(text)
     assert len(stops) == 1 and "--resume" in stops[0], text
+
+
+@pytest.mark.parametrize("phase", ["evaluation", "plots"])
+def test_ctrl_c_stops_translate_at_once_with_one_line(phase, tmp_path, tiny_run):
+    model = tiny_run(KIND).model
+    process = start_command(
+        "translate", "--checkpoint", str(model), "go .", "i lost .", "--json",
+        str(tmp_path / "translations.json"), "--out", str(tmp_path / "heatmaps"),
+        env=command_env(**{TEST_SIGINT_VARIABLE: phase}))
+    status, out, err = finish(process)
+    assert "Traceback" not in err
+    assert status == EXIT_INTERRUPTED, err
+    assert _interrupted_lines(err) == ["jax-attention: interrupted (Ctrl-C), stopped"], err
+    assert not (tmp_path / "translations.json").exists()
+    assert (" => " in out) == (phase == "plots")  # the translations were printed first
+
+
+def test_an_unknown_phase_in_the_hook_is_an_error(monkeypatch):
+    from jax_attention import interrupts
+
+    monkeypatch.setenv(TEST_SIGINT_VARIABLE, "compiling")
+    with pytest.raises(ValueError, match="'compiling' is not PHASE"):
+        interrupts.phase("compile")
+    monkeypatch.delenv(TEST_SIGINT_VARIABLE)
+    interrupts.phase("compile")  # unset: nothing
+    assert os.environ.get(TEST_SIGINT_VARIABLE) is None

@@ -7,7 +7,6 @@ of the user's changed (:mod:`jax_attention.checkpointing` has the library-level 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import zipfile
@@ -19,15 +18,15 @@ from jax_attention import data
 from jax_attention.cli import EXIT_BUSY, EXIT_WRITE_FAILED
 from tests.fault_support import (assert_one_line, finish, full_dir, run_command, start_command,
                                  tree_snapshot, wait_for)
+from tests.shared_runs import EPOCHS, STEPS_PER_EPOCH, run_flags
 
-TINY = ["--num-examples", "64", "--batch-size", "32", "--embed-size", "8", "--num-hiddens", "8",
-        "--num-layers", "1", "--num-steps", "6", "--no-progress", "--no-compilation-cache"]
+KIND = "bahdanau"
 
 
-def _train(root: Path, *extra: str, data_path: Path | None = None, epochs: int = 2):
-    return ["train", "bahdanau", "--data", str(data_path or data.find_data()), *TINY,
-            "--epochs", str(epochs), "--checkpoint-dir", str(root / "train"), "--checkpoint",
-            str(root / "model"), *extra]
+def _train(root: Path, *extra: str, data_path: Path | None = None, epochs: int = EPOCHS):
+    """The session's tiny run (tests/shared_runs.py) into ``root``, without plots."""
+    return ["train", KIND, "--data", str(data_path or data.find_data()),
+            *run_flags(KIND, root, epochs=epochs, plots=False), *extra]
 
 
 def _steps(directory: Path) -> list[int]:
@@ -62,30 +61,23 @@ def test_a_second_run_on_one_checkpoint_directory_is_refused_then_takes_over_a_d
     assert line.startswith("jax-attention train bahdanau: error: ")
     first.send_signal(signal.SIGKILL)  # its lock dies with it
     finish(first)
-    epochs = _steps(tmp_path / "train")[-1] // 2 + 1  # 2 steps an epoch: one more epoch
+    epochs = _steps(tmp_path / "train")[-1] // STEPS_PER_EPOCH + 1  # one more epoch
     status, out, err = run_command(*_train(tmp_path, "--resume", epochs=epochs))
     assert status == 0, err
     assert "resumed from training checkpoint" in out
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A finished 2-epoch run with its training checkpoints."""
-    root = tmp_path_factory.mktemp("finished")
-    status, _, err = run_command(*_train(root))
-    assert status == 0, err
-    return root
-
-
-def _copy(run: Path, tmp_path: Path) -> Path:
-    shutil.copytree(run, tmp_path / "run")
-    return tmp_path / "run"
+@pytest.fixture
+def finished_run(tiny_run, tmp_path) -> Path:
+    """A copy of the session's finished tiny run (:data:`EPOCHS` epochs, training checkpoints
+    every 2 steps), which the test may change."""
+    return tiny_run(KIND).copy(tmp_path / "run")
 
 
 def test_resuming_on_other_data_is_refused_naming_the_data(finished_run, tmp_path):
-    root = _copy(finished_run, tmp_path)
+    root = finished_run
     before = tree_snapshot(root)
-    status, _, err = run_command(*_train(root, "--resume", epochs=3,
+    status, _, err = run_command(*_train(root, "--resume", epochs=EPOCHS + 1,
                                          data_path=_fra_txt(tmp_path, change=True)))
     assert status == 2, err
     assert "Traceback" not in err
@@ -94,16 +86,19 @@ def test_resuming_on_other_data_is_refused_naming_the_data(finished_run, tmp_pat
 
 
 def test_more_examples_than_the_file_holds_is_one_warning_and_the_real_count_recorded(tmp_path):
-    small = _fra_txt(tmp_path, lines=100)
-    argv = _train(tmp_path, "--json", str(tmp_path / "run.json"), epochs=1, data_path=small)
+    # The file holds the tiny run's pairs (its first --num-examples lines): the run trains on
+    # them, as the tiny run does, with its compiled programs.
+    argv = _train(tmp_path, epochs=1)
+    lines = int(argv[argv.index("--num-examples") + 1])
+    argv[argv.index("--data") + 1] = str(_fra_txt(tmp_path, lines=lines))
     argv[argv.index("--num-examples") + 1] = "600"
     status, _, err = run_command(*argv)
     assert status == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("jax-attention: warning")]
     assert len(warnings) == 1 and "num_examples=600 asked for" in warnings[0], err
-    assert "using 100" in warnings[0]
+    assert f"using {lines}" in warnings[0]
     record = json.loads((tmp_path / "run.json").read_text())
-    assert record["config"]["data"]["num_pairs"] == 100
+    assert record["config"]["data"]["num_pairs"] == lines
 
 
 def test_a_batch_larger_than_the_data_is_a_usage_error_not_an_allocation(tmp_path):
@@ -126,13 +121,13 @@ def test_a_full_checkpoint_directory_stops_with_one_line_and_status_4(tmp_path):
         assert not (full / "train").is_dir() or not _steps(full / "train")
 
 
-def test_a_folder_of_the_users_named_like_a_step_is_never_touched(finished_run, tmp_path):
-    root = _copy(finished_run, tmp_path)
+def test_a_folder_of_the_users_named_like_a_step_is_never_touched(finished_run):
+    root = finished_run
     (root / "train" / "3").mkdir()
     (root / "train" / "3" / "a.txt").write_text("mine\n")
     before = tree_snapshot(root)
     for extra in ((), ("--resume",)):
-        status, _, err = run_command(*_train(root, *extra, epochs=4))
+        status, _, err = run_command(*_train(root, *extra, epochs=EPOCHS + 1))
         assert status == 2, err
         assert_one_line(err, "3/", "not training checkpoints", "nothing was changed")
         assert tree_snapshot(root) == before
@@ -144,13 +139,12 @@ def _damage(step_dir: Path) -> None:
             path.write_bytes(b"\0" * path.stat().st_size)
 
 
-def test_damaged_checkpoints_are_reported_in_one_line_each_without_orbax_noise(finished_run,
-                                                                               tmp_path):
-    root = _copy(finished_run, tmp_path)
+def test_damaged_checkpoints_are_reported_in_one_line_each_without_orbax_noise(finished_run):
+    root = finished_run
     steps = _steps(root / "train")
     for step in steps:
         _damage(root / "train" / str(step))
-    status, _, err = run_command(*_train(root, "--resume", epochs=3))
+    status, _, err = run_command(*_train(root, "--resume", epochs=EPOCHS + 1))
     assert status == 2, err
     assert "Traceback" not in err and "Event loop is closed" not in err, err
     assert "no readable training checkpoint" in err

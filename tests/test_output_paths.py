@@ -22,10 +22,7 @@ from jax_attention.cli import EXIT_WRITE_FAILED, main
 from jax_attention.export import load_model
 from tests.fault_support import (assert_one_line, command_env, fill, full_dir, read_only_dir,
                                  run_command, tree_snapshot)
-
-TINY = ["--epochs", "2", "--num-examples", "64", "--batch-size", "32", "--embed-size", "8",
-        "--num-hiddens", "8", "--num-layers", "1", "--num-steps", "6", "--no-progress",
-        "--no-compilation-cache"]
+from tests.shared_runs import tiny_flags
 
 
 def _cli(*argv) -> tuple[int, str, str, float]:
@@ -41,7 +38,8 @@ def _cli(*argv) -> tuple[int, str, str, float]:
 
 
 def _train(*argv) -> list[str]:
-    return ["train", "bahdanau", "--data", str(data.find_data()), *TINY, *argv]
+    """The session's tiny Bahdanau run (tests/shared_runs.py) with ``argv``'s outputs."""
+    return ["train", "bahdanau", "--data", str(data.find_data()), *tiny_flags("bahdanau"), *argv]
 
 
 @pytest.fixture

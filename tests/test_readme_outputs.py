@@ -1,17 +1,20 @@
 """Every output block the README shows comes from running its command here and comparing, so
 that it cannot go stale: the book runs of both models (seed 0: the loss and the four
-translations) and the conformance report of the README's own ``my_attention.py``. The report
+translations; the session's shared book runs, which the pinned losses read too) and the
+conformance report of the README's own ``my_attention.py``. The report
 against PyTorch is checked in tests/crossframework/test_readme_outputs_torch.py.
 
 Lines that describe the machine rather than the command's result (library versions, Python,
 NumPy, the CPU threads of PyTorch) are left out of the comparison: they differ between machines
-and say nothing about the outputs.
+and say nothing about the outputs. So are the rounding-level digits of a conformance row's errors
+(a float64 error of 1e-16 moves with the CPU, the BLAS kernel it picks and the threads): a row is
+compared by its case, function, implementation, tolerance and status — the status is the
+command's verdict that every entry is within the tolerance — and its two errors only as finite,
+non-negative numbers below what the tolerance allows at most (:func:`comparable`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import subprocess
 import sys
@@ -19,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_attention import data
-from jax_attention.cli import main
+from tests.shared_runs import readme_seed_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -42,9 +44,33 @@ def block_after(phrase: str) -> str:
     return re.search(r"```text\n(.*?)```", text[start:], flags=re.S).group(1)
 
 
+#: A conformance report's row: case, function, implementation, the two errors, tolerance, status.
+_ROW = re.compile(r"(?P<what>\S+ +\S+ +\S+) +(?P<abs>\S+) +(?P<rel>\S+) +"
+                  r"(?P<tolerance>rtol (?P<rtol>\S+) atol (?P<atol>\S+)) +(?P<status>\S.*)")
+
+
 def comparable(block: str) -> list[str]:
-    return [line.rstrip() for line in block.strip("\n").splitlines()
-            if not line.startswith(MACHINE_LINES)]
+    """``block``'s lines without the machine lines, each conformance row as ``what | tolerance |
+    status``: its errors checked here instead, as finite and non-negative (``-`` for ``n/a``),
+    and (a ``PASS``) as small as its tolerance allows — the absolute error at most ``atol +
+    rtol`` times the largest reference entry, which the cases keep below 100."""
+    lines = []
+    for line in block.strip("\n").splitlines():
+        if line.startswith(MACHINE_LINES):
+            continue
+        row = _ROW.fullmatch(line.rstrip())
+        if row is None:
+            lines.append(line.rstrip())
+            continue
+        if row["status"].startswith("n/a"):  # not run: no errors
+            assert (row["abs"], row["rel"]) == ("-", "-"), line
+        else:
+            errors = float(row["abs"]), float(row["rel"])
+            assert all(0 <= error < float("inf") for error in errors), line
+            if row["status"].startswith("PASS"):
+                assert errors[0] <= float(row["atol"]) + 100 * float(row["rtol"]), line
+        lines.append(f"{' '.join(row['what'].split())} | {row['tolerance']} | {row['status']}")
+    return lines
 
 
 def test_every_text_block_is_checked_by_a_test():
@@ -57,19 +83,25 @@ def test_every_text_block_is_checked_by_a_test():
 
 
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
-def test_the_book_runs_print_what_the_readme_shows(model, tmp_path):
+def test_the_book_runs_print_what_the_readme_shows(model, book_run):
+    """The session's book run of ``model`` (the README's command, seed 0;
+    :meth:`tests.shared_runs.SharedRuns.book`) prints the README's loss and sentences."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index(f"jax-attention train {model} --out plots/"):]
     loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`", section).group(1)
     expected = block_after(f"jax-attention train {model} --out plots/").strip().splitlines()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        status = main(["train", model, "--data", str(data.find_data()), "--no-progress",
-                       "--checkpoint", str(tmp_path / "model")])
-    assert status == 0
-    printed = out.getvalue().splitlines()
+    printed = book_run(model).stdout.splitlines()
     assert any(line.startswith(f"loss {loss} ") for line in printed), printed
     assert [line for line in printed if " => " in line] == expected
+
+
+@pytest.mark.parametrize("model", ["bahdanau", "transformer"])
+def test_the_readme_figures_over_seeds_add_up(model):
+    """The README's "Over seeds 0–5 ... N of these 24 (seed by seed: ...)": six figures that sum
+    to N (each seed's figure is checked by the model's test module: seed 0 on the shared book
+    run, seeds 1–5 in the slow set, tests/test_bahdanau.py and tests/test_transformer.py)."""
+    total, counts = readme_seed_counts(model)
+    assert len(counts) == 6 and sum(counts) == total and all(0 <= c <= 4 for c in counts)
 
 
 def test_the_conformance_report_of_my_attention_is_what_the_readme_shows(tmp_path):

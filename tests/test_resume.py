@@ -1,12 +1,13 @@
-"""Training that survives a kill: training checkpoints, ``--resume``, SIGINT, non-finite steps.
+"""Training that survives a kill: training checkpoints, ``--resume``, damaged checkpoints,
+non-finite steps.
 
-One tiny Bahdanau run (embed/hidden 8, one GRU layer, 64 pairs in batches of 16: 4 steps an
-epoch, 6 epochs) trained without a stop, in-process, with a training checkpoint every 2 steps, is
-the reference. Real subprocesses (``python -m jax_attention train bahdanau``) are killed with
-SIGKILL, or interrupted with SIGINT, once their first checkpoint is on disk; resuming them
-in-process (same compiled steps as the reference) must end with the reference's losses and final
-state (parameters, Adam's moments and count, dropout stream) bit for bit on CPU
-(:mod:`tests.reproducibility`).
+The suite's tiny Bahdanau run (:func:`tests.shared_runs.tiny_run`: 3 epochs of 4 steps, a
+training checkpoint every 2 steps), trained without a stop, is the reference. A real subprocess
+(``python -m jax_attention train bahdanau``) is killed with SIGKILL once its first checkpoint is
+on disk; resuming it in-process (the same compiled steps as the reference) must end with the
+reference's losses and final state (parameters, Adam's moments and count, dropout stream) bit for
+bit on CPU (:mod:`tests.reproducibility`). Ctrl-C in every phase, then ``--resume``, is
+tests/test_interrupts.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -35,19 +35,17 @@ from jax_attention.train import loop, seq2seq
 from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
 from jax_attention.checkpointing import (CheckpointMismatchError, CorruptCheckpointWarning,
                                          TrainingCheckpoints, read_training_checkpoint)
-from jax_attention.cli import EXIT_INTERRUPTED, EXIT_NONFINITE, main
+from jax_attention.cli import EXIT_NONFINITE, main
 from jax_attention.data import load_data_nmt
 from jax_attention.params import flatten_params
+from tests.fault_support import start_command
 from tests.reproducibility import assert_same_losses, assert_same_params
+from tests.shared_runs import (EPOCHS, EVERY, STEPS_PER_EPOCH, TOTAL_STEPS, run_flags, tiny_flags,
+                               tiny_settings)
 
-EPOCHS, STEPS_PER_EPOCH, EVERY = 6, 4, 2
-TOTAL = EPOCHS * STEPS_PER_EPOCH
-SIZES = {"embed_size": 8, "num_hiddens": 8, "num_layers": 1, "num_steps": 6, "batch_size": 16,
-         "num_examples": 64, "seed": 1}
-TINY = {**SIZES, "epochs": EPOCHS, "progress": False, "log": None}
-TINY_ARGS = ["--epochs", str(EPOCHS), "--num-examples", "64", "--batch-size", "16",
-             "--embed-size", "8", "--num-hiddens", "8", "--num-layers", "1", "--num-steps", "6",
-             "--seed", "1", "--no-progress", "--checkpoint-every", str(EVERY)]
+TOTAL = TOTAL_STEPS
+TINY = tiny_settings("bahdanau")
+TINY_ARGS = [*tiny_flags("bahdanau"), "--checkpoint-every", str(EVERY)]
 
 
 def _cli(*argv) -> tuple[int, str, str]:
@@ -62,8 +60,7 @@ def _cli(*argv) -> tuple[int, str, str]:
 
 
 def _run_args(root: Path) -> list[str]:
-    return [*TINY_ARGS, "--checkpoint-dir", str(root / "train"), "--checkpoint",
-            str(root / "model"), "--json", str(root / "run.json")]
+    return run_flags("bahdanau", root, plots=False)
 
 
 def _assert_same_arrays(got: dict, expected: dict) -> None:
@@ -72,14 +69,12 @@ def _assert_same_arrays(got: dict, expected: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run: JSON figures and the final training checkpoint."""
-    root = tmp_path_factory.mktemp("reference")
-    status, _, err = _cli(*_run_args(root))
-    assert status == 0, err
-    arrays, progress = read_training_checkpoint(root / "train")
-    return {"root": root, "json": json.loads((root / "run.json").read_text()),
-            "arrays": arrays, "progress": progress}
+def reference(tiny_run):
+    """The uninterrupted run (the shared tiny run): JSON figures and the final training
+    checkpoint."""
+    run = tiny_run("bahdanau")
+    arrays, progress = read_training_checkpoint(run.train)
+    return {"root": run.root, "json": run.record, "arrays": arrays, "progress": progress}
 
 
 def _assert_matches_reference(root: Path, reference) -> dict:
@@ -97,7 +92,8 @@ def test_reference_run_writes_the_last_checkpoints(reference):
     steps = sorted(int(p.name) for p in (root / "train").iterdir() if p.name.isdigit())
     assert steps == [TOTAL - 2 * EVERY, TOTAL - EVERY, TOTAL]  # --keep 3 (the default)
     progress = reference["progress"]
-    assert (progress["epoch"], progress["batch"], progress["steps_per_epoch"]) == (EPOCHS, 0, 4)
+    assert (progress["epoch"], progress["batch"], progress["steps_per_epoch"]) == (
+        EPOCHS, 0, STEPS_PER_EPOCH)
     assert progress["config"]["training"]["seed"] == 1 and progress["skipped_steps"] == 0
     assert len(progress["losses"]) == EPOCHS and reference["json"]["skipped_steps"] == 0
     # The Adam count and the dropout stream advanced once per step.
@@ -135,35 +131,12 @@ def _wait_for_a_checkpoint(process: subprocess.Popen, directory: Path, timeout: 
     pytest.fail(f"no checkpoint in {directory} after {timeout} s")
 
 
-# `python -m jax_attention`, with Python's SIGINT handler put back first: a test runner started
-# in the background passes on an ignored SIGINT, which the trainer (like Python) leaves ignored.
-# (Popen's preexec_fn would do it in the child, but forks a multithreaded JAX process.)
-_MAIN = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "runpy.run_module('jax_attention', run_name='__main__', alter_sys=True)")
+def _start(root: Path):
+    return start_command("train", "bahdanau", "--data", str(data.find_data()), *_run_args(root))
 
 
-@pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory) -> Path:
-    """A persistent compilation cache shared by this module's subprocesses: the second one loads
-    the first one's compiled steps (the same executable, so the same numbers)."""
-    return tmp_path_factory.mktemp("jax-cache")
-
-
-def _start(root: Path, cache: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", _MAIN, "train", "bahdanau", "--data", str(data.find_data()),
-         *_run_args(root)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # The reference's settings (tests/conftest.py); the parent may hold most of a GPU.
-        env={**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
-             "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_COMPILATION_CACHE_DIR": str(cache),
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
-
-
-def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(reference, tmp_path,
-                                                                  compilation_cache):
-    process = _start(tmp_path, compilation_cache)
+def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(reference, tmp_path):
+    process = _start(tmp_path)
     _wait_for_a_checkpoint(process, tmp_path / "train")
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
@@ -182,24 +155,6 @@ def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(reference, tmp
         assert_same_params(dict(got), dict(expected))
     # A kill during a save would have left a temporary directory: resuming removes it.
     assert all(p.name.isdigit() for p in (tmp_path / "train").iterdir())
-
-
-def test_sigint_saves_exits_130_and_resume_equals_the_uninterrupted_run(reference, tmp_path,
-                                                                       compilation_cache):
-    process = _start(tmp_path, compilation_cache)
-    _wait_for_a_checkpoint(process, tmp_path / "train")
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == EXIT_INTERRUPTED == 130, stderr
-    assert "Traceback" not in stderr
-    saved = max(int(p.name) for p in (tmp_path / "train").iterdir() if p.name.isdigit())
-    assert f"interrupted (Ctrl-C) after step {saved} " in stderr
-    assert f"saved training checkpoint {saved} in {tmp_path / 'train'}" in stderr
-    assert "--resume" in stderr and saved < TOTAL
-
-    status, _, err = _cli(*_run_args(tmp_path), "--resume")
-    assert status == 0, err
-    assert _assert_matches_reference(tmp_path, reference)["resumed_from_step"] == saved
 
 
 def _copy_run(reference, tmp_path: Path) -> Path:
@@ -276,7 +231,8 @@ def test_resuming_another_configuration_names_every_difference(reference, tmp_pa
 
 def test_a_checkpoint_of_another_structure_is_refused_by_path(reference, tmp_path):
     """Same settings, arrays that do not fit: refused, naming the paths (never a partial load)."""
-    nmt = load_data_nmt(16, 6, 64, seed=1)
+    nmt = load_data_nmt(TINY["batch_size"], TINY["num_steps"], TINY["num_examples"], seed=1,
+                        val_fraction=TINY["val_fraction"])
     model = BahdanauSeq2Seq(len(nmt.src_vocab), len(nmt.tgt_vocab), 8, 8, 2, 0.1,
                             rngs=nnx.Rngs(0))
     _, state = nnx.split((model, nnx.Optimizer(model, loop.clipped_adam(0.005),
@@ -306,8 +262,10 @@ def test_resume_with_more_epochs_extends_the_run(reference, tmp_path):
     assert longer.resumed_from_step == TOTAL
     assert_same_losses(longer.losses[:EPOCHS], reference["json"]["losses"])
     assert len(longer.losses) == EPOCHS + 1 and np.isfinite(longer.losses[-1])
-    with pytest.raises(ValueError, match=r"epochs = 5 \(20 steps\) is fewer than the 28 steps"):
-        train.train_bahdanau(**{**TINY, "epochs": 5}, checkpoint_dir=directory, resume=True)
+    fewer = EPOCHS - 1
+    with pytest.raises(ValueError, match=rf"epochs = {fewer} \({fewer * STEPS_PER_EPOCH} steps\) "
+                                         rf"is fewer than the {TOTAL + STEPS_PER_EPOCH} steps"):
+        train.train_bahdanau(**{**TINY, "epochs": fewer}, checkpoint_dir=directory, resume=True)
 
 
 # --------------------------------------------------------------------------- non-finite steps
@@ -360,7 +318,9 @@ def test_a_non_finite_step_stops_training_and_keeps_the_last_good_checkpoint(tmp
 def _setup(lr: float = 0.005):
     """``(nmt, graphdef, state)`` of ``train_bahdanau(**TINY, lr=lr)`` before its first step."""
     spec = MODELS["bahdanau"]
-    model_settings, train_settings, _ = spec.split_settings(SIZES)
+    sizes = {name: value for name, value in TINY.items()
+             if name not in ("epochs", "progress", "log")}
+    model_settings, train_settings, _ = spec.split_settings(sizes)
     nmt, _, model, optimizer = seq2seq.setup(
         spec, spec.model_config(**model_settings, dropout=0.1),
         spec.train_config(**train_settings, lr=lr))
@@ -458,17 +418,17 @@ def test_training_rejects_bad_long_run_arguments(kwargs, message):
             trainer(**kwargs)
 
 
-@pytest.mark.slow
-def test_the_transformer_resumes_mid_epoch_bit_for_bit(tmp_path):
+def test_the_transformer_resumes_mid_epoch_bit_for_bit(tmp_path, tiny_run):
     """``train_transformer`` shares the machinery: interrupted by SIGINT (sent in-process from its
-    log callback after epoch 1), its newest checkpoint dropped (as if killed after step 2), then
-    resumed mid-epoch: the uninterrupted run's losses and final state."""
-    settings = {"num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2, "num_layers": 1,
-                "batch_size": 16, "num_steps": 6, "num_examples": 64, "epochs": 2, "seed": 1,
-                "progress": False, "checkpoint_every": EVERY}
-    reference = train.train_transformer(**settings, log=None, checkpoint_dir=tmp_path / "ref")
+    log callback as it logs epoch 1: step 4, a checkpoint), its newest checkpoint dropped (as if
+    killed after step 2), then resumed mid-epoch: the shared tiny run's losses and final state,
+    the uninterrupted run of the same settings."""
+    reference = tiny_run("transformer")
+    settings = tiny_settings("transformer", checkpoint_every=EVERY)
 
     def interrupt(line):
+        if not line.startswith("epoch 1,"):  # the compile lines come first
+            return
         handler = signal.getsignal(signal.SIGINT)  # the trainer's, or SIGINT would stop pytest
         assert handler not in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN)
         os.kill(os.getpid(), signal.SIGINT)
@@ -479,18 +439,19 @@ def test_the_transformer_resumes_mid_epoch_bit_for_bit(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(train.TrainingInterrupted) as stop:
-            train.train_transformer(**settings, log=interrupt, log_every=1,
+            train.train_transformer(**{**settings, "log": interrupt}, log_every=1,
                                     checkpoint_dir=directory)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert stop.value.step == STEPS_PER_EPOCH and stop.value.checkpoint == directory / "4"
-    shutil.rmtree(directory / "4")
-    resumed = train.train_transformer(**settings, log=None, checkpoint_dir=directory, resume=True)
+    assert stop.value.step == STEPS_PER_EPOCH
+    assert stop.value.checkpoint == directory / str(STEPS_PER_EPOCH)
+    shutil.rmtree(directory / str(STEPS_PER_EPOCH))
+    resumed = train.train_transformer(**settings, checkpoint_dir=directory, resume=True)
     assert resumed.resumed_from_step == EVERY
-    assert_same_losses(resumed.losses, reference.losses)
+    assert_same_losses(resumed.losses, reference.record["losses"])
     _assert_same_arrays(read_training_checkpoint(directory)[0],
-                        read_training_checkpoint(tmp_path / "ref")[0])
+                        read_training_checkpoint(reference.train)[0])
 
 
 def test_a_setting_added_since_the_checkpoint_is_no_difference_at_its_old_value():

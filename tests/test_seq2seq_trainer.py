@@ -9,19 +9,20 @@ import pytest
 from jax_attention.data import load_data_nmt
 from jax_attention.models import MODELS
 from jax_attention.train import evaluate_held_out, score_held_out, train_seq2seq
+from tests.shared_runs import EPOCHS, tiny_settings
 
-TINY = {"bahdanau": {"embed_size": 8, "num_hiddens": 8, "num_layers": 1, "num_steps": 6},
-        "transformer": {"num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2,
-                        "num_layers": 1, "num_steps": 6, "max_positions": 16}}
-TRAINING = {"epochs": 1, "num_examples": 64, "batch_size": 16, "val_fraction": 0.25}
+#: The session's tiny runs (tests/shared_runs.py), as (model settings, training settings).
+_SPLIT = {name: spec.split_settings(tiny_settings(name)) for name, spec in MODELS.items()}
+TINY = {name: split[0] for name, split in _SPLIT.items()}
+TRAINING = {name: split[1] for name, split in _SPLIT.items()}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def run(request, data_path):
     spec = MODELS[request.param]
     result = train_seq2seq(spec, spec.model_config(**TINY[spec.name]),
-                           spec.train_config(**TRAINING), data=data_path, progress=False,
-                           log=None)
+                           spec.train_config(**TRAINING[spec.name]), data=data_path,
+                           progress=False, log=None)
     return spec, result
 
 
@@ -30,20 +31,23 @@ def test_the_configs_flow_into_the_result(run):
     assert result.model_config == spec.model_config(
         **TINY[spec.name], src_vocab_size=len(result.src_vocab),
         tgt_vocab_size=len(result.tgt_vocab))
-    assert result.train_config == spec.train_config(**TRAINING)
+    assert result.train_config == spec.train_config(**TRAINING[spec.name])
     fingerprint = result.config["data"]
     assert result.config == {"model": spec.name, **result.model_config.record(),
                              "training": result.train_config.record(), "data": fingerprint}
     # The data's fingerprint: the pairs used (training and held out) and the vocabularies.
     assert (fingerprint["src_vocab_size"], fingerprint["tgt_vocab_size"]) == (
         len(result.src_vocab), len(result.tgt_vocab))
-    assert fingerprint["num_pairs"] == TRAINING["num_examples"]
-    assert len(result.losses) == 1 and len(result.translations) == 4
+    assert fingerprint["num_pairs"] == TRAINING[spec.name]["num_examples"]
+    assert len(result.losses) == EPOCHS and len(result.translations) == 4
 
 
 def test_held_out_pairs_are_scored_for_every_model(run, data_path):
     spec, result = run
-    nmt = load_data_nmt(16, 6, 64, data=data_path, val_fraction=0.25)
+    training = TRAINING[spec.name]
+    nmt = load_data_nmt(training["batch_size"], TINY[spec.name]["num_steps"],
+                        training["num_examples"], data=data_path,
+                        val_fraction=training["val_fraction"])
     assert result.validation["num_pairs"] == len(nmt.val) == 16
     assert score_held_out(spec, result.params, result.model_config, nmt.val, result.src_vocab,
                           result.tgt_vocab) == result.validation

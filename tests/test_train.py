@@ -11,6 +11,7 @@ import pytest
 
 from jax_attention.train import train_kernel_regression
 from tests.fault_support import assert_one_line, run_command
+from tests.shared_runs import STEPS_PER_EPOCH, tiny_settings
 
 
 @pytest.fixture(scope="module")
@@ -172,13 +173,12 @@ def test_the_log_says_compiling_at_once_then_what_it_took_and_the_time_left(monk
 
     monkeypatch.setattr(loop.ProgressLog, "LINE_EVERY_S", 0.0)
     lines = []
-    train_bahdanau(epochs=4, num_examples=64, batch_size=32, embed_size=8, num_hiddens=8,
-                   num_layers=1, num_steps=6, progress=False, log=lines.append, log_every=100)
+    train_bahdanau(**tiny_settings("bahdanau", epochs=4, log=lines.append), log_every=100)
     assert lines[0].startswith("compiling the training step")
     compiled = lines[1]
     assert compiled.startswith(("compiled the training step in ",
                                 "loaded the training step from the compilation cache in "))
-    assert "the first 2 steps took" in compiled
+    assert f"the first {STEPS_PER_EPOCH} steps took" in compiled  # the first epoch's
     epochs = [line for line in lines if line.startswith("epoch ")]
     assert [line.split(",")[0] for line in epochs] == ["epoch 1", "epoch 2", "epoch 3", "epoch 4"]
     assert all("left" in line for line in epochs[1:-1]) and "left" not in epochs[-1]
