@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUT ?= plots
 PYTEST_ARGS ?=
 
-.PHONY: run test clean
+.PHONY: run test test-slow clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: $(VENV)/.installed
 # One test process per core (at most 4): the suite is dominated by single-threaded XLA compilation.
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The `slow` set that `make test` leaves out (setup.cfg): the book's runs on seeds 1-5 and the
+# other long runs. CI (.ci/run) runs both.
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder -m slow $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info

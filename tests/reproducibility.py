@@ -1,6 +1,6 @@
 """Same seed, same run: bit for bit on CPU, to float32 rounding elsewhere.
 
-DESIGN.md promises bit-identical training on CPU from ``--seed``. On a GPU, XLA runs some
+docs/design.md promises bit-identical training on CPU from ``--seed``. On a GPU, XLA runs some
 reductions with atomics in no fixed order — the embedding gradients' scatter-add among them — so
 two runs of the same seed agree only to rounding (an H200 gave last-bit differences in the
 parameters after two epochs); ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` orders them.

@@ -6,12 +6,15 @@
 - no ``kind == "<model>"`` branch outside the model registry (``jax_attention.models``);
 - no file over ~800 lines, except the mirror and data files named below;
 - no function over ~80 lines of code (its docstring not counted; nested functions count
-  towards the function that holds them).
+  towards the function that holds them);
+- the repository is self-contained: every file of the repository that a test names
+  (``tests/...``, ``docs/design.md``, ``README.md``) is in it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -186,3 +189,21 @@ def test_checker_sees_real_modules(module):
     """The checks above walk the real package (guards against an empty walk)."""
     assert module in SOURCES or f"{module}.__init__" in SOURCES or any(
         name.startswith(module) for name in SOURCES)
+
+
+#: A path into the repository in a test's text: under one of its top-level folders (``*`` a glob),
+#: or a bare Markdown file name (``README.md``), which lives at the top.
+_REPOSITORY_PATH = re.compile(
+    r"(?<![\w./<-])((?:tests|docs|jax_attention|reference_numpy|scripts|\.ci)/[\w./*-]*[\w*])")
+_TOP_MARKDOWN = re.compile(r"(?<![\w./-])([A-Z][\w-]*\.md)\b")
+
+
+def test_every_file_a_test_names_is_in_the_repository():
+    root = PACKAGE.parent
+    missing = []
+    for test_file in sorted((root / "tests").rglob("*.py")):
+        text = test_file.read_text(encoding="utf-8")
+        for name in (*_REPOSITORY_PATH.findall(text), *_TOP_MARKDOWN.findall(text)):
+            if not any(root.glob(name)):
+                missing.append(f"{test_file.relative_to(root)}: {name}")
+    assert not missing, missing

@@ -106,7 +106,7 @@ def transformer_tp_api_runs(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("model, run", [
     ("bahdanau", "4"), ("transformer", "4"),
-    # Tensor parallelism (the issue's stretch goal): one more subprocess, with `pytest -m slow`.
+    # Tensor parallelism (the issue's stretch goal): one more subprocess, in `make test-slow`.
     pytest.param("transformer_tp", "4x2", marks=pytest.mark.slow)])
 def test_train_functions_on_four_devices_train_as_on_one(model, run, request):
     """The user's path — ``train_bahdanau(devices=4)``, ``train_transformer(devices=4)`` and
@@ -124,7 +124,7 @@ def test_train_functions_on_four_devices_train_as_on_one(model, run, request):
 
 # The loop-level runs below (the steps of train.loop.train_epochs spelled out around train_steps, with
 # what each device holds) check the placement itself; the user's path above checks the results.
-# Each costs a few subprocess compilations, so they run with `pytest -m slow`.
+# Each costs a few subprocess compilations, so they run in `make test-slow` (.ci/run runs it).
 
 
 @pytest.fixture(scope="module")
