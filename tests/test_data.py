@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 
 from jax_attention import archive, data
+from tests.hypothesis_support import examples
 from jax_attention.data import (
     RESERVED_TOKENS,
     Vocab,
@@ -681,7 +682,7 @@ def test_a_file_without_a_pair_is_one_clear_error(tmp_path):
 _LINE_KINDS = [(good, None) for good in GOOD_LINES] + MALFORMED_LINES
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(ci=40, dev=400))
 @given(st.lists(st.sampled_from(range(len(_LINE_KINDS))), max_size=12),
        st.sampled_from([b"\n", b"\r\n"]), st.booleans())
 def test_any_mix_of_lines_never_crashes(tmp_path_factory, kinds, line_end, final_newline):
@@ -954,7 +955,7 @@ def test_fingerprint_hash_follows_its_definition(text):
         source, target)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(ci=60, dev=600))
 @given(st.lists(st.tuples(st.text(" a.é\u2009", max_size=6), st.text(" b!\xe7", max_size=6)),
                 min_size=1, max_size=5),
        st.booleans())

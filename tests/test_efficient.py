@@ -26,8 +26,14 @@ from reference_numpy import scoring as np_scoring
 DIMS = chex.Dimensions(B=2, N=2, H=8, V=5)
 
 
+def _device(array, dtype=None):
+    """``array`` as a JAX array of ``dtype``, cast by NumPy: ``jnp.asarray`` would compile a
+    conversion program for every new shape and dtype, ``jax.device_put`` compiles nothing."""
+    return jax.device_put(np.asarray(array, dtype))
+
+
 def _normal(shape, dtype=jnp.float32, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+    return _device(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
 def _plain(queries, keys, values, valid_lens=None, **kw):
@@ -73,14 +79,14 @@ def _case_inputs(case, dtype=jnp.float32):
     values = _normal(shape + (S, DIMS.V), dtype, 3)
     lens = None
     if lens_kind == "B":
-        lens = jnp.asarray([9, 3], jnp.int32)  # every key chunk past the third is skipped
+        lens = _device([9, 3], jnp.int32)  # every key chunk past the third is skipped
     elif lens_kind == "BT":
-        lens = jnp.asarray(rng.integers(0, S + 1, size=(DIMS.B, T)), jnp.int32)  # some 0
+        lens = _device(rng.integers(0, S + 1, size=(DIMS.B, T)), jnp.int32)  # some 0
     mask = None
     if mask_kind == "full":
-        mask = jnp.asarray(rng.random(shape[:1] + (1,) * (len(shape) - 1) + (T, S)) < 0.7)
+        mask = _device(rng.random(shape[:1] + (1,) * (len(shape) - 1) + (T, S)) < 0.7)
     elif mask_kind == "keys":
-        mask = jnp.asarray(rng.random(shape[:1] + (1,) * len(shape) + (S,)) < 0.7)
+        mask = _device(rng.random(shape[:1] + (1,) * len(shape) + (S,)) < 0.7)
     cotangent = _normal(shape + (T, DIMS.V), dtype, 4)
     return (queries, keys, values, lens, mask, cotangent), dict(is_causal=is_causal, chunks=chunks)
 
@@ -113,7 +119,7 @@ def test_float32_equals_plain_attention_and_reference(case):
     lens = args[3]
     if lens is not None and lens.ndim == 2:
         # Queries with length 0 attend nothing: exactly zero output and query gradient.
-        empty = np.broadcast_to(np.asarray(lens == 0)[:, None], output.shape[:-1])
+        empty = np.broadcast_to((np.asarray(lens) == 0)[:, None], output.shape[:-1])
         assert empty.any()
         assert (np.asarray(output)[empty] == 0).all() and (np.asarray(grads[0])[empty] == 0).all()
 
@@ -133,7 +139,7 @@ def test_vmap_with_per_example_lengths():
     E, B, T, S = 3, 2, 10, 9
     queries, keys, values = (_normal((E, B, L, DIMS.H), jnp.float32, s)
                              for s, L in ((1, T), (2, S), (3, S)))
-    lens = jnp.asarray(np.random.default_rng(0).integers(0, S + 1, size=(E, B, T)), jnp.int32)
+    lens = _device(np.random.default_rng(0).integers(0, S + 1, size=(E, B, T)), jnp.int32)
     cotangent = _normal((E, B, T, DIMS.H), jnp.float32, 4)
 
     def per_example(q, k, v, lens, ct):
@@ -160,8 +166,10 @@ def test_half_precision_fully_masked_rows_are_zero_with_finite_gradients(dtype):
     queries, keys, values = (_normal((DIMS.B, L, DIMS.H), dtype, s)
                              for s, L in ((1, T), (2, S), (3, S)))
     # Batch element 0 has length 0; query 4 of batch element 1 has an all-False mask row.
-    lens = jnp.asarray([0, 5], jnp.int32)
-    mask = jnp.ones((DIMS.B, T, S), bool).at[1, 4].set(False)
+    lens = _device([0, 5], jnp.int32)
+    mask = np.ones((DIMS.B, T, S), bool)
+    mask[1, 4] = False
+    mask = _device(mask)
     empty = np.zeros((DIMS.B, T), bool)
     empty[0] = empty[1, 4] = True
     cotangent = _normal((DIMS.B, T, DIMS.H), dtype, 4)
@@ -186,18 +194,21 @@ def test_nan_and_inf_in_masked_positions_do_not_leak():
                              for s, L in ((1, T), (2, S), (3, S)))
     # Batch element 0, by lengths: keys 4.. are padding for every query, query 2 attends nothing.
     # Batch element 1, by the mask: keys 3..5 are masked for every query, query 7 attends nothing.
-    lens = jnp.asarray(np.r_[[[4] * T], [[S] * T]], jnp.int32).at[0, 2].set(0)
-    mask = jnp.ones((DIMS.B, 1, T, S), bool).at[1, :, :, 3:6].set(False).at[1, :, 7].set(False)
+    lens = np.r_[[[4] * T], [[S] * T]].astype(np.int32)
+    lens[0, 2] = 0
+    mask = np.ones((DIMS.B, 1, T, S), bool)
+    mask[1, :, :, 3:6] = mask[1, :, 7] = False
+    lens, mask = _device(lens), _device(mask)
     dirty_keys = [(0, slice(None), slice(4, None)), (1, slice(None), slice(3, 6))]
     dirty_rows = [(0, slice(None), 2), (1, slice(None), 7)]
 
     def poison(array, indices, first, rest):
         # NaN and +-Inf side by side: each breaks a different shortcut (0 * x, x - x, max).
+        array = np.array(array)
         for index in indices:
             size = array[index].shape[-1]
-            array = array.at[index].set(jnp.where(jnp.arange(size) < size // 2, first, rest)
-                                        .astype(array.dtype))
-        return array
+            array[index] = np.where(np.arange(size) < size // 2, first, rest)
+        return _device(array)
 
     dirty = (poison(queries, dirty_rows, np.nan, np.inf), poison(keys, dirty_keys, np.inf, np.nan),
              poison(values, dirty_keys, -np.inf, np.nan))
@@ -241,8 +252,8 @@ def _quadratic(shapes, length):
 def test_no_quadratic_intermediate_in_forward_or_backward():
     T = S = 1024
     queries, keys, values = (_normal((1, 1, T, 16), jnp.float32, s) for s in (1, 2, 3))
-    lens = jnp.asarray(np.random.default_rng(0).integers(0, S + 1, size=(1, T)), jnp.int32)
-    key_mask = jnp.asarray(np.random.default_rng(1).random((1, 1, 1, S)) < 0.9)
+    lens = _device(np.random.default_rng(0).integers(0, S + 1, size=(1, T)), jnp.int32)
+    key_mask = _device(np.random.default_rng(1).random((1, 1, 1, S)) < 0.9)
     cotangent = _normal((1, 1, T, 16), jnp.float32, 4)
 
     def forward(attention, q, k, v):
@@ -299,7 +310,7 @@ def test_bad_input_raises_what_plain_attention_raises(case):
     shapes = {"queries": (2, 3, 8), "keys": (2, 4, 8), "values": (2, 4, 5)}
     shapes.update({name: changes[name] for name in shapes if name in changes})
     arrays = {name: np.ones(shape, np.float32) for name, shape in shapes.items()}
-    arrays["values"] = jnp.asarray(arrays["values"], changes.get("values_dtype", jnp.float32))
+    arrays["values"] = _device(arrays["values"], changes.get("values_dtype", jnp.float32))
     kwargs = {name: changes[name] for name in ("valid_lens", "mask", "local_window_size", "scale",
                                                "logit_softcap") if name in changes}
     with pytest.raises(error) as plain_error:
@@ -401,14 +412,14 @@ def _variant_inputs(case, dtype):
     values = _normal((DIMS.B, N_kv, S, DIMS.V), dtype, 3)
     lens = None
     if lens_kind == "B":
-        lens = jnp.asarray([S - 4, 3], jnp.int32)
+        lens = _device([S - 4, 3], jnp.int32)
     elif lens_kind == "BT":
-        lens = jnp.asarray(rng.integers(0, S + 1, size=(DIMS.B, T)), jnp.int32)
+        lens = _device(rng.integers(0, S + 1, size=(DIMS.B, T)), jnp.int32)
     mask = None
     if mask_kind == "full":  # per query head, so the grouping of the mask is exercised
-        mask = jnp.asarray(rng.random((DIMS.B, N, T, S)) < 0.8)
+        mask = _device(rng.random((DIMS.B, N, T, S)) < 0.8)
     elif mask_kind == "keys":
-        mask = jnp.asarray(rng.random((DIMS.B, 1, 1, S)) < 0.7)
+        mask = _device(rng.random((DIMS.B, 1, 1, S)) < 0.7)
     cotangent = _normal((DIMS.B, N, T, DIMS.V), dtype, 4)
     kwargs = dict(is_causal=is_causal, local_window_size=window, logit_softcap=softcap,
                   scale=scale)
@@ -429,6 +440,19 @@ def _variant_efficient_and_plain64(queries, keys, values, lens, mask, cotangent,
     return tuple(_output_and_grads(f, queries, keys, values, lens, mask, cotangent)
                  for f in (efficient_attention, lambda q, k, v, lens, mask: plain(q, k, v, lens,
                                                                                   mask)))
+
+
+@functools.partial(jax.jit, static_argnames=("kwargs", "chunks"))
+def _variant_efficient_and_library_plain(queries, keys, values, lens, mask, cotangent, *, kwargs,
+                                         chunks):
+    """Output and (q, k, v) gradients of the efficient attention and of the library's plain path
+    given the same arguments: one compilation per case."""
+    kwargs = dict(kwargs)
+    efficient_attention = functools.partial(
+        efficient.dot_product_attention, query_chunk_size=chunks[0], key_chunk_size=chunks[1])
+    plain = functools.partial(_plain, implementation="plain")
+    return tuple(_output_and_grads(f, queries, keys, values, lens, mask, cotangent, **kwargs)
+                 for f in (efficient_attention, plain))
 
 
 def _numpy_reference(args, kwargs):
@@ -463,15 +487,11 @@ def test_variants_float64_equal_reference_and_autodiff(case, x64):
 @pytest.mark.parametrize("case", sorted(VARIANTS))
 def test_variants_float32_equal_reference_and_plain_attention(case):
     args, kwargs, chunks = _variant_inputs(case, jnp.float32)
-    (output, grads), _ = _variant_efficient_and_plain64(*args, kwargs=_hashable(kwargs),
-                                                        chunks=chunks)
+    (output, grads), (plain_output, plain_grads) = _variant_efficient_and_library_plain(
+        *args, kwargs=_hashable(kwargs), chunks=chunks)
     chex.assert_type([output, *grads], jnp.float32)
     np.testing.assert_allclose(output, _numpy_reference(args, kwargs), rtol=1e-5, atol=2e-6)
     # The library's plain path, given the same arguments, agrees to float32 rounding.
-    plain = jax.jit(lambda q, k, v, lens, mask, ct: _output_and_grads(
-        lambda *a, **kw: _plain(*a, implementation="plain", **kw), q, k, v, lens, mask, ct,
-        **kwargs))
-    plain_output, plain_grads = plain(*args)
     np.testing.assert_allclose(output, plain_output, rtol=1e-5, atol=2e-6)
     for grad, plain_grad in zip(grads, plain_grads):
         np.testing.assert_allclose(grad, plain_grad, rtol=1e-5, atol=1e-5)
@@ -489,14 +509,15 @@ def test_everything_equals_numpy_reference_module(x64):
 
 
 def test_default_scale_is_one_over_sqrt_d_and_softcap_bounds_the_scores(x64):
-    queries, keys, values = (_normal((1, 2, 9, 4), jnp.float64, s) for s in (1, 2, 3))
-    chunked = functools.partial(efficient.dot_product_attention, query_chunk_size=4,
-                                key_chunk_size=4)
+    queries, keys, values = (np.random.default_rng(s).normal(size=(1, 2, 9, 4)) for s in (1, 2, 3))
+    # Jitted: a program per call rather than one per primitive.
+    chunked = jax.jit(functools.partial(efficient.dot_product_attention, query_chunk_size=4,
+                                        key_chunk_size=4), static_argnames=("scale", "logit_softcap"))
     chex.assert_trees_all_close(chunked(queries, keys, values),
                                 chunked(queries, keys, values, scale=0.5), rtol=0, atol=1e-15)
     # A tiny cap flattens every score to about 0: the output is nearly the mean of the values.
     flat = chunked(10 * queries, keys, values, logit_softcap=1e-6)
-    np.testing.assert_allclose(flat, jnp.broadcast_to(values.mean(-2, keepdims=True), flat.shape),
+    np.testing.assert_allclose(flat, np.broadcast_to(values.mean(-2, keepdims=True), flat.shape),
                                atol=1e-5)
 
 
@@ -507,7 +528,7 @@ def test_window_rows_left_empty_by_lengths_are_zero_with_finite_gradients_and_no
     queries = _normal((DIMS.B, 4, T, DIMS.H), jnp.float32, 1)
     keys = _normal((DIMS.B, 2, S, DIMS.H), jnp.float32, 2)  # grouped, G = 2
     values = _normal((DIMS.B, 2, S, DIMS.V), jnp.float32, 3)
-    lens = jnp.asarray([5, 9], jnp.int32)
+    lens = _device([5, 9], jnp.int32)
     empty = np.arange(T)[None, :] >= np.asarray(lens)[:, None] + 1  # (B, T)
     cotangent = _normal((DIMS.B, 4, T, DIMS.V), jnp.float32, 4)
     attention = functools.partial(efficient.dot_product_attention, local_window_size=(1, 0),
@@ -515,9 +536,9 @@ def test_window_rows_left_empty_by_lengths_are_zero_with_finite_gradients_and_no
     run = jax.jit(lambda q, k, v: _output_and_grads(attention, q, k, v, lens, None, cotangent))
     output, grads = run(queries, keys, values)
     padded = np.arange(S)[None, :] >= np.asarray(lens)[:, None]  # (B, S)
-    dirty_keys = jnp.where(padded[:, None, :, None], jnp.nan, keys)
-    dirty_values = jnp.where(padded[:, None, :, None], jnp.inf, values)
-    dirty_queries = jnp.where(empty[:, None, :, None], jnp.nan, queries)
+    dirty_keys = _device(np.where(padded[:, None, :, None], np.nan, keys))
+    dirty_values = _device(np.where(padded[:, None, :, None], np.inf, values))
+    dirty_queries = _device(np.where(empty[:, None, :, None], np.nan, queries))
     dirty_output, dirty_grads = run(dirty_queries, dirty_keys, dirty_values)
     assert empty.any()
     empty_rows = np.broadcast_to(empty[:, None, :], output.shape[:-1])
@@ -540,7 +561,7 @@ def test_vmap_and_jit_grouped_windowed():
     queries = _normal((E, DIMS.B, 4, T, DIMS.H), jnp.float32, 1)
     keys = _normal((E, DIMS.B, 1, S, DIMS.H), jnp.float32, 2)
     values = _normal((E, DIMS.B, 1, S, DIMS.V), jnp.float32, 3)
-    lens = jnp.asarray(np.random.default_rng(0).integers(0, S + 1, size=(E, DIMS.B)), jnp.int32)
+    lens = _device(np.random.default_rng(0).integers(0, S + 1, size=(E, DIMS.B)), jnp.int32)
     cotangent = _normal((E, DIMS.B, 4, T, DIMS.V), jnp.float32, 4)
     kwargs = dict(is_causal=True, local_window_size=(3, 0), logit_softcap=3.0)
     attention = functools.partial(efficient.dot_product_attention, query_chunk_size=4,
@@ -551,15 +572,16 @@ def test_vmap_and_jit_grouped_windowed():
 
     output, grads = jax.jit(jax.vmap(per_example))(queries, keys, values, lens, cotangent)
     chex.assert_shape(output, (E, DIMS.B, 4, T, DIMS.V))
+    output, grads = np.asarray(output), [np.asarray(g) for g in grads]
+    inputs = [np.asarray(a) for a in (queries, keys, values, lens, cotangent)]
     for e in range(E):
-        expected, expected_grads = jax.jit(per_example)(queries[e], keys[e], values[e], lens[e],
-                                                        cotangent[e])
+        expected, expected_grads = jax.jit(per_example)(*(a[e] for a in inputs))
         np.testing.assert_allclose(output[e], expected, rtol=1e-6, atol=1e-6)
         for grad, expected_grad in zip(grads, expected_grads):
             np.testing.assert_allclose(grad[e], expected_grad, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(expected, _attention64(
-            np, *(np.asarray(a, np.float64) for a in (queries[e], keys[e], values[e])),
-            np.asarray(lens[e]), is_causal=True, window=(3, 0), softcap=3.0), rtol=1e-5, atol=2e-6)
+            np, *(np.asarray(a[e], np.float64) for a in inputs[:3]),
+            inputs[3][e], is_causal=True, window=(3, 0), softcap=3.0), rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("lens_shape", [None, (), (7,)])
@@ -567,16 +589,18 @@ def test_unbatched_inputs_equal_a_batch_of_one(lens_shape):
     T, S = 7, 6
     queries, keys, values = (_normal(shape, jnp.float32, s)
                              for s, shape in ((1, (T, DIMS.H)), (2, (S, DIMS.H)), (3, (S, DIMS.V))))
-    lens = None if lens_shape is None else jnp.asarray(
+    lens = None if lens_shape is None else _device(
         np.random.default_rng(0).integers(1, S + 1, size=lens_shape), jnp.int32)
     kwargs = dict(is_causal=True, local_window_size=2, query_chunk_size=3, key_chunk_size=4)
-    output = efficient.dot_product_attention(queries, keys, values, lens, **kwargs)
+    # Jitted to compile each program once rather than primitive by primitive.
+    attention = jax.jit(functools.partial(efficient.dot_product_attention, **kwargs))
+    output = attention(queries, keys, values, lens)
     chex.assert_shape(output, (T, DIMS.V))
-    batched = efficient.dot_product_attention(queries[None], keys[None], values[None],
-                                              None if lens is None else lens[None], **kwargs)
-    chex.assert_trees_all_equal(output, batched[0])
-    grads = jax.grad(lambda q, k, v: jnp.sum(efficient.dot_product_attention(
-        q, k, v, lens, **kwargs) ** 2), (0, 1, 2))(queries, keys, values)
+    batched = attention(*(np.asarray(a)[None] for a in (queries, keys, values)),
+                        None if lens is None else np.asarray(lens)[None])
+    chex.assert_trees_all_equal(output, np.asarray(batched)[0])
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention(q, k, v, lens) ** 2), (0, 1, 2)))(
+        queries, keys, values)
     chex.assert_equal_shape([grads[0], queries])
     chex.assert_equal_shape([grads[2], values])
     reference_lens = None if lens is None else np.broadcast_to(np.asarray(lens), (T,))[None]
@@ -591,7 +615,7 @@ def test_half_precision_variants_compute_in_float32(dtype):
     queries = _normal((DIMS.B, 4, T, DIMS.H), dtype, 1)
     keys = _normal((DIMS.B, 2, S, DIMS.H), dtype, 2)
     values = _normal((DIMS.B, 2, S, DIMS.V), dtype, 3)
-    lens = jnp.asarray([9, 4], jnp.int32)
+    lens = _device([9, 4], jnp.int32)
     kwargs = dict(is_causal=True, local_window_size=(4, 0), logit_softcap=2.0, scale=0.5)
     cotangent = _normal((DIMS.B, 4, T, DIMS.V), dtype, 4)
     attention = functools.partial(efficient.dot_product_attention, query_chunk_size=4,
@@ -612,10 +636,13 @@ def test_grouped_heads_use_head_n_over_g():
     against that key/value head alone."""
     queries = _normal((1, 6, 5, DIMS.H), jnp.float32, 1)
     keys, values = _normal((1, 3, 4, DIMS.H), jnp.float32, 2), _normal((1, 3, 4, 2), jnp.float32, 3)
-    output = efficient.dot_product_attention(queries, keys, values)
+    # Jitted: two programs (six heads, one head) rather than one per primitive.
+    attention = jax.jit(efficient.dot_product_attention)
+    output = np.asarray(attention(queries, keys, values))
+    queries, keys, values = (np.asarray(a) for a in (queries, keys, values))
     for n in range(6):
-        single = efficient.dot_product_attention(queries[:, n:n + 1], keys[:, n // 2:n // 2 + 1],
-                                                 values[:, n // 2:n // 2 + 1])
+        single = attention(queries[:, n:n + 1], keys[:, n // 2:n // 2 + 1],
+                           values[:, n // 2:n // 2 + 1])
         np.testing.assert_allclose(output[:, n:n + 1], single, rtol=1e-6, atol=1e-7)
 
 

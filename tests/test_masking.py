@@ -22,6 +22,7 @@ from jax.test_util import check_grads
 
 from jax_attention import masking as jax_masking
 from reference_numpy import masking as np_masking
+from tests.hypothesis_support import examples, sizes
 
 DIMS = chex.Dimensions(B=2, N=3, T=4, S=5)
 
@@ -303,7 +304,7 @@ _jitted_masked_softmax = jax.jit(jax_masking.masked_softmax)
 
 @st.composite
 def _softmax_cases(draw):
-    B, T, S = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+    B, T, S = draw(sizes(1, 2)), draw(sizes(1, 2)), draw(sizes(1, 4))
     per_query = draw(st.booleans())
     lens = draw(
         st.lists(st.integers(0, S), min_size=B * T if per_query else B, max_size=B * T if per_query else B)
@@ -314,7 +315,7 @@ def _softmax_cases(draw):
     return X, lens
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.settings(max_examples=examples(ci=10, dev=25))
 @hypothesis.given(_softmax_cases())
 def test_masked_softmax_property(case):
     X, lens = case
@@ -327,8 +328,8 @@ def test_masked_softmax_property(case):
     assert (expected[~keep] == 0).all()
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
-@hypothesis.given(st.integers(1, 5), st.integers(1, 5), st.integers(-5, 5))
+@hypothesis.settings(max_examples=examples(ci=10, dev=25))
+@hypothesis.given(sizes(1, 5), sizes(1, 5), st.integers(-5, 5))
 def test_causal_mask_property(num_queries, num_keys, offset):
     got = np.asarray(jax_masking.causal_mask(num_queries, num_keys, offset=offset))
     np.testing.assert_array_equal(got, np_masking.causal_mask(num_queries, num_keys, offset=offset))

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_attention.metrics import bleu, corpus_bleu
+from tests.hypothesis_support import examples
 
 
 def book_bleu(pred_seq, label_seq, k, *, edition="1.0"):
@@ -115,7 +116,7 @@ SENTENCES = st.tuples(st.lists(WORDS, max_size=8), st.sampled_from([" ", "  ", "
     lambda parts: (" " if parts[2] else "") + parts[1].join(parts[0]))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(ci=100, dev=1000))
 @given(prediction=SENTENCES, label=SENTENCES, k=st.integers(1, 6))
 def test_bleu_properties(prediction, label, k):
     score = bleu(prediction, label, k)
@@ -129,7 +130,7 @@ def test_bleu_properties(prediction, label, k):
         assert score == 0.0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(ci=100, dev=1000))
 @given(pairs=st.lists(st.tuples(SENTENCES, SENTENCES), max_size=5), k=st.integers(1, 4))
 def test_corpus_bleu_properties(pairs, k):
     predictions = [prediction for prediction, _ in pairs]

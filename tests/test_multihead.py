@@ -1,7 +1,7 @@
 """Properties of JAX multi-head attention (d2l §11.5), self-attention and positions (§11.6).
 
-jit and no-jit (chex variants), shapes with the DESIGN.md letters, the book's head split, vmap,
-gradients against finite differences, fully masked rows and NaN in padding, hypothesis properties
+jit and no-jit (chex variants), shapes with the docs/design.md letters, the book's head split,
+vmap, gradients against finite differences, fully masked rows and NaN in padding, hypothesis properties
 against the NumPy reference, permutation equivariance of self-attention (and its loss with
 sinusoidal positions), a relative position bias in the scores, the NNX module (book example shapes,
 sown weights, dropout) and bad input (JAX and NumPy alike).
@@ -27,14 +27,17 @@ from jax_attention import multihead as jax_mh
 from jax_attention import positional as jax_pos
 from jax_attention.scoring import dot_product_attention_weights
 from reference_numpy import multihead as np_mh
+from tests.hypothesis_support import examples, sizes
 
 # q, k, v: input sizes of queries, keys and values; D = N * H. The parameter shapes are those of
 # tests/parity/test_multihead.py: each new shape costs a compiled random init of the module.
 DIMS = chex.Dimensions(B=2, T=3, S=4, N=2, H=4, D=8, q=3, k=5, v=6)
 
 
+# Test data go to the device with jax.device_put of a NumPy array of the final dtype: jnp.asarray
+# compiles a conversion program for every new shape and dtype.
 def _normal(shape, dtype=jnp.float32, seed=0, scale=1.0):
-    return jnp.asarray(scale * np.random.default_rng(seed).normal(size=shape), dtype)
+    return jax.device_put(np.asarray(scale * np.random.default_rng(seed).normal(size=shape), dtype))
 
 
 def _params(dtype=jnp.float32, biases=True, seed=10):
@@ -56,7 +59,7 @@ def _inputs(dtype=jnp.float32, seed=1):
 
 
 def _lens(values):
-    return jnp.asarray(values, jnp.int32)
+    return jax.device_put(np.asarray(values, np.int32))
 
 
 def _keep_from_lens(lens, num_queries, num_keys):
@@ -76,11 +79,17 @@ def _assert_weights_valid(weights, keep):
 
 
 def _all_finite(tree):
-    return all(bool(jnp.isfinite(leaf.astype(jnp.float32)).all()) for leaf in jax.tree.leaves(tree))
+    # In NumPy: an eager jnp.isfinite would compile a program per leaf shape and dtype.
+    return all(bool(np.isfinite(np.asarray(leaf, np.float32)).all())
+               for leaf in jax.tree.leaves(tree))
 
 
 def _mha(params, *args, **kwargs):
     return jax_mh.multi_head_attention(params, *args, num_heads=DIMS.N, **kwargs)
+
+
+# The single-head oracle of the head-split test, compiled once for its two heads.
+_jitted_weights = jax.jit(dot_product_attention_weights)
 
 
 def _hand_weights(params, queries, keys, keep, bias):
@@ -113,7 +122,7 @@ class MultiHeadVariantsTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_per_head_mask_causal_and_bias(self):
         params, (queries, keys, values) = _params(), _inputs()
-        mask = jnp.asarray(np.random.default_rng(2).random(DIMS["BNTS"]) < 0.7)
+        mask = jax.device_put(np.random.default_rng(2).random(DIMS["BNTS"]) < 0.7)
         bias = _normal((1,) + DIMS["NTS"], seed=3)
         lens = _lens((4, 3))
 
@@ -138,7 +147,10 @@ class MultiHeadVariantsTest(chex.TestCase):
             heads = jax_mh.project_heads(params, q, k, v, num_heads=DIMS.N)
             return _mha(params, q, k, v), heads
 
-        (output, weights), (heads_q, heads_k, heads_v) = self.variant(fn)(params, queries, keys, values)
+        (output, weights), heads = self.variant(fn)(params, queries, keys, values)
+        # In NumPy from here: indexing the JAX arrays would compile a program per slice.
+        heads_q, heads_k, heads_v = (np.asarray(h) for h in heads)
+        weights = np.asarray(weights)
         projected_q = np.asarray(queries) @ np.asarray(params["W_q"]) + np.asarray(params["b_q"])
         projected_k = np.asarray(keys) @ np.asarray(params["W_k"]) + np.asarray(params["b_k"])
         projected_v = np.asarray(values) @ np.asarray(params["W_v"]) + np.asarray(params["b_v"])
@@ -147,12 +159,11 @@ class MultiHeadVariantsTest(chex.TestCase):
             block = slice(n * DIMS.H, (n + 1) * DIMS.H)
             pairs = ((heads_q, projected_q), (heads_k, projected_k), (heads_v, projected_v))
             for heads, projected in pairs:
-                np.testing.assert_allclose(np.asarray(heads[:, n]), projected[..., block],
-                                           rtol=1e-5, atol=1e-5)
-            single = dot_product_attention_weights(jnp.asarray(projected_q[..., block]),
-                                                   jnp.asarray(projected_k[..., block]))
-            np.testing.assert_allclose(np.asarray(weights[:, n]), np.asarray(single), rtol=1e-5, atol=1e-6)
-            concat.append(np.asarray(weights[:, n]) @ projected_v[..., block])
+                np.testing.assert_allclose(heads[:, n], projected[..., block], rtol=1e-5, atol=1e-5)
+            single = _jitted_weights(jax.device_put(projected_q[..., block]),
+                                     jax.device_put(projected_k[..., block]))
+            np.testing.assert_allclose(weights[:, n], np.asarray(single), rtol=1e-5, atol=1e-6)
+            concat.append(weights[:, n] @ projected_v[..., block])
         expected = np.concatenate(concat, -1) @ np.asarray(params["W_o"]) + np.asarray(params["b_o"])
         np.testing.assert_allclose(np.asarray(output), expected, rtol=1e-4, atol=1e-4)
         chex.assert_shape([heads_q, heads_k, heads_v], [DIMS["BNTH"], DIMS["BNSH"], DIMS["BNSH"]])
@@ -168,12 +179,12 @@ class MultiHeadVariantsTest(chex.TestCase):
         book, back = self.variant(fn)(X)
         chex.assert_shape(book, (DIMS.B * DIMS.N, DIMS.T, DIMS.H))
         np.testing.assert_array_equal(np.asarray(back), np.asarray(X))
-        X = np.asarray(X)
+        X, book = np.asarray(X), np.asarray(book)
         for b in range(DIMS.B):
             for n in range(DIMS.N):
                 # The book's layout: row b * N + n holds head n of example b.
                 block = slice(n * DIMS.H, (n + 1) * DIMS.H)
-                np.testing.assert_array_equal(np.asarray(book[b * DIMS.N + n]), X[b, :, block])
+                np.testing.assert_array_equal(book[b * DIMS.N + n], X[b, :, block])
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_fully_masked_rows(self):
@@ -190,7 +201,9 @@ class MultiHeadVariantsTest(chex.TestCase):
         # Example 0 has valid length 0; query 0 of example 1 has an all-False mask row in every head.
         params, inputs = _params(dtype), _inputs(dtype)
         lens = _lens((0, 4))
-        mask = jnp.ones(DIMS["B1TS"], bool).at[1, 0, 0].set(False)
+        mask = np.ones(DIMS["B1TS"], bool)
+        mask[1, 0, 0] = False
+        mask = jax.device_put(mask)
 
         def fn(params, q, k, v, lens, mask):
             if not with_grads:
@@ -202,10 +215,11 @@ class MultiHeadVariantsTest(chex.TestCase):
         chex.assert_type([output, weights], dtype)
         empty = np.zeros(DIMS["BT"], bool)
         empty[0] = empty[1, 0] = True
-        assert (np.asarray(weights.astype(jnp.float32)).transpose(0, 2, 1, 3)[empty] == 0).all()
+        # float32 in NumPy (exact for the half types; an eager astype compiles a program).
+        assert (np.asarray(weights, np.float32).transpose(0, 2, 1, 3)[empty] == 0).all()
         # Zero weights, so zero heads: the output of an empty row is the output bias b_o.
-        np.testing.assert_array_equal(np.asarray(output.astype(jnp.float32))[empty],
-                                      np.broadcast_to(np.asarray(params["b_o"].astype(jnp.float32)),
+        np.testing.assert_array_equal(np.asarray(output, np.float32)[empty],
+                                      np.broadcast_to(np.asarray(params["b_o"], np.float32),
                                                       (int(empty.sum()), DIMS.D)))
         assert _all_finite((output, grads))
 
@@ -215,10 +229,14 @@ class MultiHeadVariantsTest(chex.TestCase):
         # Inf there must reach neither the valid outputs nor any gradient (of the parameters too).
         params, (queries, keys, values) = _params(), _inputs()
         lens = _lens(((2, 2, 0), (4, 3, 4)))
-        dirty = (queries.at[0, 2].set(jnp.nan), keys.at[0, 2:].set(jnp.inf), values.at[0, 2:].set(jnp.nan))
+        # Set up in NumPy: eager scatters and broadcasts would compile a program each.
+        dirty = [np.array(a) for a in (queries, keys, values)]
+        dirty[0][0, 2], dirty[1][0, 2:], dirty[2][0, 2:] = np.nan, np.inf, np.nan
+        dirty = [jax.device_put(a) for a in dirty]
         valid_rows = np.ones(DIMS["BT"], bool)
         valid_rows[0, 2] = False
-        row_weights = jnp.broadcast_to(jnp.asarray(valid_rows, jnp.float32)[..., None], DIMS["BTD"])
+        row_weights = jax.device_put(
+            np.broadcast_to(valid_rows[..., None], DIMS["BTD"]).astype(np.float32))
 
         def fn(params, q, k, v, lens):
             (output, weights), vjp = jax.vjp(lambda *a: _mha(*a, lens), params, q, k, v)
@@ -251,32 +269,36 @@ def test_identical_keys_give_the_projected_mean_of_valid_values():
     # A hand-worked value: equal keys give every valid key the same weight in every head, so each
     # head outputs the mean of the valid projected values and the layer (mean(V) W_v + b_v) W_o + b_o.
     params, (queries, keys, values) = _params(), _inputs()
-    keys = jnp.broadcast_to(keys[:, :1], keys.shape)
+    keys = jax.device_put(np.broadcast_to(np.asarray(keys)[:, :1], keys.shape))
     output, weights = jax.jit(_mha)(params, queries, keys, values, _lens((2, 4)))
+    weights = np.asarray(weights)
     p = {name: np.asarray(value, np.float64) for name, value in params.items()}
     means = np.stack([np.asarray(values[0, :2]).mean(0), np.asarray(values[1]).mean(0)])
     expected = (means @ p["W_v"] + p["b_v"]) @ p["W_o"] + p["b_o"]
     np.testing.assert_allclose(np.asarray(output), np.broadcast_to(expected[:, None], DIMS["BTD"]),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(weights[0, :, :, :2]), 0.5, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(weights[1]), 0.25, rtol=1e-6)
+    np.testing.assert_allclose(weights[0, :, :, :2], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(weights[1], 0.25, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- vmap and gradients
 
 
 def test_vmap_matches_loop():
-    # An extra leading axis of 3 over the inputs and lengths; the parameters are shared.
+    # An extra leading axis of 3 over the inputs and lengths; the parameters are shared. The
+    # inputs are NumPy arrays and the loop's calls are jitted (one program for the 3 calls).
     params = _params()
-    queries, keys, values = (jnp.stack([a * (i + 1) for i in range(3)]) for a in _inputs())
-    lens = _lens(np.random.default_rng(6).integers(0, DIMS.S + 1, size=(3,) + DIMS["BT"]))
+    queries, keys, values = (np.stack([np.asarray(a) * (i + 1) for i in range(3)])
+                             for a in _inputs())
+    lens = np.random.default_rng(6).integers(0, DIMS.S + 1, size=(3,) + DIMS["BT"]).astype(np.int32)
 
     def attention(q, k, v, lens):
         return _mha(params, q, k, v, lens, is_causal=True)
 
     got = jax.jit(jax.vmap(attention))(queries, keys, values, lens)
-    expected = jax.tree.map(lambda *xs: jnp.stack(xs),
-                            *[attention(queries[i], keys[i], values[i], lens[i]) for i in range(3)])
+    loop = jax.jit(attention)
+    expected = jax.tree.map(lambda *xs: np.stack(xs),
+                            *[loop(queries[i], keys[i], values[i], lens[i]) for i in range(3)])
     chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-5)
     chex.assert_shape(got, [(3,) + DIMS["BTD"], (3,) + DIMS["BNTS"]])
 
@@ -291,7 +313,8 @@ GRADIENT_CASES = [
                          ids=[case[0] for case in GRADIENT_CASES])
 def test_gradients_match_finite_differences(x64, name, lens, mask, is_causal, with_bias):
     lens = None if lens is None else _lens(lens)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BNTS"]) < 0.6)
+    if mask is not None:
+        mask = jax.device_put(np.random.default_rng(8).random(DIMS["BNTS"]) < 0.6)
     bias = _normal((1,) + DIMS["NTS"], jnp.float64, 9) if with_bias else None
 
     def f(params, q, k, v, bias):
@@ -311,28 +334,29 @@ _jitted_mha = jax.jit(jax_mh.multi_head_attention, static_argnames=("num_heads",
 
 @st.composite
 def _cases(draw):
-    B, T, S = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    N, H = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    sizes = [draw(st.integers(1, 3)) for _ in range(3)]
+    B, T, S = draw(sizes(1, 2)), draw(sizes(1, 3)), draw(sizes(1, 3))
+    N, H = draw(sizes(1, 2)), draw(sizes(1, 2))
+    widths = [draw(sizes(1, 3)) for _ in range(3)]
     lens = np.asarray(draw(st.lists(st.integers(0, S), min_size=B, max_size=B)), np.int32)
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    params = {"W_q": rng.normal(size=(sizes[0], N * H)), "W_k": rng.normal(size=(sizes[1], N * H)),
-              "W_v": rng.normal(size=(sizes[2], N * H)), "W_o": rng.normal(size=(N * H, N * H)),
+    params = {"W_q": rng.normal(size=(widths[0], N * H)), "W_k": rng.normal(size=(widths[1], N * H)),
+              "W_v": rng.normal(size=(widths[2], N * H)), "W_o": rng.normal(size=(N * H, N * H)),
               "b_o": rng.normal(size=(N * H,))}
-    inputs = (rng.normal(size=(B, T, sizes[0])), rng.normal(size=(B, S, sizes[1])),
-              rng.normal(size=(B, S, sizes[2])))
+    inputs = (rng.normal(size=(B, T, widths[0])), rng.normal(size=(B, S, widths[1])),
+              rng.normal(size=(B, S, widths[2])))
     return params, inputs, lens, N, draw(st.booleans())
 
 
-@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.settings(max_examples=examples(ci=10, dev=25))
 @hypothesis.given(_cases())
 def test_property_matches_reference(case):
     params, (queries, keys, values), lens, num_heads, is_causal = case
     expected = np_mh.multi_head_attention(params, queries, keys, values, lens, num_heads=num_heads,
                                           is_causal=is_causal)
     with jax.enable_x64(True):
-        got = _jitted_mha({name: jnp.asarray(p) for name, p in params.items()},
-                          *(jnp.asarray(a) for a in (queries, keys, values)), jnp.asarray(lens),
+        got = _jitted_mha({name: jax.device_put(p) for name, p in params.items()},
+                          *(jax.device_put(a) for a in (queries, keys, values)),
+                          jax.device_put(lens),
                           num_heads=num_heads, is_causal=is_causal)
         got = [np.asarray(g) for g in got]
     for g, e in zip(got, expected):
@@ -385,7 +409,7 @@ def test_self_attention_is_permutation_equivariant_only_without_positions(add_po
 def test_relative_position_bias_changes_the_weights_as_added_scores():
     relative = jax_pos.RelativePositionBias(DIMS.N, 8, 6, rngs=nnx.Rngs(4))
     relative.table[...] = _normal(relative.table.shape, seed=12)  # larger than the 0.02 init
-    bias = relative(DIMS.T, DIMS.S)
+    bias = nnx.jit(lambda relative: relative(DIMS.T, DIMS.S))(relative)  # one program
     chex.assert_shape(bias, (1,) + DIMS["NTS"])
     params, (queries, keys, values) = _params(), _inputs()
     lens = _lens((3, 4))
@@ -405,14 +429,16 @@ def test_book_example_shapes():
     # d2l §11.5.3 and §11.6.1: 100 hiddens, 5 heads, a batch of 2 with 4 queries, 6 key-value pairs.
     attention = jax_mh.MultiHeadAttention(100, 5, 0.5, rngs=nnx.Rngs(0))
     attention.eval()
-    X, Y = jnp.ones((2, 4, 100)), jnp.ones((2, 6, 100))
-    assert attention(X, Y, Y, _lens((3, 2))).shape == (2, 4, 100)
-    assert attention(X, X, X, _lens((3, 2))).shape == (2, 4, 100)
+    X, Y = (jax.device_put(np.ones(shape, np.float32)) for shape in ((2, 4, 100), (2, 6, 100)))
+    # Both calls in one compiled program.
+    cross, self_ = nnx.jit(lambda m, X, Y, lens: (m(X, Y, Y, lens), m(X, X, X, lens)))(
+        attention, X, Y, _lens((3, 2)))
+    assert cross.shape == self_.shape == (2, 4, 100)
     params = attention.params_dict()
     shapes = {name: p.shape for name, p in params.items()}
     assert shapes == dict.fromkeys(("W_q", "W_k", "W_v", "W_o"), (100, 100))
     bound = np.sqrt(6 / 200)  # Xavier-uniform
-    assert all(float(jnp.abs(p).max()) <= bound for p in params.values())
+    assert all(np.abs(np.asarray(p)).max() <= bound for p in params.values())
 
 
 def test_module_sizes_sown_weights_and_dropout():
@@ -435,13 +461,15 @@ def test_module_sizes_sown_weights_and_dropout():
     np.testing.assert_allclose(np.asarray(output), np.asarray(expected_output), rtol=1e-6, atol=1e-6)
 
     # Training mode: dropout on the weights changes the output, from the dropout stream; the sown
-    # weights are those before dropout.
+    # weights are those before dropout. "rbg" dropout keys, as in training: their masks compile
+    # far faster than threefry's.
     module.train()
-    first, intermediates = capture(*inputs, lens, rngs=nnx.Rngs(dropout=1))
+    key = functools.partial(jax.random.key, impl="rbg")
+    first, intermediates = capture(*inputs, lens, rngs=nnx.Rngs(dropout=key(1)))
     np.testing.assert_array_equal(np.asarray(intermediates["attention"]["attention_weights"].get_value()[0]),
                                   np.asarray(weights))
-    again, _ = capture(*inputs, lens, rngs=nnx.Rngs(dropout=1))
-    other, _ = capture(*inputs, lens, rngs=nnx.Rngs(dropout=2))
+    again, _ = capture(*inputs, lens, rngs=nnx.Rngs(dropout=key(1)))
+    other, _ = capture(*inputs, lens, rngs=nnx.Rngs(dropout=key(2)))
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
     assert np.abs(np.asarray(first) - np.asarray(output)).max() > 1e-3
     assert np.abs(np.asarray(first) - np.asarray(other)).max() > 1e-3
@@ -627,12 +655,30 @@ def _repeated_kv(params, num_kv_heads, value_head_size):
     return repeated
 
 
+@functools.partial(jax.jit, static_argnames=("num_kv_heads", "value_head_size"))
+def _grouped_and_repeated(params, inputs, valid_lens, *, num_kv_heads, value_head_size):
+    """``(outputs and weights, gradients of sum(output ** 2))`` of the GQA layer and of the layer
+    with repeated key/value weights: one compiled program per head layout."""
+    def grouped(params):
+        return jax_mh.multi_head_attention(params, *inputs, valid_lens, num_heads=GQA_HEADS,
+                                           is_causal=True, local_window_size=(1, 0))
+
+    def repeated(params):
+        return grouped(_repeated_kv(params, num_kv_heads, value_head_size))
+
+    def loss(attention):
+        return lambda params: jnp.sum(attention(params)[0] ** 2)
+
+    return ((grouped(params), repeated(params)),
+            (jax.grad(loss(grouped))(params), jax.grad(loss(repeated))(params)))
+
+
 @pytest.mark.parametrize("num_kv_heads, value_head_size", [(2, 2), (1, 2), (2, 3), (4, 5)])
 def test_gqa_layer_equals_the_layer_with_repeated_key_value_weights(x64, num_kv_heads,
                                                                     value_head_size):
     """A GQA module equals plain multi-head attention whose W_k, W_v (and biases) repeat each
     key/value head for its group — outputs, weights and the gradients of the shared heads (the
-    sum over the copies)."""
+    sum over the copies). Under jit; the chex variants above run the layer eagerly."""
     module = jax_mh.MultiHeadAttention(DIMS.D, GQA_HEADS, bias=True, query_size=DIMS.q,
                                        key_size=DIMS.k, value_size=DIMS.v,
                                        num_kv_heads=num_kv_heads, value_head_size=value_head_size,
@@ -640,20 +686,11 @@ def test_gqa_layer_equals_the_layer_with_repeated_key_value_weights(x64, num_kv_
     params = module.params_dict()
     params = {name: p + 0.1 * _normal(p.shape, jnp.float64, i) if name.startswith("b_") else p
               for i, (name, p) in enumerate(params.items())}  # biases nonzero
-    inputs = _inputs(jnp.float64)
-    arguments = {"valid_lens": _lens([3, 1]), "is_causal": True, "local_window_size": (1, 0)}
-
-    def grouped(params):
-        return jax_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS, **arguments)
-
-    def repeated(params):
-        return jax_mh.multi_head_attention(_repeated_kv(params, num_kv_heads, value_head_size),
-                                           *inputs, num_heads=GQA_HEADS, **arguments)
-
-    for got, expected in zip(grouped(params), repeated(params)):
-        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
-    got = jax.grad(lambda p: jnp.sum(grouped(p)[0] ** 2))(params)
-    expected = jax.grad(lambda p: jnp.sum(repeated(p)[0] ** 2))(params)
+    (grouped, repeated), (got, expected) = _grouped_and_repeated(
+        params, _inputs(jnp.float64), _lens([3, 1]), num_kv_heads=num_kv_heads,
+        value_head_size=value_head_size)
+    for g, e in zip(grouped, repeated):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
     for name in params:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-10, atol=1e-12,
                                    err_msg=name)
@@ -664,13 +701,17 @@ def test_gqa_module_calls_the_function_on_its_parameters(x64):
                                        value_size=DIMS.v, num_kv_heads=1, value_head_size=3,
                                        param_dtype=jnp.float64, rngs=nnx.Rngs(1))
     inputs = _inputs(jnp.float64)
-    arguments = {"valid_lens": _lens([[1, 4, 2], [3, 0, 4]]), "scale": 0.3, "logit_softcap": 2.0}
-    expected, _ = jax_mh.multi_head_attention(module.params_dict(), *inputs, num_heads=GQA_HEADS,
-                                              num_kv_heads=1, **arguments)
-    np.testing.assert_array_equal(module(*inputs, **arguments), expected)
-    unbatched = module(*(x[1] for x in inputs), arguments["valid_lens"][1], scale=0.3,
-                       logit_softcap=2.0)
-    np.testing.assert_allclose(unbatched, expected[1], rtol=1e-12, atol=1e-12)
+    lens = _lens([[1, 4, 2], [3, 0, 4]])
+    arguments = {"scale": 0.3, "logit_softcap": 2.0}
+    # Both sides compiled; the module and the function run eagerly in the chex variants and in
+    # test_gqa_under_jit_and_vmap and test_unbatched_module_sows_weights_without_a_batch_axis.
+    call = nnx.jit(lambda module, q, k, v, lens: module(q, k, v, lens, **arguments))
+    expected, _ = jax.jit(lambda params, q, k, v, lens: jax_mh.multi_head_attention(
+        params, q, k, v, lens, num_heads=GQA_HEADS, num_kv_heads=1, **arguments))(
+        module.params_dict(), *inputs, lens)
+    np.testing.assert_array_equal(call(module, *inputs, lens), expected)
+    unbatched = call(module, *(np.asarray(x)[1] for x in inputs), np.asarray(lens)[1])
+    np.testing.assert_allclose(unbatched, np.asarray(expected)[1], rtol=1e-12, atol=1e-12)
 
 
 def test_gqa_gradients_match_finite_differences(x64):
@@ -700,7 +741,9 @@ def test_gqa_under_jit_and_vmap():
 
     eager = f(*inputs, lens)
     jitted = jax.jit(f)(*inputs, lens)
-    mapped = jax.vmap(f)(*inputs, lens)  # unbatched inside: (T, q), lengths ()
+    # Unbatched inside: (T, q), lengths (). vmap under jit: one program instead of one per
+    # batched operation.
+    mapped = jax.jit(jax.vmap(f))(*inputs, lens)
     for e, j, m in zip(eager, jitted, mapped):
         np.testing.assert_allclose(j, e, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(m, e, rtol=1e-6, atol=1e-6)

@@ -1,7 +1,7 @@
 """Properties of JAX additive and scaled dot-product attention (d2l §11.3) and their NNX modules.
 
-jit and no-jit (chex variants), shapes with the DESIGN.md letters, vmap, gradients against finite
-differences, fully masked rows in every float dtype, NaN/Inf in masked positions, hypothesis
+jit and no-jit (chex variants), shapes with the docs/design.md letters, vmap, gradients against
+finite differences, fully masked rows in every float dtype, NaN/Inf in masked positions, hypothesis
 properties against the NumPy reference, bad input (JAX and NumPy alike), sown weights and dropout.
 """
 
@@ -25,6 +25,7 @@ from jax_attention import efficient
 from jax_attention import masking as jax_masking
 from jax_attention import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
+from tests.hypothesis_support import examples, sizes
 
 # H: query/key size for dot product (the per-head size); D: value size and additive key size.
 DIMS = chex.Dimensions(B=2, N=2, T=3, S=5, H=4, D=6)
@@ -32,8 +33,14 @@ HIDDENS = 7  # additive hidden size h
 KINDS = ("dot", "additive")
 
 
+def _device(array, dtype=None):
+    """``array`` as a JAX array of ``dtype``, cast by NumPy: ``jnp.asarray`` would compile a
+    conversion program for every new shape and dtype, ``jax.device_put`` compiles nothing."""
+    return jax.device_put(np.asarray(array, dtype))
+
+
 def _normal(shape, dtype=jnp.float32, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+    return _device(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
 def _inputs(kind, batch="B", dtype=jnp.float32):
@@ -63,7 +70,7 @@ def _attention(kind, params=None):
 
 
 def _lens(values):
-    return jnp.asarray(values, jnp.int32)
+    return _device(values, np.int32)
 
 
 def _keep_from_lens(lens, num_queries, num_keys):
@@ -84,7 +91,7 @@ def _assert_weights_valid(weights, keep):
 
 
 def _all_finite(tree):
-    return all(bool(jnp.isfinite(leaf.astype(jnp.float32)).all()) for leaf in jax.tree.leaves(tree))
+    return all(np.isfinite(np.asarray(leaf).astype(np.float32)).all() for leaf in jax.tree.leaves(tree))
 
 
 # --------------------------------------------------------------------------- jit and no jit
@@ -116,7 +123,7 @@ class ScoringVariantsTest(chex.TestCase):
     @parameterized.product(kind=KINDS)
     def test_mask_and_causal(self, kind):
         queries, keys, values = _inputs(kind)
-        mask = jnp.asarray(np.random.default_rng(5).random((DIMS.B, 1, DIMS.S)) < 0.7)
+        mask = _device(np.random.default_rng(5).random((DIMS.B, 1, DIMS.S)) < 0.7)
         lens = _lens((4, 2))
 
         def fn(q, k, v, lens, mask):
@@ -128,16 +135,27 @@ class ScoringVariantsTest(chex.TestCase):
         keep = _keep_from_lens(lens, DIMS.T, DIMS.S) & np.asarray(mask) & causal
         _assert_weights_valid(weights, keep)
 
+    # Every dtype under jit; the eager path (a compilation per primitive and dtype) in float32.
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.product(kind=KINDS, dtype=[jnp.float32, jnp.bfloat16, jnp.float16])
+    @parameterized.product(kind=KINDS, dtype=[jnp.float32])
     def test_fully_masked_rows(self, kind, dtype):
+        self._check_fully_masked_rows(kind, dtype)
+
+    @chex.variants(with_jit=True)
+    @parameterized.product(kind=KINDS, dtype=[jnp.bfloat16, jnp.float16])
+    def test_fully_masked_rows_in_half_precision(self, kind, dtype):
+        self._check_fully_masked_rows(kind, dtype)
+
+    def _check_fully_masked_rows(self, kind, dtype):
         queries, keys, values = _inputs(kind, dtype=dtype)
         params = _params()
         # Batch element 0 has valid length 0; row 0 of batch element 1 has an all-False mask row.
         lens = _lens((0, 5))
-        mask = jnp.ones(DIMS["BTS"], bool).at[1, 0].set(False)
         empty = np.zeros(DIMS["BT"], bool)
         empty[0] = empty[1, 0] = True
+        mask = np.ones(DIMS["BTS"], bool)
+        mask[1, 0] = False
+        mask = _device(mask)
 
         def fn(q, k, v, p, lens, mask):
             # The gradient of sum(output) w.r.t. queries, keys, values and parameters, from the
@@ -149,11 +167,12 @@ class ScoringVariantsTest(chex.TestCase):
 
         output, weights, grads = self.variant(fn)(queries, keys, values, params, lens, mask)
         chex.assert_type([output, weights], dtype)
-        assert (np.asarray(weights.astype(jnp.float32))[empty] == 0).all()
-        assert (np.asarray(output.astype(jnp.float32))[empty] == 0).all()
-        assert np.isfinite(np.asarray(output.astype(jnp.float32))).all()
+        output, weights = (np.asarray(a).astype(np.float32) for a in (output, weights))
+        assert (weights[empty] == 0).all()
+        assert (output[empty] == 0).all()
+        assert np.isfinite(output).all()
         # The other rows still sum to 1 in the output dtype (normalised in float32, then rounded).
-        sums = np.asarray(weights.astype(jnp.float32)).sum(-1)[~empty]
+        sums = weights.sum(-1)[~empty]
         np.testing.assert_allclose(sums, np.ones_like(sums), atol=2e-2)
         assert _all_finite(grads)
 
@@ -166,16 +185,19 @@ class ScoringVariantsTest(chex.TestCase):
             lens, mask = _lens(((2, 2, 0), (5, 3, 4))), None
             dirty_keys, dirty_rows = (0, slice(2, None)), (0, 2)
         else:
-            mask = jnp.ones((DIMS.B, 1, DIMS.S), bool).at[1, 0, 1:3].set(False)
-            mask = jnp.broadcast_to(mask, DIMS["BTS"]).at[1, 0].set(False)
+            mask = np.ones((DIMS.B, 1, DIMS.S), bool)
+            mask[1, 0, 1:3] = False
+            mask = np.broadcast_to(mask, DIMS["BTS"]).copy()
+            mask[1, 0] = False
+            mask = _device(mask)
             lens, dirty_keys, dirty_rows = None, (1, slice(1, 3)), (1, 0)
 
         def poison(array, index, first, rest):
             # NaN and +-Inf side by side: each breaks a different shortcut (0 * x, x - x, max).
+            array = np.array(array)
             size = array[index].shape[-1]
-            return array.at[index].set(
-                jnp.where(jnp.arange(size) < size // 2, first, rest).astype(array.dtype)
-            )
+            array[index] = np.where(np.arange(size) < size // 2, first, rest)
+            return _device(array)
 
         dirty = (
             poison(queries, dirty_rows, np.nan, np.inf),
@@ -184,7 +206,7 @@ class ScoringVariantsTest(chex.TestCase):
         )
         valid_rows = np.ones(DIMS["BT"], bool)
         valid_rows[dirty_rows] = False
-        row_weights = jnp.broadcast_to(jnp.asarray(valid_rows, jnp.float32)[..., None], DIMS["BTD"])
+        row_weights = _device(np.broadcast_to(valid_rows[..., None], DIMS["BTD"]), np.float32)
 
         def fn(q, k, v, p, lens, mask):
             # Gradients of the sum of the valid rows' outputs (vjp: one forward pass for both).
@@ -208,15 +230,16 @@ class ScoringVariantsTest(chex.TestCase):
         # Equal scores for every key: the weights are uniform over the valid keys (d2l §11.3.3's
         # observation), so the output is the plain mean of the valid values.
         queries, keys, values = _inputs(kind)
-        keys = jnp.broadcast_to(keys[:, :1], keys.shape)
+        keys = _device(np.broadcast_to(np.asarray(keys)[:, :1], keys.shape))
         lens = _lens((2, 5))
         output, weights = self.variant(_attention(kind))(queries, keys, values, lens)
-        expected = np.stack([np.asarray(values[0, :2]).mean(0), np.asarray(values[1]).mean(0)])
+        values, weights = np.asarray(values), np.asarray(weights)
+        expected = np.stack([values[0, :2].mean(0), values[1].mean(0)])
         np.testing.assert_allclose(
             np.asarray(output), np.broadcast_to(expected[:, None], DIMS["BTD"]), rtol=1e-5, atol=1e-6
         )
-        np.testing.assert_allclose(np.asarray(weights[0, :, :2]), 0.5, rtol=1e-6)
-        np.testing.assert_allclose(np.asarray(weights[1]), 0.2, rtol=1e-6)
+        np.testing.assert_allclose(weights[0, :, :2], 0.5, rtol=1e-6)
+        np.testing.assert_allclose(weights[1], 0.2, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- traced lengths
@@ -230,7 +253,7 @@ def test_traced_out_of_range_lengths_under_jit(kind):
     jitted = jax.jit(_attention(kind))
     output, weights = jitted(queries, keys, values, _lens((-1, 9)))
     expected_output, expected_weights = jitted(queries, keys, values, _lens((0, DIMS.S)))
-    assert (np.asarray(output[0]) == 0).all() and (np.asarray(weights[0]) == 0).all()
+    assert (np.asarray(output)[0] == 0).all() and (np.asarray(weights)[0] == 0).all()
     np.testing.assert_array_equal(np.asarray(output), np.asarray(expected_output))
     np.testing.assert_array_equal(np.asarray(weights), np.asarray(expected_weights))
     lens = _lens((-1, 3))
@@ -249,28 +272,32 @@ def test_traced_out_of_range_lengths_under_jit(kind):
 )
 def test_vmap_matches_loop(kind, lens_shape):
     # An extra leading axis of 4 over queries, keys, values and lengths (e.g. several batches).
-    queries, keys, values = (jnp.stack([a * (i + 1) for i in range(4)]) for a in _inputs(kind))
-    lens = _lens(np.random.default_rng(6).integers(0, DIMS.S + 1, size=lens_shape))
-    attention = _attention(kind)
-    # Jitted so the batched program compiles once rather than primitive by primitive.
-    got = jax.jit(jax.vmap(attention))(queries, keys, values, lens)
-    expected = [attention(queries[i], keys[i], values[i], lens[i]) for i in range(4)]
-    expected = jax.tree.map(lambda *xs: jnp.stack(xs), *expected)
+    queries, keys, values = (_device(np.stack([np.asarray(a) * (i + 1) for i in range(4)]))
+                             for a in _inputs(kind))
+    lens = np.random.default_rng(6).integers(0, DIMS.S + 1, size=lens_shape).astype(np.int32)
+    # Jitted so that the batched program and the loop's compile once each rather than primitive
+    # by primitive.
+    attention = jax.jit(_attention(kind))
+    got = jax.jit(jax.vmap(attention))(queries, keys, values, _device(lens))
+    inputs = [np.asarray(a) for a in (queries, keys, values)]
+    expected = [attention(*(a[i] for a in inputs), lens[i]) for i in range(4)]
+    expected = jax.tree.map(lambda *xs: np.stack(xs), *expected)
     chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
     chex.assert_shape(got[0], (4,) + DIMS["BTD"])
 
 
 def test_vmap_shared_additive_params_and_mask():
-    queries, keys, values = (jnp.stack([a, -a]) for a in _inputs("additive"))
-    mask = jnp.asarray(np.random.default_rng(7).random((2,) + DIMS["BTS"]) < 0.6)
+    inputs = [np.stack([a, -a]) for a in map(np.asarray, _inputs("additive"))]
+    inputs.append(np.random.default_rng(7).random((2,) + DIMS["BTS"]) < 0.6)  # the masks
     params = _params()
 
+    @jax.jit
     def attention(q, k, v, m):
         return jax_scoring.additive_attention(params, q, k, v, mask=m)
 
-    got = jax.jit(jax.vmap(attention))(queries, keys, values, mask)
+    got = jax.jit(jax.vmap(attention))(*map(_device, inputs))
     expected = jax.tree.map(
-        lambda *xs: jnp.stack(xs), *[attention(queries[i], keys[i], values[i], mask[i]) for i in range(2)]
+        lambda *xs: np.stack(xs), *[attention(*(a[i] for a in inputs)) for i in range(2)]
     )
     chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -289,7 +316,7 @@ MASKINGS = [
 def test_dot_product_gradients(x64, name, lens, mask, is_causal):
     queries, keys, values = _inputs("dot", dtype=jnp.float64)
     lens = None if lens is None else _lens(lens)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
 
     def f(q, k, v):
         return jax_scoring.dot_product_attention(q, k, v, lens, mask=mask, is_causal=is_causal)
@@ -327,10 +354,10 @@ def test_dot_product_custom_jvp_gradients_match_autodiff(x64, name, lens, mask, 
     lens = None if lens is None else _lens(lens)
     if lens is not None and lens.ndim == 1:
         # Padding holds NaN and Inf; it must reach neither outputs nor gradients.
-        padded = (jnp.arange(DIMS.S, dtype=jnp.int32)[None, :] >= lens[:, None])[:, :, None]
-        keys = jnp.where(padded, jnp.nan, keys)
-        values = jnp.where(padded, jnp.inf, values)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+        padded = (np.arange(DIMS.S)[None, :] >= np.asarray(lens)[:, None])[:, :, None]
+        keys = _device(np.where(padded, np.nan, keys))
+        values = _device(np.where(padded, np.inf, values))
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
     bias = _normal(DIMS["TS"], jnp.float64, 9) if with_bias else None
     out_cotangent = _normal(DIMS["BTD"], jnp.float64, 10)
     weights_cotangent = _normal(DIMS["BTS"], jnp.float64, 11)
@@ -344,18 +371,18 @@ def test_dot_product_custom_jvp_gradients_match_autodiff(x64, name, lens, mask, 
             if through in ("weights", "both"):
                 total = total + jnp.sum(weights * weights_cotangent)
             return total
-        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))
+        return jax.grad(f, argnums=(0, 1, 2, 3))
 
-    bias_arg = bias if bias is not None else jnp.zeros((), jnp.float64)
+    attentions = (jax_scoring.dot_product_attention, _autodiff_dot_product_attention)
+    bias_arg = bias if bias is not None else np.zeros((), np.float64)
     if bias is None:
         # grad needs an argument; a scalar bias would change nothing but must not be passed on.
         def wrap(attention):
             return lambda q, k, v, lens, b=None, **kw: attention(q, k, v, lens, **{**kw, "bias": None})
-        got = loss(wrap(jax_scoring.dot_product_attention))(queries, keys, values, bias_arg)
-        expected = loss(wrap(_autodiff_dot_product_attention))(queries, keys, values, bias_arg)
-    else:
-        got = loss(jax_scoring.dot_product_attention)(queries, keys, values, bias_arg)
-        expected = loss(_autodiff_dot_product_attention)(queries, keys, values, bias_arg)
+        attentions = tuple(map(wrap, attentions))
+    # Both gradients in one jitted program.
+    got, expected = jax.jit(lambda *arrays: tuple(loss(a)(*arrays) for a in attentions))(
+        queries, keys, values, bias_arg)
     for g in got:
         assert np.all(np.isfinite(np.asarray(g)))
     chex.assert_trees_all_close(got, expected, rtol=1e-12, atol=1e-12)
@@ -367,18 +394,20 @@ def test_dot_product_forward_mode_matches_autodiff(x64, name, lens, mask, is_cau
     """Forward mode (``jax.jvp``) works through the custom JVP and equals plain autodiff's."""
     queries, keys, values = _inputs("dot", dtype=jnp.float64)
     lens = None if lens is None else _lens(lens)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
     bias = _normal(DIMS["TS"], jnp.float64, 9) if with_bias else None
     tangents = tuple(_normal(x.shape, jnp.float64, 20 + i)
                      for i, x in enumerate((queries, keys, values)))
 
-    def jvp(attention):
-        return jax.jit(lambda *primals: jax.jvp(
+    def jvp(attention, primals):
+        return jax.jvp(
             lambda q, k, v: attention(q, k, v, lens, mask=mask, is_causal=is_causal, bias=bias),
-            primals, tangents))
+            primals, tangents)
 
-    got = jvp(jax_scoring.dot_product_attention)(queries, keys, values)
-    expected = jvp(_autodiff_dot_product_attention)(queries, keys, values)
+    # Both in one jitted program.
+    got, expected = jax.jit(lambda *primals: tuple(
+        jvp(a, primals) for a in (jax_scoring.dot_product_attention,
+                                  _autodiff_dot_product_attention)))(queries, keys, values)
     chex.assert_trees_all_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -389,7 +418,7 @@ def test_dot_product_forward_values_are_the_books_softmax_bit_for_bit(name, lens
     NNX module (plain autodiff, dropout) and the functional core train and decode alike."""
     queries, keys, values = _inputs("dot", dtype=jnp.float32)
     lens = None if lens is None else _lens(lens)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
     keep = jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal)
     scores = jnp.einsum(jax_scoring.DOT_SCORES, queries, keys) / math.sqrt(DIMS.H)
     expected_weights = jax_masking.masked_softmax(scores, mask=keep)
@@ -405,7 +434,7 @@ def test_dot_product_forward_values_are_the_books_softmax_bit_for_bit(name, lens
 def test_additive_gradients(x64, name, lens, mask, is_causal):
     queries, keys, values = _inputs("additive", dtype=jnp.float64)
     lens = None if lens is None else _lens(lens)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
 
     def f(p, q, k, v):
         return jax_scoring.additive_attention(p, q, k, v, lens, mask=mask, is_causal=is_causal)
@@ -467,8 +496,8 @@ _jitted_additive_attention = jax.jit(jax_scoring.additive_attention)
 
 @st.composite
 def _cases(draw):
-    B, T, S = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
-    depth = draw(st.integers(1, 2))
+    B, T, S = draw(sizes(1, 2)), draw(sizes(1, 2)), draw(sizes(1, 4))
+    depth = draw(sizes(1, 2))
     per_query = draw(st.booleans())
     count = B * T if per_query else B
     lens = np.asarray(draw(st.lists(st.integers(0, S), min_size=count, max_size=count)), np.int32)
@@ -487,21 +516,20 @@ def _check_property(expected, got, lens, shape):
     assert (np.asarray(got[0])[~keep.any(-1)] == 0).all()
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.settings(max_examples=examples(ci=10, dev=25))
 @hypothesis.given(_cases())
 def test_dot_product_property(case):
     queries, keys, values, lens = case
     expected = np_scoring.dot_product_attention(queries, keys, values, lens)
     with jax.enable_x64(True):
-        got = _jitted_dot_product_attention(
-            *(jnp.asarray(a, jnp.float64) for a in (queries, keys, values)), jnp.asarray(lens)
-        )
+        # NumPy arguments: a jitted function converts them without compiling anything.
+        got = _jitted_dot_product_attention(queries, keys, values, lens)
         got = [np.asarray(g) for g in got]
     _check_property(expected, got, lens, (queries.shape[1], keys.shape[1]))
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
-@hypothesis.given(_cases(), st.integers(1, 2), st.integers(0, 2**16))
+@hypothesis.settings(max_examples=examples(ci=10, dev=25))
+@hypothesis.given(_cases(), sizes(1, 2), st.integers(0, 2**16))
 def test_additive_property(case, hiddens, seed):
     queries, keys, values, lens = case
     keys = np.concatenate([keys, keys], axis=-1)  # a key size different from the query size
@@ -513,11 +541,7 @@ def test_additive_property(case, hiddens, seed):
     }
     expected = np_scoring.additive_attention(params, queries, keys, values, lens)
     with jax.enable_x64(True):
-        got = _jitted_additive_attention(
-            {k: jnp.asarray(v, jnp.float64) for k, v in params.items()},
-            *(jnp.asarray(a, jnp.float64) for a in (queries, keys, values)),
-            jnp.asarray(lens),
-        )
+        got = _jitted_additive_attention(params, queries, keys, values, lens)
         got = [np.asarray(g) for g in got]
     _check_property(expected, got, lens, (queries.shape[1], keys.shape[1]))
 
@@ -533,7 +557,7 @@ def _both(kind):
     return [
         (
             lambda *a, **kw: jax_scoring.additive_attention(
-                {k: jnp.asarray(v) for k, v in params.items()}, *a, **kw
+                {k: _device(v) for k, v in params.items()}, *a, **kw
             ),
             jnp,
         ),
@@ -866,10 +890,10 @@ def test_chunked_implementation_matches_plain_with_gradients(x64, name, lens, ma
     queries, keys, values = _inputs("dot", dtype=jnp.float64)
     lens = _lens(lens)
     if lens.ndim == 1:
-        padded = (jnp.arange(DIMS.S, dtype=jnp.int32)[None, :] >= lens[:, None])[:, :, None]
-        keys = jnp.where(padded, jnp.nan, keys)
-        values = jnp.where(padded, jnp.inf, values)
-    mask = None if mask is None else jnp.asarray(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
+        padded = (np.arange(DIMS.S)[None, :] >= np.asarray(lens)[:, None])[:, :, None]
+        keys = _device(np.where(padded, np.nan, keys))
+        values = _device(np.where(padded, np.inf, values))
+    mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
     out_cotangent = _normal(DIMS["BTD"], jnp.float64, 10)
     weights_cotangent = _normal(DIMS["BTS"], jnp.float64, 11)
 
@@ -877,17 +901,19 @@ def test_chunked_implementation_matches_plain_with_gradients(x64, name, lens, ma
         def f(q, k, v):
             output, weights = jax_scoring.dot_product_attention(
                 q, k, v, lens, mask=mask, is_causal=is_causal, implementation=implementation)
-            return jnp.sum(output * out_cotangent) + jnp.sum(weights * weights_cotangent)
-        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
+            loss = jnp.sum(output * out_cotangent) + jnp.sum(weights * weights_cotangent)
+            return loss, (output, weights)
+        # One program per implementation: the loss, its gradients and the forward's values.
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
 
     plain, chunked = loss("plain")(queries, keys, values), loss("chunked")(queries, keys, values)
     assert _all_finite(chunked)
     chex.assert_trees_all_close(chunked, plain, rtol=1e-12, atol=1e-12)
-    output, weights = jax_scoring.dot_product_attention(queries, keys, values, lens, mask=mask,
-                                                        is_causal=is_causal,
-                                                        implementation="chunked")
-    keep = jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal)
-    empty = ~np.asarray(jnp.broadcast_to(keep, DIMS["BTS"])).any(axis=-1)
+    (_, (output, weights)), _ = chunked
+    keep = np.broadcast_to(np.asarray(jax.jit(
+        lambda: jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal))()),
+        DIMS["BTS"])
+    empty = ~keep.any(axis=-1)
     assert empty.any() and (np.asarray(output)[empty] == 0).all()
     _assert_weights_valid(weights, keep)
 
@@ -1005,7 +1031,7 @@ VARIANT_CASES = {
 def _with_lens(arguments):
     arguments = dict(arguments)
     if "valid_lens" in arguments:
-        arguments["valid_lens"] = jnp.asarray(arguments["valid_lens"], jnp.int32)
+        arguments["valid_lens"] = _lens(arguments["valid_lens"])
     return arguments
 
 
@@ -1031,8 +1057,10 @@ def test_variant_forward_mode_on_the_plain_path(x64):
     def f(q, k, v):
         return jax_scoring.dot_product_attention(q, k, v, implementation="plain", **arguments)[0]
 
-    check_grads(f, (q, k, v), order=1, modes=("fwd",))
-    hessian = jax.hessian(lambda k: jnp.sum(f(q, k, v) ** 2))(k)
+    # jit only to compile the finite differences and the Hessian once each rather than
+    # primitive by primitive.
+    check_grads(jax.jit(f), (q, k, v), order=1, modes=("fwd",))
+    hessian = jax.jit(jax.hessian(lambda k: jnp.sum(f(q, k, v) ** 2)))(k)
     assert hessian.shape == k.shape * 2 and _all_finite(hessian)
 
 
@@ -1052,14 +1080,17 @@ def test_grouped_heads_equal_repeated_keys_and_values(x64, implementation):
                                                  jnp.repeat(v, groups, axis=1),
                                                  implementation="plain", **arguments)
 
-    for got, expected in zip(grouped(q, k, v), repeated(q, k, v)):
-        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
-
     def loss(f):
         return lambda q, k, v: jnp.sum(f(q, k, v)[0] * jnp.arange(GQA.V, dtype=q.dtype).reshape(1, 1, 1, -1))
 
-    got = jax.grad(loss(grouped), argnums=(0, 1, 2))(q, k, v)
-    expected = jax.grad(lambda q, k, v: loss(repeated)(q, k, v), argnums=(0, 1, 2))(q, k, v)
+    @jax.jit  # one program for the values and gradients of both
+    def both(q, k, v):
+        return tuple((f(q, k, v), jax.grad(loss(f), argnums=(0, 1, 2))(q, k, v))
+                     for f in (grouped, repeated))
+
+    (values, got), (expected_values, expected) = both(q, k, v)
+    for g, e in zip(values, expected_values):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
     for g, e in zip(got, expected):
         assert g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
@@ -1081,15 +1112,16 @@ def test_grouped_heads_do_not_repeat_keys_and_values():
 @pytest.mark.parametrize("implementation", ["plain", "chunked"])
 def test_variants_under_jit_and_vmap(implementation):
     q, k, v = _gqa_inputs(dtype=jnp.float32)
-    lens = jnp.asarray([4, 1], jnp.int32)
+    lens = _lens([4, 1])
     arguments = {"local_window_size": (1, 1), "logit_softcap": 2.0, "scale": 0.5,
                  "implementation": implementation}
     eager = jax_scoring.dot_product_attention(q, k, v, lens, **arguments)
     jitted = jax.jit(lambda q, k, v, lens: jax_scoring.dot_product_attention(
         q, k, v, lens, **arguments))(q, k, v, lens)
     # vmap over the batch: each example unbatched (N, T, H) would be (B', T, H); add B' = 1.
-    mapped = jax.vmap(lambda q, k, v, lens: jax_scoring.dot_product_attention(
-        q[None], k[None], v[None], lens[None], **arguments))(q, k, v, lens)
+    # (Jitted too, to compile the batched program once rather than primitive by primitive.)
+    mapped = jax.jit(jax.vmap(lambda q, k, v, lens: jax_scoring.dot_product_attention(
+        q[None], k[None], v[None], lens[None], **arguments)))(q, k, v, lens)
     for e, j, m in zip(eager, jitted, mapped):
         np.testing.assert_allclose(j, e, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(m[:, 0], e, rtol=1e-6, atol=1e-6)
@@ -1100,39 +1132,47 @@ def test_rows_a_window_leaves_empty_are_zero_with_finite_gradients(x64, implemen
     """Lengths (3, 6) and a window (0, 0): queries 3 and 4 of sequence 0 see no key. Their
     weights and outputs are zero, NaN stored in the padding reaches nothing, and every gradient
     is finite."""
-    q, k, v = _gqa_inputs()
-    k, v = k.at[0, :, 3:].set(jnp.nan), v.at[0, :, 3:].set(jnp.inf)
-    lens = jnp.asarray([3, 6], jnp.int32)
+    q, k, v = (np.array(a) for a in _gqa_inputs())
+    k[0, :, 3:], v[0, :, 3:] = np.nan, np.inf
+    lens = _lens([3, 6])
 
     def f(q, k, v):
         return jax_scoring.dot_product_attention(q, k, v, lens, local_window_size=(0, 0),
                                                  implementation=implementation)
 
-    output, weights = f(q, k, v)
+    # One program for the forward values and the gradients.
+    (output, weights), grads = jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(
+        lambda q, k, v: jnp.sum(f(q, k, v)[0]), argnums=(0, 1, 2))(q, k, v)))(q, k, v)
+    output, weights = np.asarray(output), np.asarray(weights)
     assert _all_finite((output, weights))
     np.testing.assert_array_equal(weights[0, :, 3:], 0.0)
     np.testing.assert_array_equal(output[0, :, 3:], 0.0)
     np.testing.assert_allclose(weights[1].sum(-1), 1.0, rtol=1e-12)
-    grads = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)[0]), argnums=(0, 1, 2))(q, k, v)
     assert _all_finite(grads)
-    np.testing.assert_array_equal(grads[0][0, :, 3:], 0.0)
+    np.testing.assert_array_equal(np.asarray(grads[0])[0, :, 3:], 0.0)
 
 
 def test_softcap_bounds_the_scores_and_scale_multiplies_them(x64):
     q, k, _ = _gqa_inputs()
     q = 50.0 * q  # scores far beyond the cap
     d = GQA.H
-    uncapped = jnp.einsum("bngtd,bnsd->bngts", q.reshape(GQA.B, GQA.K, 2, GQA.T, d), k)
-    uncapped = uncapped.reshape(GQA.B, GQA.N, GQA.T, GQA.S) / math.sqrt(d)
-    capped = 3.0 * jnp.tanh(uncapped / 3.0)
-    weights = jax_scoring.dot_product_attention_weights(q, k, logit_softcap=3.0)
-    np.testing.assert_allclose(weights, jax.nn.softmax(capped, axis=-1), rtol=1e-12, atol=1e-15)
+
+    @jax.jit  # one program rather than one per primitive
+    def weights_and_expected(q, k):
+        uncapped = jnp.einsum("bngtd,bnsd->bngts", q.reshape(GQA.B, GQA.K, 2, GQA.T, d), k)
+        uncapped = uncapped.reshape(GQA.B, GQA.N, GQA.T, GQA.S) / math.sqrt(d)
+        capped = 3.0 * jnp.tanh(uncapped / 3.0)
+        return (jax_scoring.dot_product_attention_weights(q, k, logit_softcap=3.0),
+                jax.nn.softmax(capped, axis=-1),
+                jax_scoring.dot_product_attention_weights(q / 50.0, k, scale=0.25),
+                jax.nn.softmax(uncapped / 50.0 * math.sqrt(d) * 0.25, axis=-1))
+
+    weights, expected, scaled, expected_scaled = map(np.asarray, weights_and_expected(q, k))
+    np.testing.assert_allclose(weights, expected, rtol=1e-12, atol=1e-15)
     # The largest weight ratio within a row is at most e^(2c).
     ratio = weights.max(-1) / weights.min(-1)
     assert float(ratio.max()) <= math.exp(6.0) * (1 + 1e-9)
-    scaled = jax_scoring.dot_product_attention_weights(q / 50.0, k, scale=0.25)
-    np.testing.assert_allclose(scaled, jax.nn.softmax(uncapped / 50.0 * math.sqrt(d) * 0.25,
-                                                      axis=-1), rtol=1e-12)
+    np.testing.assert_allclose(scaled, expected_scaled, rtol=1e-12)
 
 
 BAD_VARIANTS = [
@@ -1204,11 +1244,16 @@ def test_unbatched_lengths_must_be_scalar_or_per_query():
 
 
 def test_unbatched_module_sows_weights_without_a_batch_axis():
-    module = jax_scoring.DotProductAttention(sow_weights=True)
     q, k, v = (_normal(shape, seed=i) for i, shape in enumerate(((4, 3), (6, 3), (6, 2))))
-    output, intermediates = nnx.capture(module, nnx.Intermediate)(q, k, v, 5, is_causal=True)
-    (weights,) = intermediates["attention_weights"].get_value()
-    expected = jax_scoring.dot_product_attention(q, k, v, 5, is_causal=True)
+
+    @jax.jit  # one program rather than one per primitive
+    def sown_and_expected(q, k, v):
+        module = jax_scoring.DotProductAttention(sow_weights=True)
+        output, intermediates = nnx.capture(module, nnx.Intermediate)(q, k, v, 5, is_causal=True)
+        (weights,) = intermediates["attention_weights"].get_value()
+        return (output, weights), jax_scoring.dot_product_attention(q, k, v, 5, is_causal=True)
+
+    (output, weights), expected = sown_and_expected(q, k, v)
     assert output.shape == (4, 2) and weights.shape == (4, 6)
     for got, want in zip((output, weights), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
@@ -1231,9 +1276,9 @@ def _dropout_case(dtype, seed=0):
     queries, keys, values = (_normal(shape, dtype, seed + i) for i, shape in
                              enumerate([(B, N, T, H), (B, N, S, H), (B, N, S, V)]))
     # The first sequence attends nothing (fully masked rows), the others a prefix; causal too.
-    valid = jnp.asarray([0, 3, 5])
-    keep = ((jnp.arange(S)[None, None, None, :] < valid[:, None, None, None])
-            & (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + 1)[None, None])
+    valid = np.asarray([0, 3, 5])
+    keep = _device((np.arange(S)[None, None, None, :] < valid[:, None, None, None])
+                   & (np.arange(S)[None, :] <= np.arange(T)[:, None] + 1)[None, None])
     cotangents = (_normal((B, N, T, V), dtype, seed + 7), _normal((B, N, T, S), dtype, seed + 8))
     return (queries, keys, values), keep, cotangents, jax.random.key(seed + 3, impl="rbg")
 
@@ -1248,6 +1293,7 @@ def test_dropout_attention_forward_is_the_composition_bit_for_bit(jit):
     expected_output, expected_weights = _dropout_reference(queries, keys, values, keep, 0.3, rng)
     np.testing.assert_array_equal(output, expected_output)
     np.testing.assert_array_equal(weights, expected_weights)
+    output, weights = np.asarray(output), np.asarray(weights)
     assert not np.any(output[0]) and not np.any(weights[0])  # the sequence that attends nothing
 
 
@@ -1262,24 +1308,30 @@ def test_dropout_attention_gradients_match_autodiff_of_the_composition(dtype, to
         return value
 
     fused = jax.jit(jax.grad(loss(jax_scoring.dropout_attention), argnums=(0, 1, 2)))(*inputs)
-    expected = jax.grad(loss(_dropout_reference), argnums=(0, 1, 2))(*inputs)
+    # jit only to compile the reference's gradient once rather than primitive by primitive.
+    expected = jax.jit(jax.grad(loss(_dropout_reference), argnums=(0, 1, 2)))(*inputs)
     for got, want in zip(fused, expected, strict=True):
-        assert got.dtype == dtype and bool(jnp.all(jnp.isfinite(got)))
+        assert got.dtype == dtype and np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
-    assert not np.any(fused[0][0])  # no gradient reaches queries that attend nothing
+    assert not np.any(np.asarray(fused[0])[0])  # no gradient reaches queries that attend nothing
 
 
 def test_dropout_attention_vmaps_and_keeps_masked_inputs_out_of_the_gradients():
     (queries, keys, values), keep, (d_output, _), rng = _dropout_case(jnp.float32)
     # NaN in keys and values nobody attends (sequence 0 attends nothing; its keys are never read).
-    poisoned = keys.at[0].set(jnp.nan), values.at[0].set(jnp.inf)
-    grads = jax.grad(lambda q, k, v: jnp.sum(jax_scoring.dropout_attention(
-        q, k, v, keep, 0.3, rng)[0][1:] * d_output[1:]), argnums=(0, 1, 2))(queries, *poisoned)
-    assert all(bool(jnp.all(jnp.isfinite(g[1:]))) for g in grads)
-    batched = jax.vmap(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3,
-                                                               rng)[0])(queries[None])
+    poisoned = np.array(keys), np.array(values)
+    poisoned[0][0], poisoned[1][0] = np.nan, np.inf
+    # Jitted, the gradient and the batched forward pass compile once each rather than primitive
+    # by primitive; the unbatched forward pass stays eager.
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax_scoring.dropout_attention(
+        q, k, v, keep, 0.3, rng)[0][1:] * d_output[1:]), argnums=(0, 1, 2)))(queries, *poisoned)
+    assert all(np.isfinite(np.asarray(g)[1:]).all() for g in grads)
+    batched = jax.jit(jax.vmap(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3,
+                                                                       rng)[0]))(
+        np.asarray(queries)[None])
     np.testing.assert_array_equal(
-        batched[0], jax_scoring.dropout_attention(queries, keys, values, keep, 0.3, rng)[0])
+        np.asarray(batched)[0],
+        jax_scoring.dropout_attention(queries, keys, values, keep, 0.3, rng)[0])
 
 
 def test_dropout_attention_is_reverse_mode_only_and_checks_its_inputs():
@@ -1288,20 +1340,22 @@ def test_dropout_attention_is_reverse_mode_only_and_checks_its_inputs():
         jax.jvp(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3, rng)[0],
                 (queries,), (queries,))
     with pytest.raises(ValueError, match="same leading axes"):
-        jax_scoring.dropout_attention(queries, keys[:, :1], values[:, :1], keep, 0.3, rng)
+        jax_scoring.dropout_attention(queries, *(_device(np.asarray(a)[:, :1]) for a in
+                                                 (keys, values)), keep, 0.3, rng)
     with pytest.raises(TypeError, match="float32 or float64"):
-        jax_scoring.dropout_attention(queries.astype(jnp.bfloat16), keys, values, keep, 0.3,
+        jax_scoring.dropout_attention(_device(queries, jnp.bfloat16), keys, values, keep, 0.3,
                                       rng)
 
 
 # --------------------------------------------------------------------------- projected additive keys
 
 
-@pytest.mark.parametrize("valid_lens", [None, jnp.asarray([0, 5])])
+@pytest.mark.parametrize("valid_lens", [None, (0, 5)])
 def test_additive_weights_of_projected_keys_are_the_weights_bit_for_bit(valid_lens):
     params = _params()
     queries, keys, _ = _inputs("additive")
-    projected = jax_scoring.additive_key_projection(params, keys, valid_lens)
+    valid_lens = None if valid_lens is None else _lens(valid_lens)
+    projected = jax.jit(jax_scoring.additive_key_projection)(params, keys, valid_lens)
     got = jax.jit(jax_scoring.additive_attention_weights_of_projected)(params, queries,
                                                                        projected, valid_lens)
     want = jax.jit(jax_scoring.additive_attention_weights)(params, queries, keys, valid_lens)
@@ -1310,12 +1364,13 @@ def test_additive_weights_of_projected_keys_are_the_weights_bit_for_bit(valid_le
     def loss(function, *arrays):
         return jnp.sum(function(*arrays) ** 2)
 
-    got = jax.grad(lambda p, q, k: loss(
+    # jit only to compile both gradients in one program rather than primitive by primitive.
+    got, want = jax.jit(lambda p, q, k: (jax.grad(lambda p, q, k: loss(
         jax_scoring.additive_attention_weights_of_projected, p, q,
         jax_scoring.additive_key_projection(p, k, valid_lens), valid_lens),
-        argnums=(0, 1, 2))(params, queries, keys)
-    want = jax.grad(lambda p, q, k: loss(jax_scoring.additive_attention_weights, p, q, k,
-                                         valid_lens), argnums=(0, 1, 2))(params, queries, keys)
+        argnums=(0, 1, 2))(p, q, k), jax.grad(lambda p, q, k: loss(
+            jax_scoring.additive_attention_weights, p, q, k, valid_lens),
+        argnums=(0, 1, 2))(p, q, k)))(params, queries, keys)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 

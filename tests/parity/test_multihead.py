@@ -5,8 +5,13 @@ float32 (full matmul precision) to 1e-5 relative. The NNX module is tied to the 
 both on the module's own parameters. (The comparisons with ``flax.nnx.MultiHeadAttention`` and
 ``jax.nn.dot_product_attention`` are in tests/crossframework/test_flax_jax.py.)
 
-JAX runs under ``jax.jit`` here (one compilation per test instead of one per eager operation);
-tests/test_multihead.py runs the functions with and without jit.
+JAX runs under ``jax.jit`` here (one compilation per test instead of one per eager operation),
+except for the head split and merge (pure data movement) and the variants (grouped-query heads,
+scale, windows, soft-capping, unbatched inputs, the GQA module): their 56 cases of one set of
+sizes share the eager programs of the operations, cheaper than one compiled program per case.
+tests/test_multihead.py runs the functions with and without jit. Inputs reach the device by
+``jax.device_put`` of NumPy arrays of the final dtype (``jnp.asarray`` with a dtype compiles a
+conversion per shape).
 """
 
 from __future__ import annotations
@@ -57,11 +62,11 @@ def _inputs(query_size=QUERY_SIZE, key_size=KEY_SIZE, value_size=VALUE_SIZE, num
 
 
 def _to(dtype, *arrays):
-    return [jnp.asarray(a, dtype) for a in arrays]
+    return [jax.device_put(np.asarray(a, dtype)) for a in arrays]
 
 
 def _to_params(dtype, params):
-    return {name: jnp.asarray(p, dtype) for name, p in params.items()}
+    return {name: jax.device_put(np.asarray(p, dtype)) for name, p in params.items()}
 
 
 def _lens(shape, seed=1):
@@ -109,11 +114,11 @@ def test_multi_head_attention(backend, dtype, lens_kind, mask_kind, is_causal, b
     lens, mask, bias = _case(lens_kind, mask_kind, bias_kind)
     expected = np_mh.multi_head_attention(params, queries, keys, values, lens, num_heads=N, mask=mask,
                                           is_causal=is_causal, bias=bias)
-    got = _jitted("multi_head_attention")(
+    got = jax_mh.multi_head_attention(
         _to_params(dtype, params), *_to(dtype, queries, keys, values),
-        None if lens is None else jnp.asarray(lens), num_heads=N,
-        mask=None if mask is None else jnp.asarray(mask), is_causal=is_causal,
-        bias=None if bias is None else jnp.asarray(bias, dtype),
+        None if lens is None else jax.device_put(lens), num_heads=N,
+        mask=None if mask is None else jax.device_put(mask), is_causal=is_causal,
+        bias=None if bias is None else jax.device_put(np.asarray(bias, dtype)),
     )
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
@@ -126,7 +131,7 @@ def test_without_biases_and_other_head_counts(backend, dtype, num_heads):
     lens = _lens((B, T))
     expected = np_mh.multi_head_attention(params, queries, keys, values, lens, num_heads=num_heads)
     got = _jitted("multi_head_attention")(_to_params(dtype, params), *_to(dtype, queries, keys, values),
-                                          jnp.asarray(lens), num_heads=num_heads)
+                                          jax.device_put(lens), num_heads=num_heads)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
     assert got[1].shape == (B, num_heads, T, S)
@@ -139,7 +144,8 @@ def test_integer_inputs_are_cast_to_float(backend, x64):
     queries, keys, values = (np.rint(3 * a).astype(np.int32) for a in _inputs())
     expected = np_mh.multi_head_attention(params, queries, keys, values, num_heads=N)
     got = _jitted("multi_head_attention")(_to_params(jnp.float64, params),
-                                          *(jnp.asarray(a) for a in (queries, keys, values)), num_heads=N)
+                                          *(jax.device_put(a) for a in (queries, keys, values)),
+                                          num_heads=N)
     for g, e in zip(got, expected):
         _assert_matches(g, e, jnp.float64, backend)
 
@@ -149,10 +155,10 @@ def test_head_split_and_merge(backend, dtype):
     heads = _normal((B, N, T, H), 5)
     book_heads = _normal((B * N, T, H), 6)
     pairs = [
-        (jax_mh.split_heads(jnp.asarray(X, dtype), N), np_mh.split_heads(X, N)),
-        (jax_mh.merge_heads(jnp.asarray(heads, dtype)), np_mh.merge_heads(heads)),
-        (jax_mh.transpose_qkv(jnp.asarray(X, dtype), N), np_mh.transpose_qkv(X, N)),
-        (jax_mh.transpose_output(jnp.asarray(book_heads, dtype), N), np_mh.transpose_output(book_heads, N)),
+        (jax_mh.split_heads(*_to(dtype, X), N), np_mh.split_heads(X, N)),
+        (jax_mh.merge_heads(*_to(dtype, heads)), np_mh.merge_heads(heads)),
+        (jax_mh.transpose_qkv(*_to(dtype, X), N), np_mh.transpose_qkv(X, N)),
+        (jax_mh.transpose_output(*_to(dtype, book_heads), N), np_mh.transpose_output(book_heads, N)),
     ]
     for got, expected in pairs:
         assert got.dtype == dtype and got.devices() == {backend}
@@ -170,7 +176,7 @@ def test_project_and_combine_heads(backend, dtype):
         _assert_matches(g, e, dtype, backend)
     assert [g.shape for g in got] == [(B, N, T, H), (B, N, S, H), (B, N, S, H)]
     heads = _normal((B, N, T, H), 13)
-    _assert_matches(jax.jit(jax_mh.combine_heads)(_to_params(dtype, params), jnp.asarray(heads, dtype)),
+    _assert_matches(jax.jit(jax_mh.combine_heads)(_to_params(dtype, params), *_to(dtype, heads)),
                     np_mh.combine_heads(params, heads), dtype, backend)
 
 
@@ -189,12 +195,12 @@ def test_module_matches_function_and_reference(backend, x64, highest_precision, 
     lens = _lens((B,))
     jax_inputs = _to(dtype, queries, keys, values)
     got = nnx.jit(lambda m, *a: m(*a, is_causal=True, deterministic=deterministic))(
-        module, *jax_inputs, jnp.asarray(lens))
+        module, *jax_inputs, jax.device_put(lens))
     params = module.params_dict()
     names = {"W_q", "W_k", "W_v", "W_o"} | ({"b_q", "b_k", "b_v", "b_o"} if bias else set())
     assert set(params) == names and all(p.dtype == dtype for p in params.values())
-    functional, _ = _jitted("multi_head_attention")(params, *jax_inputs, jnp.asarray(lens), num_heads=N,
-                                                    is_causal=True)
+    functional, _ = _jitted("multi_head_attention")(params, *jax_inputs, jax.device_put(lens),
+                                                    num_heads=N, is_causal=True)
     # The module only owns the parameters; it must run the very same computation.
     np.testing.assert_array_equal(np.asarray(got), np.asarray(functional))
     reference_params = {name: np.asarray(p, np.float64) for name, p in params.items()}
@@ -207,7 +213,7 @@ def test_module_self_attention(backend, dtype):
     module = jax_mh.MultiHeadAttention(D, N, param_dtype=dtype, rngs=nnx.Rngs(1))
     X = _normal((B, T, D), 14)
     lens = np.array([T, 1], np.int32)  # self-attention: S = T
-    got = nnx.jit(lambda m, x, lens: m(x, x, x, lens))(module, jnp.asarray(X, dtype), jnp.asarray(lens))
+    got = nnx.jit(lambda m, x, lens: m(x, x, x, lens))(module, *_to(dtype, X), jax.device_put(lens))
     reference_params = {name: np.asarray(p, np.float64) for name, p in module.params_dict().items()}
     expected, _ = np_mh.multi_head_attention(reference_params, X, X, X, lens, num_heads=N)
     _assert_matches(got, expected, dtype, backend)
@@ -217,8 +223,8 @@ def test_module_self_attention(backend, dtype):
 def test_relative_position_bias_as_score_bias(backend, x64, highest_precision):
     dtype = jnp.float64
     relative = jax_pos.RelativePositionBias(N, 8, 6, param_dtype=dtype, rngs=nnx.Rngs(2))
-    relative.table[...] = jnp.asarray(_normal(relative.table.shape, 15), dtype)
-    bias = relative(T, S)  # (1, N, T, S)
+    relative.table[...] = _to(dtype, _normal(relative.table.shape, 15))[0]
+    bias = nnx.jit(lambda relative: relative(T, S))(relative)  # (1, N, T, S)
     params, (queries, keys, values) = _params(), _inputs()
     expected = np_mh.multi_head_attention(params, queries, keys, values, num_heads=N,
                                           bias=np.asarray(bias, np.float64))
@@ -259,14 +265,16 @@ MHA_VARIANTS = {
 }
 
 
-def _mha_arguments(variant, xnp):
+def _mha_arguments(variant, module):
+    """The variant's arguments; its arrays NumPy's (``module=np``) or on the device (``jax``)."""
+    to = np.asarray if module is np else jax.device_put
     arguments = dict(variant)
     if "valid_lens" in arguments:
-        arguments["valid_lens"] = xnp.asarray(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
+        arguments["valid_lens"] = to(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
     if arguments.pop("mask", False):
-        arguments["mask"] = xnp.asarray(np.random.default_rng(5).random((B, 1, T, S)) < 0.7)
+        arguments["mask"] = to(np.random.default_rng(5).random((B, 1, T, S)) < 0.7)
     if arguments.pop("bias", False):
-        arguments["bias"] = xnp.asarray(_normal((1, GQA_HEADS, T, S), 6))
+        arguments["bias"] = to(_normal((1, GQA_HEADS, T, S), 6))
     return arguments
 
 
@@ -281,7 +289,7 @@ def test_multi_head_attention_variants(backend, dtype, variant, num_kv_heads, va
                                           **_mha_arguments(MHA_VARIANTS[variant], np))
     got = jax_mh.multi_head_attention(_to_params(dtype, params), *_to(dtype, *inputs),
                                       num_heads=GQA_HEADS, num_kv_heads=num_kv_heads,
-                                      **_mha_arguments(MHA_VARIANTS[variant], jnp))
+                                      **_mha_arguments(MHA_VARIANTS[variant], jax))
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
     # num_kv_heads=None reads N_kv from W_k's width.
@@ -307,8 +315,8 @@ def test_multi_head_attention_unbatched(backend, dtype, lens):
     for e, b in zip(expected, batched):
         np.testing.assert_array_equal(e, b[0])
     got = jax_mh.multi_head_attention(_to_params(dtype, params), *_to(dtype, *inputs),
-                                      None if lens is None else jnp.asarray(np_lens),
-                                      num_heads=GQA_HEADS, mask=jnp.asarray(mask), is_causal=True)
+                                      None if lens is None else jax.device_put(np_lens),
+                                      num_heads=GQA_HEADS, mask=jax.device_put(mask), is_causal=True)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -333,5 +341,5 @@ def test_module_variants_match_reference(backend, x64, highest_precision, num_kv
     arguments = _mha_arguments(MHA_VARIANTS["causal window, lens B, mask, bias"], np)
     expected, _ = np_mh.multi_head_attention(params, *inputs, num_heads=GQA_HEADS, **arguments)
     got = module(*_to(jnp.float64, *inputs),
-                 **_mha_arguments(MHA_VARIANTS["causal window, lens B, mask, bias"], jnp))
+                 **_mha_arguments(MHA_VARIANTS["causal window, lens B, mask, bias"], jax))
     _assert_matches(got, expected, jnp.float64, backend)
