@@ -3,11 +3,22 @@
 Same inputs and parameters on both sides; every backend JAX sees; float64 to 1e-12 and float32
 (full matmul precision) to 1e-5 relative. The NNX modules are tied to the functions by running
 them on the modules' own parameters.
+
+The dot-product functions' tests compute their JAX side under ``jax.jit``, all the cases of a
+group of tests in one program per backend and dtype (:func:`_together`; each case still asserts
+its own result): eagerly, the chunked implementation's loops compile anew at every call (about
+0.25 s each), and one program holding a group's cases compiles faster than one program per case.
+The additive tests and the NNX modules' (but the one of the variants) run eagerly: their cases
+share one set of sizes, hence the eager programs of the operations, cheaper than compiled programs
+here. Their inputs reach the device as NumPy arrays of the final dtype (``jnp.asarray`` with a
+dtype compiles a conversion per shape).
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import functools
+
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -70,8 +81,46 @@ def _masking(lens_kind, mask_kind, heads=False):
     return lens, mask
 
 
+def _to(dtype, *arrays):
+    """The arrays on the device in ``dtype``, cast by NumPy (``jnp.asarray`` with a dtype compiles
+    a conversion for every shape)."""
+    return [jax.device_put(np.asarray(a, dtype)) for a in arrays]
+
+
 def _to_jax(lens, mask):
-    return (None if lens is None else jnp.asarray(lens)), (None if mask is None else jnp.asarray(mask))
+    return tuple(None if a is None else jax.device_put(a) for a in (lens, mask))
+
+
+def _call(function, *args, **kwargs):
+    """``function(*args, **kwargs)``, to run by :func:`_together`: its NumPy arrays become inputs
+    of the program, every other argument (None, flags, sizes, names) is static."""
+    return function, args, kwargs
+
+
+def _together(group, key, backend, dtype):
+    """The result of the call ``key`` of ``group(dtype)`` (a dict of :func:`_call` s), computed
+    with the group's other calls in one jitted program, once per backend and dtype."""
+    return _run_group(group, backend, dtype)[key]
+
+
+@functools.cache
+def _run_group(group, backend, dtype):
+    calls = group(dtype)
+    leaves, treedef = jax.tree.flatten(calls)
+    is_input = [isinstance(leaf, np.ndarray) for leaf in leaves]
+
+    def run(inputs):
+        inputs = iter(inputs)
+        calls = jax.tree.unflatten(treedef, [next(inputs) if i else leaf
+                                             for leaf, i in zip(leaves, is_input)])
+        return {key: function(*args, **kwargs) for key, (function, args, kwargs) in calls.items()}
+
+    # The default device is the backend under test (its fixture), where the results are.
+    return jax.jit(run)([leaf for leaf, i in zip(leaves, is_input) if i])
+
+
+def _cast(dtype, *arrays):
+    return [np.asarray(a, dtype) for a in arrays]
 
 
 def _dot_inputs(batch_axes, num_queries=T, num_keys=S):
@@ -96,6 +145,37 @@ def _additive_inputs(batch_axes, num_queries=T, num_keys=S):
 # Both implementations of jax_scoring.dot_product_attention against the one NumPy path (which
 # takes and ignores the argument); None is the default dispatch (plain at these sizes).
 IMPLEMENTATIONS = ["plain", "chunked", None]
+HEADS_MASKINGS = [("B", None, False), ("BT", None, False), ("B", "B1S", True), ("BT", "TS", False)]
+RECTANGULAR = [(6, 3)]  # T > S; MASKINGS has T < S
+
+
+def _dot_product_calls(dtype):
+    """The JAX calls of the four tests below, keyed by test and case."""
+    calls = {}
+    for lens_kind, mask_kind, is_causal in MASKINGS:
+        lens, mask = _masking(lens_kind, mask_kind)
+        for implementation in IMPLEMENTATIONS:
+            calls[f"attention {lens_kind} {mask_kind} {is_causal} {implementation}"] = _call(
+                jax_scoring.dot_product_attention, *_cast(dtype, *_dot_inputs((B,))), lens,
+                mask=mask, is_causal=is_causal, implementation=implementation)
+    for lens_kind, mask_kind, is_causal in MASKINGS[:4]:
+        lens, mask = _masking(lens_kind, mask_kind)
+        calls[f"weights {lens_kind} {mask_kind} {is_causal}"] = _call(
+            jax_scoring.dot_product_attention_weights, *_cast(dtype, *_dot_inputs((B,))[:2]),
+            lens, mask=mask, is_causal=is_causal)
+    for lens_kind, mask_kind, is_causal in HEADS_MASKINGS:
+        lens, mask = _masking(lens_kind, mask_kind, heads=True)
+        for implementation in IMPLEMENTATIONS[:2]:
+            calls[f"heads {lens_kind} {mask_kind} {is_causal} {implementation}"] = _call(
+                jax_scoring.dot_product_attention, *_cast(dtype, *_dot_inputs((B, N))), lens,
+                mask=mask, is_causal=is_causal, implementation=implementation)
+    for num_queries, num_keys in RECTANGULAR:
+        for implementation in IMPLEMENTATIONS[:2]:
+            calls[f"rectangular {num_queries} {num_keys} {implementation}"] = _call(
+                jax_scoring.dot_product_attention,
+                *_cast(dtype, *_dot_inputs((B,), num_queries, num_keys)), is_causal=True,
+                implementation=implementation)
+    return calls
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -105,14 +185,8 @@ def test_dot_product_attention(backend, dtype, lens_kind, mask_kind, is_causal, 
     lens, mask = _masking(lens_kind, mask_kind)
     expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask,
                                                 is_causal=is_causal, implementation=implementation)
-    jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        jax_lens,
-        mask=jax_mask,
-        is_causal=is_causal,
-        implementation=implementation,
-    )
+    got = _together(_dot_product_calls,
+                    f"attention {lens_kind} {mask_kind} {is_causal} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -122,50 +196,43 @@ def test_dot_product_attention_weights(backend, dtype, lens_kind, mask_kind, is_
     queries, keys, _ = _dot_inputs((B,))
     lens, mask = _masking(lens_kind, mask_kind)
     expected = np_scoring.dot_product_attention_weights(queries, keys, lens, mask=mask, is_causal=is_causal)
-    jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.dot_product_attention_weights(
-        jnp.asarray(queries, dtype), jnp.asarray(keys, dtype), jax_lens, mask=jax_mask, is_causal=is_causal
-    )
+    got = _together(_dot_product_calls, f"weights {lens_kind} {mask_kind} {is_causal}", backend,
+                    dtype)
     _assert_matches(got, expected, dtype, backend)
 
 
-@pytest.mark.parametrize(
-    "lens_kind, mask_kind, is_causal",
-    [("B", None, False), ("BT", None, False), ("B", "B1S", True), ("BT", "TS", False)],
-)
+@pytest.mark.parametrize("lens_kind, mask_kind, is_causal", HEADS_MASKINGS)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS[:2])
 def test_dot_product_attention_heads(backend, dtype, lens_kind, mask_kind, is_causal,
                                      implementation):
     queries, keys, values = _dot_inputs((B, N))
     lens, mask = _masking(lens_kind, mask_kind, heads=True)
     expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask, is_causal=is_causal)
-    jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        jax_lens,
-        mask=jax_mask,
-        is_causal=is_causal,
-        implementation=implementation,
-    )
+    got = _together(_dot_product_calls,
+                    f"heads {lens_kind} {mask_kind} {is_causal} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
 
-@pytest.mark.parametrize("num_queries, num_keys", [(6, 3)])  # T > S; MASKINGS has T < S
+@pytest.mark.parametrize("num_queries, num_keys", RECTANGULAR)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS[:2])
 def test_dot_product_attention_causal_rectangular(backend, dtype, num_queries, num_keys,
                                                   implementation):
     queries, keys, values = _dot_inputs((B,), num_queries, num_keys)
     expected = np_scoring.dot_product_attention(queries, keys, values, is_causal=True)
-    got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)), is_causal=True,
-        implementation=implementation,
-    )
+    got = _together(_dot_product_calls, f"rectangular {num_queries} {num_keys} {implementation}",
+                    backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
 
 # --------------------------------------------------------------------------- additive
+
+ADDITIVE_HEADS_MASKINGS = [("B", None, False), ("BT", None, False), ("BT", "B1S", True)]
+
+
+def _to_params(dtype, params):
+    return {name: jax.device_put(np.asarray(p, dtype)) for name, p in params.items()}
 
 
 @pytest.mark.parametrize("lens_kind, mask_kind, is_causal", MASKINGS, ids=MASKING_IDS)
@@ -177,13 +244,9 @@ def test_additive_attention(backend, dtype, lens_kind, mask_kind, is_causal):
         params, queries, keys, values, lens, mask=mask, is_causal=is_causal
     )
     jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.additive_attention(
-        {name: jnp.asarray(p, dtype) for name, p in params.items()},
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        jax_lens,
-        mask=jax_mask,
-        is_causal=is_causal,
-    )
+    got = jax_scoring.additive_attention(_to_params(dtype, params),
+                                         *_to(dtype, queries, keys, values), jax_lens,
+                                         mask=jax_mask, is_causal=is_causal)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -197,20 +260,13 @@ def test_additive_attention_weights(backend, dtype, lens_kind, mask_kind, is_cau
         params, queries, keys, lens, mask=mask, is_causal=is_causal
     )
     jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.additive_attention_weights(
-        {name: jnp.asarray(p, dtype) for name, p in params.items()},
-        jnp.asarray(queries, dtype),
-        jnp.asarray(keys, dtype),
-        jax_lens,
-        mask=jax_mask,
-        is_causal=is_causal,
-    )
+    got = jax_scoring.additive_attention_weights(_to_params(dtype, params),
+                                                 *_to(dtype, queries, keys), jax_lens,
+                                                 mask=jax_mask, is_causal=is_causal)
     _assert_matches(got, expected, dtype, backend)
 
 
-@pytest.mark.parametrize(
-    "lens_kind, mask_kind, is_causal", [("B", None, False), ("BT", None, False), ("BT", "B1S", True)]
-)
+@pytest.mark.parametrize("lens_kind, mask_kind, is_causal", ADDITIVE_HEADS_MASKINGS)
 def test_additive_attention_heads(backend, dtype, lens_kind, mask_kind, is_causal):
     params = _additive_params()
     queries, keys, values = _additive_inputs((B, N))
@@ -219,13 +275,9 @@ def test_additive_attention_heads(backend, dtype, lens_kind, mask_kind, is_causa
         params, queries, keys, values, lens, mask=mask, is_causal=is_causal
     )
     jax_lens, jax_mask = _to_jax(lens, mask)
-    got = jax_scoring.additive_attention(
-        {name: jnp.asarray(p, dtype) for name, p in params.items()},
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        jax_lens,
-        mask=jax_mask,
-        is_causal=is_causal,
-    )
+    got = jax_scoring.additive_attention(_to_params(dtype, params),
+                                         *_to(dtype, queries, keys, values), jax_lens,
+                                         mask=jax_mask, is_causal=is_causal)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -238,7 +290,7 @@ def test_additive_module_matches_function_and_reference(backend, dtype, lens_kin
     module = jax_scoring.AdditiveAttention(QUERY_SIZE, KEY_SIZE, HIDDENS, param_dtype=dtype, rngs=nnx.Rngs(0))
     queries, keys, values = _additive_inputs((B,))
     lens, _ = _masking(lens_kind, None)
-    jax_inputs = [jnp.asarray(a, dtype) for a in (queries, keys, values)]
+    jax_inputs = _to(dtype, queries, keys, values)
     jax_lens = _to_jax(lens, None)[0]
 
     got = module(*jax_inputs, jax_lens)
@@ -259,10 +311,10 @@ def test_dot_product_module_matches_function_and_reference(backend, dtype, dropo
     module = jax_scoring.DotProductAttention(dropout, rngs=nnx.Rngs(0))
     queries, keys, values = _dot_inputs((B,))
     lens = _lens((B, T))
-    jax_inputs = [jnp.asarray(a, dtype) for a in (queries, keys, values)]
+    jax_inputs = _to(dtype, queries, keys, values)
 
-    got = module(*jax_inputs, jnp.asarray(lens), is_causal=is_causal, deterministic=deterministic)
-    functional, _ = jax_scoring.dot_product_attention(*jax_inputs, jnp.asarray(lens), is_causal=is_causal)
+    got = module(*jax_inputs, jax.device_put(lens), is_causal=is_causal, deterministic=deterministic)
+    functional, _ = jax_scoring.dot_product_attention(*jax_inputs, jax.device_put(lens), is_causal=is_causal)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(functional))
     expected, _ = np_scoring.dot_product_attention(queries, keys, values, lens, is_causal=is_causal)
     _assert_matches(got, expected, dtype, backend)
@@ -288,61 +340,97 @@ VARIANTS = {
 }
 
 
-def _variant_arguments(variant: dict, xnp, dtype=None):
+def _variant_arguments(variant: dict, module):
+    """The variant's arguments; its arrays NumPy's (``module=np``) or on the device (``jax``)."""
+    to = np.asarray if module is np else jax.device_put
     arguments = dict(variant)
     if "valid_lens" in arguments:
-        arguments["valid_lens"] = xnp.asarray(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
+        arguments["valid_lens"] = to(_lens((B,) if variant["valid_lens"] == "B" else (B, T)))
     if arguments.pop("mask", False):
-        arguments["mask"] = xnp.asarray(np.random.default_rng(3).random((B, 1, T, S)) < 0.7)
+        arguments["mask"] = to(np.random.default_rng(3).random((B, 1, T, S)) < 0.7)
     return arguments
 
 
+KV_HEADS = [NUM_QUERY_HEADS, 2, 1]
+UNBATCHED_LENS = [None, 3, (1, 0, 5, 2)]
+
+
+def _variant_inputs(num_kv_heads):
+    return (_normal((B, NUM_QUERY_HEADS, T, DEPTH), 30), _normal((B, num_kv_heads, S, DEPTH), 31),
+            _normal((B, num_kv_heads, S, VALUE_SIZE), 32))
+
+
+def _unbatched_case(lens):
+    """Unbatched inputs, ``valid_lens`` (or None) and the other arguments of one case."""
+    inputs = [a[0] for a in _dot_inputs((B,))]
+    arguments = {"local_window_size": (2, 1), "mask": np.random.default_rng(4).random((T, S)) < 0.8}
+    return inputs, None if lens is None else np.asarray(lens, np.int32), arguments
+
+
+def _module_variant_inputs():
+    return (_normal((B, NUM_QUERY_HEADS, T, DEPTH), 33), _normal((B, 2, S, DEPTH), 34),
+            _normal((B, 2, S, VALUE_SIZE), 35))
+
+
+def _dot_product_module(*args, **kwargs):
+    return jax_scoring.DotProductAttention()(*args, **kwargs)
+
+
+def _variant_calls(dtype):
+    """The JAX calls of the three tests below, keyed by test and case."""
+    calls = {}
+    for variant, keywords in VARIANTS.items():
+        for num_kv_heads in KV_HEADS:
+            inputs = _cast(dtype, *_variant_inputs(num_kv_heads))
+            arguments = _variant_arguments(keywords, np)
+            for implementation in ("plain", "chunked"):
+                calls[f"variant {variant} {num_kv_heads} {implementation}"] = _call(
+                    jax_scoring.dot_product_attention, *inputs, implementation=implementation,
+                    **arguments)
+            calls[f"variant weights {variant} {num_kv_heads}"] = _call(
+                jax_scoring.dot_product_attention_weights, *inputs[:2], **arguments)
+    for lens in UNBATCHED_LENS:
+        inputs, np_lens, arguments = _unbatched_case(lens)
+        for implementation in ("plain", "chunked"):
+            calls[f"unbatched {lens} {implementation}"] = _call(
+                jax_scoring.dot_product_attention, *_cast(dtype, *inputs), np_lens,
+                implementation=implementation, **arguments)
+    calls["module"] = _call(_dot_product_module, *_cast(dtype, *_module_variant_inputs()),
+                            **_variant_arguments(VARIANTS["everything"], np))
+    return calls
+
+
 @pytest.mark.parametrize("implementation", ["plain", "chunked"])
-@pytest.mark.parametrize("num_kv_heads", [NUM_QUERY_HEADS, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("num_kv_heads", KV_HEADS, ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_dot_product_attention_variants(backend, dtype, variant, num_kv_heads, implementation):
-    queries = _normal((B, NUM_QUERY_HEADS, T, DEPTH), 30)
-    keys = _normal((B, num_kv_heads, S, DEPTH), 31)
-    values = _normal((B, num_kv_heads, S, VALUE_SIZE), 32)
-    expected = np_scoring.dot_product_attention(queries, keys, values,
+    expected = np_scoring.dot_product_attention(*_variant_inputs(num_kv_heads),
                                                 **_variant_arguments(VARIANTS[variant], np))
-    got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        implementation=implementation, **_variant_arguments(VARIANTS[variant], jnp))
+    got = _together(_variant_calls, f"variant {variant} {num_kv_heads} {implementation}", backend,
+                    dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
-    weights = jax_scoring.dot_product_attention_weights(
-        *(jnp.asarray(a, dtype) for a in (queries, keys)), **_variant_arguments(VARIANTS[variant], jnp))
+    weights = _together(_variant_calls, f"variant weights {variant} {num_kv_heads}", backend, dtype)
     _assert_matches(weights, expected[1], dtype, backend)
 
 
 @pytest.mark.parametrize("implementation", ["plain", "chunked"])
-@pytest.mark.parametrize("lens", [None, 3, (1, 0, 5, 2)], ids=["no lens", "lens ()", "lens (T,)"])
+@pytest.mark.parametrize("lens", UNBATCHED_LENS, ids=["no lens", "lens ()", "lens (T,)"])
 def test_dot_product_attention_unbatched(backend, dtype, lens, implementation):
     """Unbatched (T, d), (S, d), (S, v) give the batched result without its batch axis."""
-    queries, keys, values = (a[0] for a in _dot_inputs((B,)))
-    arguments = {"local_window_size": (2, 1), "mask": np.random.default_rng(4).random((T, S)) < 0.8}
-    np_lens = None if lens is None else np.asarray(lens, np.int32)
+    (queries, keys, values), np_lens, arguments = _unbatched_case(lens)
     expected = np_scoring.dot_product_attention(queries, keys, values, np_lens, **arguments)
     batched = np_scoring.dot_product_attention(
         queries[None], keys[None], values[None], None if lens is None else np_lens[None], **arguments)
     for e, b in zip(expected, batched):
         np.testing.assert_array_equal(e, b[0])
-    got = jax_scoring.dot_product_attention(
-        *(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-        None if lens is None else jnp.asarray(np_lens), implementation=implementation,
-        **{**arguments, "mask": jnp.asarray(arguments["mask"])})
+    got = _together(_variant_calls, f"unbatched {lens} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
 
 def test_dot_product_module_variants(backend, dtype):
     """The NNX module (dropout off) takes the same variants as the function."""
-    queries = _normal((B, NUM_QUERY_HEADS, T, DEPTH), 33)
-    keys, values = _normal((B, 2, S, DEPTH), 34), _normal((B, 2, S, VALUE_SIZE), 35)
-    variant = VARIANTS["everything"]
-    expected, _ = np_scoring.dot_product_attention(queries, keys, values,
-                                                   **_variant_arguments(variant, np))
-    got = jax_scoring.DotProductAttention()(*(jnp.asarray(a, dtype) for a in (queries, keys, values)),
-                                            **_variant_arguments(variant, jnp))
-    _assert_matches(got, expected, dtype, backend)
+    expected, _ = np_scoring.dot_product_attention(*_module_variant_inputs(),
+                                                   **_variant_arguments(VARIANTS["everything"], np))
+    _assert_matches(_together(_variant_calls, "module", backend, dtype), expected, dtype, backend)
