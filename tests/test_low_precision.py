@@ -12,8 +12,8 @@ with
   finite value 65504 (about 1e5; 6e4 for the masked softmax, whose logits are its float16 input).
 
 Checked: outputs and gradients (``jax.grad``) are finite; fully masked rows have exactly zero
-weights and a zero output (DESIGN.md, "Masks"); outputs and weights equal a float64 computation on
-the same (dtype-rounded) inputs to the dtype's tolerance, and so do the gradients.
+weights and a zero output (docs/design.md, "Masks"); outputs and weights equal a float64
+computation on the same (dtype-rounded) inputs to the dtype's tolerance, and so do the gradients.
 
 The inputs are small integers plus one column ``±M``: with ``d = 4`` every dot-product score
 ``q.k / 2`` is then exact in float32 (``M = 448``: ±100352 plus a few units), so weights spread over
@@ -83,13 +83,28 @@ def test_the_masks_leave_rows_empty_only_in_combination():
 
 
 def _f64(x):
-    return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64) if isinstance(
-        x, jax.Array) else np.asarray(x, np.float64)
+    """``x`` (a JAX or NumPy array, bfloat16 included) in float64, converted in NumPy: exact."""
+    return np.asarray(x).astype(np.float64)
+
+
+def _in(dtype, x):
+    """``x`` in ``dtype`` as a NumPy array, rounded as ``jnp.asarray(x, dtype)`` rounds it with
+    float64 disabled (to float32 first; NumPy holds bfloat16 through ml_dtypes): no conversion
+    program compiles for it."""
+    x = np.asarray(x)
+    if np.dtype(dtype) != np.float64:
+        x = x.astype(np.float32)
+    return x.astype(dtype)
+
+
+def _device(dtype, tree):
+    """``tree``'s arrays in ``dtype`` on the device (``jax.device_put``: nothing compiles)."""
+    return jax.tree.map(lambda x: jax.device_put(_in(dtype, x)), tree)
 
 
 def _rounded(tree, dtype):
     """``tree``'s float64 arrays rounded to ``dtype`` and back: the inputs the dtype can hold."""
-    return jax.tree.map(lambda x: _f64(jnp.asarray(x, dtype)), tree)
+    return jax.tree.map(lambda x: _f64(_in(dtype, x)), tree)
 
 
 def _integers(rng, shape, bound):
@@ -229,12 +244,12 @@ def _run(kind):
 
 def _evaluate(kind, arrays, params, dtype, cotangent_scale=1.0):
     """Output, weights and gradients of ``kind`` on ``arrays`` and ``params`` cast to ``dtype``."""
-    cast = functools.partial(jax.tree.map, lambda x: jnp.asarray(x, dtype))
     output_shape = {"masked_softmax": (B, T, S), "dot": (B, T, V), "efficient": (B, T, V),
                     "additive": (B, T, V)}.get(kind, (B, T, D))
     cotangent = np.random.default_rng(7).integers(-2, 3, output_shape) * cotangent_scale
     compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
-    return _run(kind)(cast(arrays), cast(params), jnp.asarray(cotangent, compute))
+    return _run(kind)(_device(dtype, arrays), _device(dtype, params),
+                      jax.device_put(np.asarray(cotangent, compute)))
 
 
 def _assert_close(actual, expected, tol, what):
@@ -317,9 +332,9 @@ def test_numpy_reference_in_low_precision(kind, dtype):
 def test_per_sequence_lengths_alone(dtype):
     """The plainest masking, ``valid_lens (B,)`` with a zero, at scores beyond float16's range."""
     arrays, _ = _rounded(_case("dot", "beyond_float16"), dtype)
-    lens = jnp.asarray([0, 3], jnp.int32)
-    queries, keys, values = (jnp.asarray(arrays[name], dtype) for name in ("queries", "keys",
-                                                                             "values"))
+    lens = jax.device_put(np.array([0, 3], np.int32))
+    queries, keys, values = _device(dtype, [arrays[name] for name in ("queries", "keys",
+                                                                       "values")])
 
     def loss(queries, keys, values):
         chunked = jax_efficient.dot_product_attention(queries, keys, values, lens,
@@ -341,32 +356,57 @@ def test_per_sequence_lengths_alone(dtype):
     assert (_f64(grads[0])[0] == 0).all()  # the queries of an empty sequence get no gradient
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
+def _nnx_modules_run(queries, keys, values, lens, mask, dtype):
+    """``{name: (output, parameter gradients)}`` of the two modules in ``dtype``, eval mode: built
+    and differentiated in one program (eagerly, their initialisation compiles a program per
+    operation and dtype)."""
+    rngs = nnx.Rngs(params=0, dropout=1)
+    modules = {
+        "additive": jax_scoring.AdditiveAttention(D, D, 4, 0.5, param_dtype=dtype, rngs=rngs),
+        "multihead": jax_mh.MultiHeadAttention(D, N, 0.5, param_dtype=dtype, rngs=rngs),
+    }
+    results = {}
+    for name, module in modules.items():
+        module.eval()
+        mask_argument = mask[:, None] if name == "multihead" else mask
+
+        def loss(module, mask_argument=mask_argument):
+            output = module(queries, keys, values, lens, mask=mask_argument, is_causal=True)
+            return jnp.sum(output.astype(jnp.float32)), output
+
+        grads, output = nnx.grad(loss, has_aux=True)(module)
+        results[name] = output, nnx.state(grads)
+    return results
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.__name__)
 def test_nnx_modules(dtype):
     """The modules in ``dtype`` (parameters too), eval mode: finite outputs and parameter
     gradients, zero outputs for fully masked rows. (MultiHeadAttention runs the
     DotProductAttention module on its heads.)"""
     arrays, _ = _rounded(_case("multihead", "beyond_float16"), dtype)
-    queries, keys, values = (jnp.asarray(arrays[name], dtype) for name in ("queries", "keys",
-                                                                             "values"))
-    lens, mask, empty = jnp.asarray(LENS), jnp.asarray(MASK), _empty_rows("multihead")
-    rngs = nnx.Rngs(params=0, dropout=1)
-    modules = {
-        "additive": jax_scoring.AdditiveAttention(D, D, 4, 0.5, param_dtype=dtype, rngs=rngs),
-        "multihead": jax_mh.MultiHeadAttention(D, N, 0.5, param_dtype=dtype, rngs=rngs),
-    }
-    for name, module in modules.items():
-        module.eval()
-        mask_argument = mask[:, None] if name == "multihead" else mask
-
-        def loss(module):
-            output = module(queries, keys, values, lens, mask=mask_argument, is_causal=True)
-            return jnp.sum(output.astype(jnp.float32)), output
-
-        grads, output = nnx.jit(nnx.grad(loss, has_aux=True))(module)
+    queries, keys, values = _device(dtype, [arrays[name] for name in ("queries", "keys",
+                                                                       "values")])
+    lens, mask = jax.device_put(LENS), jax.device_put(MASK)
+    empty = _empty_rows("multihead")
+    results = _nnx_modules_run(queries, keys, values, lens, mask, dtype)
+    assert set(results) == {"additive", "multihead"}
+    for name, (output, grads) in results.items():
         assert output.dtype == dtype, name
         assert np.isfinite(_f64(output)).all() and (_f64(output)[empty] == 0).all(), name
-        assert all(np.isfinite(_f64(g)).all() for g in jax.tree.leaves(nnx.state(grads))), name
+        assert all(np.isfinite(_f64(g)).all() for g in jax.tree.leaves(grads)), name
+
+
+# Eager, op by op, as before: in one compiled program XLA may keep float16 intermediates in
+# float32, and the overflowing squared distances this test is about would never overflow. The
+# three distances share their shapes, so the eager programs compile once per dtype.
+def _nadaraya_watson_and_grad(w, inputs):
+    def loss(w, inputs):
+        prediction, weights = jax_pooling.nadaraya_watson(*inputs, w)
+        return jnp.sum(prediction.astype(jnp.float32)), (prediction, weights)
+
+    return jax.grad(loss, has_aux=True)(w, inputs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.__name__)
@@ -378,14 +418,8 @@ def test_nadaraya_watson_with_distant_keys(dtype):
         keys = distance + np.linspace(0.0, 2.0, 6)
         values = np.sin(keys)
         inputs = _rounded((queries, keys, values), dtype)
-        w = jnp.asarray(1.0, dtype)
-
-        def loss(w, inputs):
-            prediction, weights = jax_pooling.nadaraya_watson(*inputs, w)
-            return jnp.sum(prediction.astype(jnp.float32)), (prediction, weights)
-
-        cast = [jnp.asarray(x, dtype) for x in inputs]
-        grad, (prediction, weights) = jax.grad(loss, has_aux=True)(w, cast)
+        grad, (prediction, weights) = _nadaraya_watson_and_grad(
+            jax.device_put(_in(dtype, 1.0)), _device(dtype, list(inputs)))
         expected_prediction, expected_weights = np_pooling.nadaraya_watson(*inputs)
         what = f"nadaraya_watson {dtype.__name__} distance {distance}"
         assert prediction.dtype == weights.dtype == dtype, what

@@ -1,7 +1,10 @@
 """Positional encodings in JAX (d2l §11.6.3; learned, RoPE, relative bias): variants, vmap, gradients,
 the properties the encodings exist for, the NNX modules, bad input (JAX and NumPy alike), plots.
 
-Shapes are few and small on purpose: JAX compiles once per shape.
+Shapes are few and small on purpose: JAX compiles once per shape. Inputs reach the device by
+``jax.device_put`` of NumPy arrays (``jnp.asarray`` with a dtype compiles a conversion per shape),
+and the tests that are not about eager execution run their JAX computations in one jitted program
+each instead of one program per operation; the chex variants keep the eager (without_jit) runs.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ from matplotlib.figure import Figure
 from jax_attention import positional as jax_pos
 from jax_attention.plotting import DPI, plot_positional_columns, plot_positional_heatmap
 from reference_numpy import positional as np_pos
+from tests.hypothesis_support import examples
 
 DIMS = chex.Dimensions(B=2, N=3, T=5, S=7, H=6, D=8, L=16)  # L: max_len of the tables
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _normal(shape, dtype=jnp.float32, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+    return jax.device_put(np.asarray(np.random.default_rng(seed).normal(size=shape), dtype))
 
 
+@jax.jit  # positions traced: one program per dtype for every (i, j)
 def _rope_score(q, k, i, j):
     """``<rope(q, i), rope(k, j)>`` for single vectors ``q, k (H,)`` at positions ``i, j``."""
     rotated_q = jax_pos.rotary_embedding(q[None], jnp.asarray([i], jnp.int32))[0]
@@ -93,7 +98,9 @@ class VariantsTest(chex.TestCase):
 
 
 def test_hand_worked_values():
-    P = np.asarray(jax_pos.positional_encoding(3, 6))
+    X = _normal((1, 4))
+    P, rotated = jax.jit(lambda X: (jax_pos.positional_encoding(3, 6), jax_pos.rotary_embedding(X)))(X)
+    P = np.asarray(P)
     np.testing.assert_array_equal(P[0], [0, 1, 0, 1, 0, 1])
     np.testing.assert_allclose(P[1, :2], [np.sin(1.0), np.cos(1.0)], rtol=1e-7)
     # Pair j turns at 1 / 10000^(2j/6): j = 1 -> 10000^(-1/3).
@@ -103,8 +110,7 @@ def test_hand_worked_values():
     np.testing.assert_array_equal(reference[0], [0, 1, 0, 1, 0, 1])
     assert reference[1, 0] == np.sin(1.0) and reference[1, 1] == np.cos(1.0)
     # RoPE at position 0 is the identity.
-    X = _normal((1, 4))
-    np.testing.assert_array_equal(jax_pos.rotary_embedding(X), X)
+    np.testing.assert_array_equal(rotated, X)
     X64 = np.asarray(X, np.float64)
     np.testing.assert_array_equal(np_pos.rotary_embedding(X64), X64)
 
@@ -161,18 +167,20 @@ def test_rope_scores_depend_only_on_the_offset(dtype, tol):
             for shift in (1, 10, 100):
                 np.testing.assert_allclose(_rope_score(q, k, i + shift, j + shift), score, rtol=tol, atol=tol)
         # And the score is <q, R(j - i) k>, not the plain dot product.
-        assert abs(float(_rope_score(q, k, 0, 3)) - float(jnp.dot(q, k))) > 1e-3
+        assert abs(float(_rope_score(q, k, 0, 3)) - float(np.dot(q, k))) > 1e-3
 
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.float64, 1e-12)])
 def test_rope_preserves_norms(dtype, tol):
     with jax.enable_x64(dtype == jnp.float64):
         X = _normal(DIMS["BNTH"], dtype)
-        positions = jnp.asarray(np.random.default_rng(3).integers(-500, 500, size=DIMS["BNT"]), jnp.int32)
-        rotated = jax_pos.rotary_embedding(X, positions)
-        np.testing.assert_allclose(jnp.linalg.norm(rotated, axis=-1), jnp.linalg.norm(X, axis=-1), rtol=tol)
+        positions = np.random.default_rng(3).integers(-500, 500, size=DIMS["BNT"]).astype(np.int32)
+        rotated = jax.jit(jax_pos.rotary_embedding)(X, positions)
+        # The norms in NumPy (in the dtype), on the device's results.
+        rotated, X = np.asarray(rotated), np.asarray(X)
+        np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(X, axis=-1), rtol=tol)
         # Pairwise too: each (2j, 2j + 1) pair is rotated on its own.
-        pairs = lambda a: jnp.linalg.norm(a.reshape(a.shape[:-1] + (DIMS.H // 2, 2)), axis=-1)  # noqa: E731
+        pairs = lambda a: np.linalg.norm(a.reshape(a.shape[:-1] + (DIMS.H // 2, 2)), axis=-1)  # noqa: E731
         np.testing.assert_allclose(pairs(rotated), pairs(X), rtol=tol, atol=tol)
 
 
@@ -193,45 +201,54 @@ def test_rope_uses_the_sinusoidal_table():
 def test_rope_offset_positions_equal_slicing_a_longer_sequence():
     # Cached decoding: T new queries at positions offset .. offset + T - 1.
     X = _normal((DIMS.B, 9, DIMS.H))
-    full = jax_pos.rotary_embedding(X)
-    part = jax_pos.rotary_embedding(X[:, 4:], jnp.arange(4, 9, dtype=jnp.int32))
+    full, part = jax.jit(lambda X: (jax_pos.rotary_embedding(X),
+                                    jax_pos.rotary_embedding(X[:, 4:], jnp.arange(4, 9, dtype=jnp.int32))))(X)
     np.testing.assert_allclose(part, full[:, 4:], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_rope_half_precision_keeps_dtype(dtype):
-    X = _normal(DIMS["BTH"])
-    positions = jnp.arange(DIMS.T, dtype=jnp.int32) + 100
-    rotated = jax_pos.rotary_embedding(X.astype(dtype), positions)
+    X = np.asarray(_normal(DIMS["BTH"])).astype(dtype)  # NumPy holds bfloat16 (ml_dtypes)
+    positions = np.arange(DIMS.T, dtype=np.int32) + 100
+    rotated = jax.jit(jax_pos.rotary_embedding)(X, positions)
     assert rotated.dtype == dtype
-    expected = np_pos.rotary_embedding(np.asarray(X.astype(dtype), np.float64), np.asarray(positions))
+    expected = np_pos.rotary_embedding(X.astype(np.float64), positions)
     np.testing.assert_allclose(np.asarray(rotated, np.float64), expected, atol=2e-2)
 
 
 def test_vmap_equals_loop():
     X = _normal((3,) + DIMS["BTD"])
     tables = _normal((3,) + DIMS["LD"], seed=1)
-    positions = jnp.asarray(np.random.default_rng(2).integers(0, 50, size=(3, DIMS.T)), jnp.int32)
-    P = jax_pos.positional_encoding(DIMS.L, DIMS.D)
-    rotated = jax.vmap(jax_pos.rotary_embedding)(X, positions)
-    added = jax.vmap(jax_pos.add_positional_encoding, in_axes=(0, None))(X, P)
-    learned = jax.vmap(jax_pos.learned_positional_encoding)(tables, X)
+    positions = np.random.default_rng(2).integers(0, 50, size=(3, DIMS.T)).astype(np.int32)
+
+    @jax.jit  # the vmapped calls and the loop in one program
+    def vmapped_and_looped(X, tables, positions):
+        P = jax_pos.positional_encoding(DIMS.L, DIMS.D)
+        vmapped = (jax.vmap(jax_pos.rotary_embedding)(X, positions),
+                   jax.vmap(jax_pos.add_positional_encoding, in_axes=(0, None))(X, P),
+                   jax.vmap(jax_pos.learned_positional_encoding)(tables, X))
+        looped = [(jax_pos.rotary_embedding(X[i], positions[i]),
+                   jax_pos.add_positional_encoding(X[i], P),
+                   jax_pos.learned_positional_encoding(tables[i], X[i])) for i in range(3)]
+        return vmapped, looped
+
+    (rotated, added, learned), looped = vmapped_and_looped(X, tables, positions)
     for i in range(3):
-        np.testing.assert_allclose(rotated[i], jax_pos.rotary_embedding(X[i], positions[i]),
-                                   rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(added[i], jax_pos.add_positional_encoding(X[i], P), rtol=1e-6)
-        np.testing.assert_allclose(learned[i], jax_pos.learned_positional_encoding(tables[i], X[i]),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(rotated[i], looped[i][0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(added[i], looped[i][1], rtol=1e-6)
+        np.testing.assert_allclose(learned[i], looped[i][2], rtol=1e-6)
 
 
 def test_gradients_match_finite_differences(x64):
     X = _normal(DIMS["BTH"], jnp.float64)
-    positions = jnp.arange(DIMS.T, dtype=jnp.int32) + 7
-    check_grads(lambda x: jax_pos.rotary_embedding(x, positions), (X,), order=1, modes=("fwd", "rev"))
+    positions = np.arange(DIMS.T, dtype=np.int32) + 7
+    # Jitted functions: check_grads's evaluations (and their jvp/vjp) reuse compiled programs.
+    check_grads(jax.jit(lambda x: jax_pos.rotary_embedding(x, positions)), (X,), order=1,
+                modes=("fwd", "rev"))
     table = _normal((DIMS.L, DIMS.H), jnp.float64, 1)
-    check_grads(jax_pos.learned_positional_encoding, (table, X), order=1, modes=("fwd", "rev"))
+    check_grads(jax.jit(jax_pos.learned_positional_encoding), (table, X), order=1, modes=("fwd", "rev"))
     # The gradient of a sum reaches exactly the first T rows of the table.
-    grad = jax.grad(lambda t: jnp.sum(jax_pos.learned_positional_encoding(t, X)))(table)
+    grad = jax.jit(jax.grad(lambda t: jnp.sum(jax_pos.learned_positional_encoding(t, X))))(table)
     np.testing.assert_array_equal(grad[: DIMS.T], DIMS.B)
     np.testing.assert_array_equal(grad[DIMS.T:], 0)
 
@@ -239,7 +256,7 @@ def test_gradients_match_finite_differences(x64):
 # --------------------------------------------------------------------------- relative positions
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(ci=15, dev=150))
 @given(
     per_direction_log2=st.integers(1, 5),
     extra_distance=st.integers(1, 200),
@@ -263,16 +280,24 @@ def test_bucket_bias_depends_only_on_the_offset(per_direction_log2, extra_distan
 def test_relative_bias_module_shape_offset_and_gradient():
     module = jax_pos.RelativePositionBias(DIMS.N, 8, 6, rngs=nnx.Rngs(0))
     assert module.table[...].shape == (8, DIMS.N)
-    bias = module(DIMS.T, DIMS.S)
+    scores = _normal((DIMS.B,) + DIMS["NTS"])
+
+    @nnx.jit  # the module's calls, its gradient and its indices in one program
+    def run(module, scores):
+        grads = nnx.grad(
+            lambda m: jnp.sum(jax.nn.softmax(scores + m(DIMS.T, DIMS.S), axis=-1) * scores))(module)
+        return (module(DIMS.T, DIMS.S), module(DIMS.T, DIMS.S, 2), module(DIMS.T + 2, DIMS.S),
+                grads, module.indices(DIMS.T, DIMS.S))
+
+    bias, shifted, longer, grads, indices = run(module, scores)
     chex.assert_shape(bias, (1,) + DIMS["NTS"])
     # Depends only on j - i: constant along diagonals, and the offset shifts the whole matrix.
+    bias = np.asarray(bias)
     np.testing.assert_array_equal(bias[..., 1:, 1:], bias[..., :-1, :-1])
-    np.testing.assert_array_equal(module(DIMS.T, DIMS.S, 2), module(DIMS.T + 2, DIMS.S)[..., 2:, :])
+    np.testing.assert_array_equal(shifted, np.asarray(longer)[..., 2:, :])
     # Gradients reach the rows in use, and only those.
-    scores = _normal((DIMS.B,) + DIMS["NTS"])
-    grads = nnx.grad(lambda m: jnp.sum(jax.nn.softmax(scores + m(DIMS.T, DIMS.S), axis=-1) * scores))(module)
     grad = np.asarray(grads["table"][...])
-    used = np.unique(np.asarray(module.indices(DIMS.T, DIMS.S)))
+    used = np.unique(np.asarray(indices))
     assert np.all(np.abs(grad[used]).sum(-1) > 0)
     np.testing.assert_array_equal(np.delete(grad, used, axis=0), 0)
 
@@ -298,12 +323,19 @@ def test_positional_encoding_module():
     assert len(nnx.state(module, nnx.Param)) == 0 and not jax.tree.leaves(nnx.state(module, nnx.Param))
     (table,) = jax.tree.leaves(nnx.state(module, jax_pos.Constant))
     np.testing.assert_array_equal(table, P)
-    grads = nnx.grad(lambda m: jnp.sum(m(X, deterministic=True)))(module)
+
+
+    @nnx.jit  # the gradient and both calls (in this order: the dropout draws after) in one program
+    def run(module, X):
+        grads = nnx.grad(lambda m: jnp.sum(m(X, deterministic=True)))(module)
+        return grads, module(X, deterministic=True), module(X)
+
+    grads, deterministic, trained = run(module, X)
     assert not jax.tree.leaves(grads)
     # Eval mode (or deterministic=True) is X + P exactly; training mode drops and rescales.
     expected = np.asarray(X) + np.asarray(P)[: DIMS.T]
-    np.testing.assert_array_equal(module(X, deterministic=True), expected)
-    trained = np.asarray(module(X))
+    np.testing.assert_array_equal(deterministic, expected)
+    trained = np.asarray(trained)
     kept = trained != 0
     assert 0 < kept.mean() < 1
     np.testing.assert_allclose(trained[kept], 2 * expected[kept], rtol=1e-6)
@@ -324,8 +356,8 @@ def test_learned_embedding_module():
     (param,) = jax.tree.leaves(nnx.state(module, nnx.Param))
     np.testing.assert_array_equal(param, table)
     X = _normal(DIMS["BTD"])
-    np.testing.assert_array_equal(module(X), np.asarray(X) + table[: DIMS.T])
-    grads = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(module)
+    output, grads = nnx.jit(lambda m, X: (m(X), nnx.grad(lambda m: jnp.sum(m(X) ** 2))(m)))(module, X)
+    np.testing.assert_array_equal(output, np.asarray(X) + table[: DIMS.T])
     grad = np.asarray(grads["table"][...])
     assert np.all(grad[: DIMS.T] != 0) and np.all(grad[DIMS.T:] == 0)
     with pytest.raises(ValueError, match=r"sequence of length T = 17 is longer than max_len = 16"):

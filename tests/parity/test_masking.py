@@ -2,10 +2,18 @@
 
 Every test runs on each backend JAX sees, in float64 (to 1e-12: the two must compute the same
 thing) and in float32 under full matmul precision (to 1e-5 relative: float32 rounding only).
+The masks of static sizes (causal, local window) run in one jitted program per group of
+parametrised cases and backend (:func:`_together`; each case still checks its own result):
+eagerly, every size compiled a program per operation. The other tests run eagerly (their cases
+share a few sizes, hence the eager operations' programs, cheaper here than a jitted program for a
+group); their inputs reach the device by ``jax.device_put`` of NumPy arrays of the final dtype.
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,8 +37,37 @@ def _lens(shape, seed=1):
     return lens.astype(np.int32)
 
 
+def _on_device(x, dtype=None):
+    """``x`` on the default device (the backend under test), converted in NumPy: ``jnp.asarray``
+    with a dtype would compile a conversion per shape."""
+    return jax.device_put(np.asarray(x, dtype))
+
+
 def _random_mask(shape, seed=2):
     return np.random.default_rng(seed).random(shape) < 0.6
+
+
+def _together(group, key, backend, dtype=None):
+    """The result of case ``key`` of ``group(dtype)`` (a dict ``key -> (function, args, kwargs)``),
+    computed with the group's other cases in one jitted program, once per backend and dtype: its
+    NumPy arrays are the program's inputs, every other argument is static."""
+    return _run_group(group, backend, dtype)[key]
+
+
+@functools.cache
+def _run_group(group, backend, dtype):
+    calls = group(dtype)
+    leaves, treedef = jax.tree.flatten(calls)
+    is_input = [isinstance(leaf, np.ndarray) for leaf in leaves]
+
+    def run(inputs):
+        inputs = iter(inputs)
+        calls = jax.tree.unflatten(treedef, [next(inputs) if i else leaf
+                                             for leaf, i in zip(leaves, is_input)])
+        return {key: function(*args, **kwargs) for key, (function, args, kwargs) in calls.items()}
+
+    # The default device is the backend under test (its fixture), where the results are.
+    return jax.jit(run)([leaf for leaf, i in zip(leaves, is_input) if i])
 
 
 # --------------------------------------------------------------------------- masks
@@ -44,7 +81,7 @@ def _random_mask(shape, seed=2):
 def test_sequence_mask(backend, dtype, x_shape, lens_shape, value):
     X, lens = _scores(x_shape), _lens(lens_shape)
     expected = np_masking.sequence_mask(X, lens, value)
-    got = jax_masking.sequence_mask(jnp.asarray(X, dtype), jnp.asarray(lens), value)
+    got = jax_masking.sequence_mask(_on_device(X, dtype), _on_device(lens), value)
     _assert_matches(got, expected, dtype, backend)
 
 
@@ -52,7 +89,7 @@ def test_sequence_mask(backend, dtype, x_shape, lens_shape, value):
 def test_valid_lens_mask(backend, lens_shape):
     lens = _lens(lens_shape)
     expected = np_masking.valid_lens_mask(lens, T, S)
-    got = jax_masking.valid_lens_mask(jnp.asarray(lens), T, S)
+    got = jax_masking.valid_lens_mask(_on_device(lens), T, S)
     assert got.dtype == jnp.bool_ and got.devices() == {backend}
     np.testing.assert_array_equal(np.asarray(got), expected)
     assert expected.shape == (B, T, S)
@@ -63,13 +100,18 @@ def test_valid_lens_mask_none(backend):
     assert jax_masking.valid_lens_mask(None, T, S) is None
 
 
-@pytest.mark.parametrize(
-    "num_queries, num_keys, offset",
-    [(4, None, 0), (4, 4, 0), (3, 5, 0), (5, 3, 0), (3, 5, 2), (4, 4, -1), (2, 6, 4), (1, 7, 6)],
-)
+CAUSAL_CASES = [(4, None, 0), (4, 4, 0), (3, 5, 0), (5, 3, 0), (3, 5, 2), (4, 4, -1), (2, 6, 4), (1, 7, 6)]
+
+
+def _causal_group(dtype):
+    return {repr(case): (jax_masking.causal_mask, case[:2], {"offset": case[2]})  # None: no sort
+            for case in CAUSAL_CASES}
+
+
+@pytest.mark.parametrize("num_queries, num_keys, offset", CAUSAL_CASES)
 def test_causal_mask(backend, num_queries, num_keys, offset):
     expected = np_masking.causal_mask(num_queries, num_keys, offset=offset)
-    got = jax_masking.causal_mask(num_queries, num_keys, offset=offset)
+    got = _together(_causal_group, repr((num_queries, num_keys, offset)), backend)
     assert got.dtype == jnp.bool_ and got.devices() == {backend}
     np.testing.assert_array_equal(np.asarray(got), expected)
 
@@ -81,12 +123,23 @@ def test_causal_mask_offset_aligns_last_query_with_last_key(backend):
     assert got[-1].all() and got.sum(axis=-1).tolist() == [4, 5, 6]
 
 
-@pytest.mark.parametrize("num_queries, num_keys, window, offset", [
+WINDOW_CASES = [
     (4, None, 1, 0), (4, 4, (2, 0), 0), (3, 5, (0, 3), 0), (5, 3, (1, 1), 0), (3, 6, (2, 1), 3),
-    (6, 6, (0, 0), 0), (2, 7, [4, 2], -1), (5, 5, 10, 0)])
+    (6, 6, (0, 0), 0), (2, 7, [4, 2], -1), (5, 5, 10, 0)]
+
+
+def _window_group(dtype):
+    # Keyed by the case's index (a list window is no dict key); the window passed as it is (a
+    # list stays a list: static, not an input, since only NumPy arrays are inputs).
+    return {i: (functools.partial(jax_masking.local_window_mask, local_window_size=case[2],
+                                  offset=case[3]), case[:2], {}) for i, case in enumerate(WINDOW_CASES)}
+
+
+@pytest.mark.parametrize("num_queries, num_keys, window, offset", WINDOW_CASES)
 def test_local_window_mask(backend, num_queries, num_keys, window, offset):
     expected = np_masking.local_window_mask(num_queries, num_keys, window, offset=offset)
-    got = jax_masking.local_window_mask(num_queries, num_keys, window, offset=offset)
+    case = WINDOW_CASES.index((num_queries, num_keys, window, offset))
+    got = _together(_window_group, case, backend)
     assert got.dtype == jnp.bool_ and got.devices() == {backend}
     np.testing.assert_array_equal(np.asarray(got), expected)
     # The definition: t + offset - left <= s <= t + offset + right.
@@ -108,8 +161,8 @@ def test_attention_mask(backend, lens_shape, with_mask, is_causal, window):
                                          local_window_size=window)
     got = jax_masking.attention_mask(
         shape,
-        None if lens is None else jnp.asarray(lens),
-        mask=None if mask is None else jnp.asarray(mask),
+        None if lens is None else _on_device(lens),
+        mask=None if mask is None else _on_device(mask),
         is_causal=is_causal,
         local_window_size=window,
     )
@@ -129,7 +182,7 @@ def test_attention_mask(backend, lens_shape, with_mask, is_causal, window):
 def test_combine_masks(backend):
     a, b = _random_mask((B, T, S), seed=3), _random_mask((1, T, S), seed=4)
     np.testing.assert_array_equal(
-        np.asarray(jax_masking.combine_masks(jnp.asarray(a), None, jnp.asarray(b))),
+        np.asarray(jax_masking.combine_masks(_on_device(a), None, _on_device(b))),
         np_masking.combine_masks(a, None, b),
     )
     assert jax_masking.combine_masks(None, None) is None and np_masking.combine_masks(None) is None
@@ -138,37 +191,62 @@ def test_combine_masks(backend):
 # --------------------------------------------------------------------------- masked softmax
 
 
-@pytest.mark.parametrize("lens_shape", [None, (B,), (B, T)])
-def test_masked_softmax_valid_lens(backend, dtype, lens_shape):
-    X = _scores((B, T, S))
-    lens = None if lens_shape is None else _lens(lens_shape)
-    expected = np_masking.masked_softmax(X, lens)
-    got = jax_masking.masked_softmax(jnp.asarray(X, dtype), None if lens is None else jnp.asarray(lens))
-    _assert_matches(got, expected, dtype, backend)
+def _masked_softmax(X, lens, dtype, mask=None):
+    """``masked_softmax`` run eagerly (the cases share a few sizes, hence the eager operations'
+    programs: here cheaper than one jitted program for all of them) on X in ``dtype``."""
+    return jax_masking.masked_softmax(_on_device(X, dtype), None if lens is None else _on_device(lens),
+                                      mask=None if mask is None else _on_device(mask))
 
 
-@pytest.mark.parametrize("mask_shape", [(T, S), (S,), (B, 1, S), (1, T, S), (B, T, 1), (B, T, S)])
-@pytest.mark.parametrize("with_lens", [False, True])
-def test_masked_softmax_boolean_mask(backend, dtype, mask_shape, with_lens):
+VALID_LENS_SHAPES = [None, (B,), (B, T)]
+BOOLEAN_MASK_SHAPES = [(T, S), (S,), (B, 1, S), (1, T, S), (B, T, 1), (B, T, S)]
+HEADS_LENS_SHAPES = [(B,), (B, T)]
+HEADS_MASK_SHAPES = [None, (B, 1, 1, S), (B, N, T, S), (T, S)]
+
+
+def _valid_lens_case(lens_shape):
+    return _scores((B, T, S)), None if lens_shape is None else _lens(lens_shape)
+
+
+def _boolean_mask_case(mask_shape, with_lens):
     X, mask = _scores((B, T, S)), _random_mask(mask_shape)
     mask.flat[0] = False  # at least one masked entry in every broadcast case
-    lens = _lens((B,)) if with_lens else None
-    expected = np_masking.masked_softmax(X, lens, mask=mask)
-    got = jax_masking.masked_softmax(
-        jnp.asarray(X, dtype), None if lens is None else jnp.asarray(lens), mask=jnp.asarray(mask)
-    )
+    return X, _lens((B,)) if with_lens else None, mask
+
+
+def _heads_case(lens_shape, mask_shape):
+    X, lens = _scores((B, N, T, S)), _lens(lens_shape)
+    return X, lens, None if mask_shape is None else _random_mask(mask_shape)
+
+
+def _large_scores_case():
+    # Scores far beyond exp's range: both must shift by the row maximum rather than overflow.
+    return _scores((B, T, S)) * 200.0, _lens((B, T))
+
+
+@pytest.mark.parametrize("lens_shape", VALID_LENS_SHAPES)
+def test_masked_softmax_valid_lens(backend, dtype, lens_shape):
+    X, lens = _valid_lens_case(lens_shape)
+    expected = np_masking.masked_softmax(X, lens)
+    got = _masked_softmax(X, lens, dtype)
     _assert_matches(got, expected, dtype, backend)
 
 
-@pytest.mark.parametrize("lens_shape", [(B,), (B, T)])
-@pytest.mark.parametrize("mask_shape", [None, (B, 1, 1, S), (B, N, T, S), (T, S)])
-def test_masked_softmax_heads(backend, dtype, lens_shape, mask_shape):
-    X, lens = _scores((B, N, T, S)), _lens(lens_shape)
-    mask = None if mask_shape is None else _random_mask(mask_shape)
+@pytest.mark.parametrize("mask_shape", BOOLEAN_MASK_SHAPES)
+@pytest.mark.parametrize("with_lens", [False, True])
+def test_masked_softmax_boolean_mask(backend, dtype, mask_shape, with_lens):
+    X, lens, mask = _boolean_mask_case(mask_shape, with_lens)
     expected = np_masking.masked_softmax(X, lens, mask=mask)
-    got = jax_masking.masked_softmax(
-        jnp.asarray(X, dtype), jnp.asarray(lens), mask=None if mask is None else jnp.asarray(mask)
-    )
+    got = _masked_softmax(X, lens, dtype, mask)
+    _assert_matches(got, expected, dtype, backend)
+
+
+@pytest.mark.parametrize("lens_shape", HEADS_LENS_SHAPES)
+@pytest.mark.parametrize("mask_shape", HEADS_MASK_SHAPES)
+def test_masked_softmax_heads(backend, dtype, lens_shape, mask_shape):
+    X, lens, mask = _heads_case(lens_shape, mask_shape)
+    expected = np_masking.masked_softmax(X, lens, mask=mask)
+    got = _masked_softmax(X, lens, dtype, mask)
     _assert_matches(got, expected, dtype, backend)
     if mask is None:
         # Lengths index the batch axis and apply to every head alike.
@@ -176,11 +254,9 @@ def test_masked_softmax_heads(backend, dtype, lens_shape, mask_shape):
 
 
 def test_masked_softmax_large_scores(backend, dtype):
-    # Scores far beyond exp's range: both must shift by the row maximum rather than overflow.
-    X = _scores((B, T, S)) * 200.0
-    lens = _lens((B, T))
+    X, lens = _large_scores_case()
     expected = np_masking.masked_softmax(X, lens)
-    got = jax_masking.masked_softmax(jnp.asarray(X, dtype), jnp.asarray(lens))
+    got = _masked_softmax(X, lens, dtype)
     assert np.isfinite(expected).all()
     _assert_matches(got, expected, dtype, backend)
 
@@ -190,5 +266,5 @@ def test_masked_softmax_integer_scores(backend, x64):
     X = np.random.default_rng(5).integers(-3, 4, size=(B, T, S))
     lens = _lens((B,))
     expected = np_masking.masked_softmax(X, lens)
-    got = jax_masking.masked_softmax(jnp.asarray(X, jnp.int64), jnp.asarray(lens))
+    got = jax_masking.masked_softmax(_on_device(X, np.int64), _on_device(lens))
     _assert_matches(got, expected, jnp.float64, backend)

@@ -6,7 +6,10 @@ agree entry for entry, and the buckets also with a plain per-element Python tran
 The NNX modules are tied to the functions by running the reference on the modules' own tables.
 
 JAX runs under ``jax.jit`` here (one compilation per test instead of one per eager operation, which
-keeps the file fast); tests/test_positional.py runs every function with and without jit.
+keeps the file fast; the T5 buckets' cases, :func:`_buckets_together`, share one program per
+backend, each case still checked on its own); tests/test_positional.py runs every function with
+and without jit. Inputs go to the jitted functions as NumPy arrays of the final dtype
+(``jnp.asarray`` with a dtype would compile a conversion per shape).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def test_add_positional_encoding(backend, dtype, shape):
     X = _normal(shape)
     P = np_pos.positional_encoding(8, shape[-1])
     expected = np_pos.add_positional_encoding(X, P)
-    got = _jit(jax_pos.add_positional_encoding)(jnp.asarray(X, dtype), jnp.asarray(P, dtype))
+    got = _jit(jax_pos.add_positional_encoding)(np.asarray(X, dtype), np.asarray(P, dtype))
     _assert_matches(got, expected, dtype, backend)
 
 
@@ -70,21 +73,21 @@ def test_add_positional_encoding(backend, dtype, shape):
 def test_learned_positional_encoding(backend, dtype, shape):
     X, table = _normal(shape, 1), _normal((9, shape[-1]), 2)
     expected = np_pos.learned_positional_encoding(table, X)
-    got = _jit(jax_pos.learned_positional_encoding)(jnp.asarray(table, dtype), jnp.asarray(X, dtype))
+    got = _jit(jax_pos.learned_positional_encoding)(np.asarray(table, dtype), np.asarray(X, dtype))
     _assert_matches(got, expected, dtype, backend)
 
 
 def test_positional_encoding_module(backend, dtype):
     module = jax_pos.PositionalEncoding(6, 0.5, max_len=10, dtype=dtype, rngs=nnx.Rngs(0))
     X = _normal((2, 7, 6), 3)
-    got = nnx.jit(lambda m, x: m(x, deterministic=True))(module, jnp.asarray(X, dtype))
+    got = nnx.jit(lambda m, x: m(x, deterministic=True))(module, np.asarray(X, dtype))
     _assert_matches(got, X + np_pos.positional_encoding(10, 6)[:7], dtype, backend)
 
 
 def test_learned_embedding_module(backend, dtype):
     module = jax_pos.LearnedPositionalEmbedding(10, 6, param_dtype=dtype, rngs=nnx.Rngs(0))
     X = _normal((2, 7, 6), 4)
-    got = nnx.jit(lambda m, x: m(x))(module, jnp.asarray(X, dtype))
+    got = nnx.jit(lambda m, x: m(x))(module, np.asarray(X, dtype))
     expected = np_pos.learned_positional_encoding(np.asarray(module.table[...], np.float64), X)
     _assert_matches(got, expected, dtype, backend)
 
@@ -97,7 +100,7 @@ def test_rotary_angles(backend, dtype, positions_shape, head_dim):
     positions = np.random.default_rng(5).integers(-20, 20, size=positions_shape)
     expected = np_pos.rotary_angles(positions, head_dim, 500.0)
     angles = functools.partial(jax_pos.rotary_angles, dtype=dtype)
-    got = _jit(angles, 1, 2)(jnp.asarray(positions, jnp.int32), head_dim, 500.0)
+    got = _jit(angles, 1, 2)(np.asarray(positions, np.int32), head_dim, 500.0)
     _assert_matches(got, expected, dtype, backend)
 
 
@@ -121,7 +124,7 @@ def test_rotary_embedding(backend, dtype, shape, positions_shape):
         positions = 11 + np.random.default_rng(7).integers(0, 5, size=positions_shape)
     expected = np_pos.rotary_embedding(X, positions, 10000.0)
     got = _jit(jax_pos.rotary_embedding, 2)(
-        jnp.asarray(X, dtype), None if positions is None else jnp.asarray(positions, jnp.int32), 10000.0)
+        np.asarray(X, dtype), None if positions is None else np.asarray(positions, np.int32), 10000.0)
     # float32 angles p / base^(2j/H) carry an absolute error of about p * 2^-24 rad.
     _assert_matches(got, expected, dtype, backend, atol32=1e-5)
 
@@ -184,29 +187,54 @@ BUCKET_CONFIGS = [
 ]
 
 
+BUCKET_SIZES = [(1, 1, 0), (7, 13, 0), (13, 7, -3), (40, 300, 5), (300, 40, 0)]
+
+
+def _t5_offsets(max_distance):
+    """Every relative position from well beyond ``-max_distance`` to well beyond it."""
+    return np.arange(-3 * max_distance - 5, 3 * max_distance + 6, dtype=np.int32)
+
+
+@functools.cache
+def _buckets_together(device):
+    """``relative_position_buckets`` of every case of :func:`test_relative_position_buckets`
+    (key: its parameters) and of :func:`test_buckets_match_per_element_t5` (key: the bucket
+    configuration), in one jitted program on ``device``."""
+    inputs = {}
+    for config in BUCKET_CONFIGS:
+        inputs[config] = _t5_offsets(config[1])
+        for sizes in BUCKET_SIZES:
+            inputs[config + sizes] = np_pos.relative_positions(*sizes)
+
+    def run(inputs):
+        return {key: jax_pos.relative_position_buckets(positions, *key[:3])
+                for key, positions in inputs.items()}
+
+    with jax.default_device(device):
+        return jax.jit(run)(inputs)
+
+
 @pytest.mark.parametrize("num_buckets, max_distance, bidirectional", BUCKET_CONFIGS)
-@pytest.mark.parametrize("num_queries, num_keys, offset", [(1, 1, 0), (7, 13, 0), (13, 7, -3), (40, 300, 5),
-                                                           (300, 40, 0)])
+@pytest.mark.parametrize("num_queries, num_keys, offset", BUCKET_SIZES)
 def test_relative_position_buckets(backend, num_buckets, max_distance, bidirectional, num_queries, num_keys,
                                    offset):
     positions = np_pos.relative_positions(num_queries, num_keys, offset)
     expected = np_pos.relative_position_buckets(positions, num_buckets, max_distance, bidirectional)
-    got = _jit(jax_pos.relative_position_buckets, 1, 2, 3)(jnp.asarray(positions), num_buckets, max_distance,
-                                                            bidirectional)
+    got = _buckets_together(backend)[num_buckets, max_distance, bidirectional, num_queries, num_keys, offset]
     _assert_equal_ints(got, expected, backend)
     assert expected.min() >= 0 and expected.max() < num_buckets
 
 
 @pytest.mark.parametrize("num_buckets, max_distance, bidirectional", BUCKET_CONFIGS)
 def test_buckets_match_per_element_t5(num_buckets, max_distance, bidirectional):
-    offsets = np.arange(-3 * max_distance - 5, 3 * max_distance + 6, dtype=np.int32)
+    offsets = _t5_offsets(max_distance)
     expected = np.array([_t5_bucket_float32(int(r), num_buckets, max_distance, bidirectional)
                          for r in offsets])
     np.testing.assert_array_equal(
         np_pos.relative_position_buckets(offsets, num_buckets, max_distance, bidirectional), expected)
     np.testing.assert_array_equal(
-        np.asarray(_jit(jax_pos.relative_position_buckets, 1, 2, 3)(jnp.asarray(offsets), num_buckets,
-                                                                    max_distance, bidirectional)), expected)
+        np.asarray(_buckets_together(jax.devices()[0])[num_buckets, max_distance, bidirectional]),
+        expected)
     if (num_buckets, max_distance) in ((32, 128), (8, 20), (5, 9)):
         in_float64 = [_t5_bucket_float64(int(r), num_buckets, max_distance, bidirectional) for r in offsets]
         np.testing.assert_array_equal(expected, in_float64)
@@ -226,7 +254,7 @@ def test_buckets_of_t5_defaults_by_hand():
 def test_clipped_relative_positions(backend, max_distance):
     positions = np_pos.relative_positions(13, 7, -3)
     expected = np_pos.clipped_relative_positions(positions, max_distance)
-    got = _jit(jax_pos.clipped_relative_positions, 1)(jnp.asarray(positions), max_distance)
+    got = _jit(jax_pos.clipped_relative_positions, 1)(positions, max_distance)
     _assert_equal_ints(got, expected, backend)
     np.testing.assert_array_equal(expected, np.clip(positions, -max_distance, max_distance) + max_distance)
 
@@ -235,7 +263,7 @@ def test_relative_position_bias(backend, dtype):
     table = _normal((32, 3), 8)
     indices = np_pos.relative_position_buckets(np_pos.relative_positions(5, 7))
     expected = np_pos.relative_position_bias(table, indices)
-    got = _jit(jax_pos.relative_position_bias)(jnp.asarray(table, dtype), jnp.asarray(indices))
+    got = _jit(jax_pos.relative_position_bias)(np.asarray(table, dtype), indices)
     _assert_matches(got, expected, dtype, backend)
     for n in range(3):
         np.testing.assert_array_equal(expected[0, n], table[indices, n])
