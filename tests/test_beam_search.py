@@ -4,6 +4,10 @@ Steps driven by fixed tables of log-probabilities (depending on the previous tok
 history kept in the state) are checked against a brute-force search over every sequence and against
 a plain-Python beam search; beam_size=1 must equal greedy search, on tables and on a Bahdanau model
 whose beams are rescored by teacher forcing.
+
+Every search runs under ``jax.jit`` (one program per table shape and static setting instead of
+one per eager operation), on tables put on the device by ``jax.device_put``; the argument checks
+run eagerly, as they raise before anything is traced.
 """
 
 from __future__ import annotations
@@ -95,12 +99,32 @@ def _table_step(tables):
     return step
 
 
-def _run(tables, *, beam_size, max_len, length_penalty=0.75):
-    tables = jnp.asarray(tables, jnp.float32)
+@functools.partial(jax.jit, static_argnames=("beam_size", "max_len", "length_penalty"))
+def _beam_on_tables(tables, *, beam_size, max_len, length_penalty):
     batch = tables.shape[0]
-    return jax.device_get(beam_search(
+    return beam_search(
         _table_step(tables), jnp.arange(batch, dtype=jnp.int32), batch, beam_size=beam_size,
-        bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=max_len, length_penalty=length_penalty))
+        bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=max_len, length_penalty=length_penalty)
+
+
+@functools.partial(jax.jit, static_argnames="max_len")
+def _greedy_on_tables(tables, *, max_len):
+    batch = tables.shape[0]
+    return greedy_search(_table_step(tables), jnp.arange(batch, dtype=jnp.int32), batch,
+                         bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=max_len)
+
+
+def _tables(tables):
+    return jax.device_put(np.asarray(tables, np.float32))
+
+
+def _run(tables, *, beam_size, max_len, length_penalty=0.75):
+    return jax.device_get(_beam_on_tables(_tables(tables), beam_size=beam_size, max_len=max_len,
+                                          length_penalty=length_penalty))
+
+
+def _greedy(tables, *, max_len):
+    return jax.device_get(_greedy_on_tables(_tables(tables), max_len=max_len))
 
 
 def _hand_built_table():
@@ -123,9 +147,7 @@ def test_hand_built_greedy_is_suboptimal_and_the_beam_finds_the_best():
     table = _hand_built_table()
     log_probs = _table_log_probs(table)
     max_len = 4
-    greedy_tokens, greedy_lengths, _ = greedy_search(
-        _table_step(table[None]), jnp.zeros((1,), jnp.int32), 1, bos_id=BOS, eos_id=EOS,
-        pad_id=PAD, max_len=max_len)
+    greedy_tokens, greedy_lengths, _ = _greedy(table[None], max_len=max_len)
     np.testing.assert_array_equal(greedy_tokens, [[A, EOS, PAD, PAD]])
 
     # Plain log-probability: B <eos>, found with k = 2 although greedy misses it.
@@ -178,9 +200,7 @@ def test_beam_size_one_equals_greedy_search():
     tables = 2.0 * rng.standard_normal((5, V, V))
     tables[:, :, EOS] += 1.0
     tables[0, :, :] = 0.0  # all ties: both must take the lowest id
-    greedy_tokens, greedy_lengths, _ = greedy_search(
-        _table_step(tables), jnp.arange(5, dtype=jnp.int32), 5, bos_id=BOS, eos_id=EOS,
-        pad_id=PAD, max_len=7)
+    greedy_tokens, greedy_lengths, _ = _greedy(tables, max_len=7)
     tokens, lengths, _ = _run(tables, beam_size=1, max_len=7)
     np.testing.assert_array_equal(tokens[:, 0], greedy_tokens)
     np.testing.assert_array_equal(lengths[:, 0], greedy_lengths)
@@ -233,8 +253,8 @@ def test_state_leaves_are_reordered_with_their_beams():
         state = {"row": rows, "t": t + 1, "history": history}
         return logits, state, jnp.zeros((tokens.shape[0], 1))
 
-    state = {"row": jnp.arange(batch, dtype=jnp.int32), "t": jnp.zeros((batch,), jnp.int32),
-             "history": jnp.zeros((batch, max_len), jnp.int32)}
+    state = {"row": np.arange(batch, dtype=np.int32), "t": np.zeros((batch,), np.int32),
+             "history": np.zeros((batch, max_len), np.int32)}
     tokens, lengths, scores = jax.jit(lambda s: beam_search(
         step, s, batch, beam_size=3, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=max_len,
         length_penalty=0.0))(state)
@@ -256,19 +276,23 @@ def test_compiles_once_for_inputs_of_one_shape():
                       bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=6)
 
     rng = np.random.default_rng(8)
-    results = [run(jnp.asarray(rng.standard_normal((3, V, V)), jnp.float32)) for _ in range(3)]
+    results = [run(_tables(rng.standard_normal((3, V, V)))) for _ in range(3)]
     assert run._cache_size() == 1
     assert any(not np.array_equal(results[0][0], other[0]) for other in results[1:])
 
 
 def test_low_precision_logits_score_in_float32():
-    table = jnp.asarray(_hand_built_table(), jnp.bfloat16)
+    table = jax.device_put(np.asarray(_hand_built_table(), jnp.bfloat16))
 
-    def step(rows, tokens):
-        return table[tokens], rows, jnp.zeros((tokens.shape[0], 1), jnp.bfloat16)
+    @jax.jit
+    def search(table):
+        def step(rows, tokens):
+            return table[tokens], rows, jnp.zeros((tokens.shape[0], 1), jnp.bfloat16)
 
-    tokens, _, scores = beam_search(step, jnp.zeros((1,), jnp.int32), 1, beam_size=2, bos_id=BOS,
-                                    eos_id=EOS, pad_id=PAD, max_len=4, length_penalty=0.0)
+        return beam_search(step, jnp.zeros((1,), jnp.int32), 1, beam_size=2, bos_id=BOS,
+                           eos_id=EOS, pad_id=PAD, max_len=4, length_penalty=0.0)
+
+    tokens, _, scores = search(table)
     assert scores.dtype == jnp.float32
     np.testing.assert_array_equal(tokens[0, 0], [B_, EOS, PAD, PAD])
 
@@ -330,19 +354,20 @@ def _bahdanau_beam(params, src, src_valid_len, *, beam_size, max_len, length_pen
 
 
 @jax.jit
-def _teacher_forced_logits(params, src, src_valid_len, dec_input):
-    return bahdanau.seq2seq(params, src, src_valid_len, dec_input)[0]
+def _teacher_forced_log_probs(params, src, src_valid_len, tokens):
+    dec_input = bahdanau.teacher_forcing_inputs(tokens, BOS)
+    logits = bahdanau.seq2seq(params, src, src_valid_len, dec_input)[0]
+    return jax.nn.log_softmax(logits, axis=-1)
 
 
 def _rescore(params, src, src_valid_len, tokens, lengths, max_len):
     """Teacher-forced log P of each hypothesis ``(B, k)``, ``<eos>`` included when emitted."""
     batch, k, _ = tokens.shape
-    flat = tokens.reshape(batch * k, max_len)
-    logits = _teacher_forced_logits(params, np.repeat(src, k, axis=0),
-                                    np.repeat(src_valid_len, k, axis=0),
-                                    bahdanau.teacher_forcing_inputs(flat, BOS))
-    log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
-    picked = np.take_along_axis(log_probs, np.asarray(flat)[..., None], axis=-1)[..., 0]
+    flat = np.asarray(tokens).reshape(batch * k, max_len)
+    log_probs = np.asarray(_teacher_forced_log_probs(params, np.repeat(src, k, axis=0),
+                                                     np.repeat(src_valid_len, k, axis=0), flat),
+                           np.float64)
+    picked = np.take_along_axis(log_probs, flat[..., None], axis=-1)[..., 0]
     L = np.minimum(np.asarray(lengths).reshape(-1) + 1, max_len)
     keep = np.arange(max_len)[None, :] < L[:, None]
     return np.where(keep, picked, 0.0).sum(axis=1).reshape(batch, k)

@@ -8,14 +8,15 @@ teacher-forced decoder (logits, attention weights, final state), the masked loss
 NNX module on its own parameters.
 
 The ``dtype`` fixture (tests/parity/conftest.py) runs each test in float64 and float32 on every
-backend. JAX runs under ``jax.jit`` here (one compilation per test); tests/test_bahdanau.py runs
-the functions with and without jit.
+backend. JAX runs under ``jax.jit`` here (one compilation per test; the model and its loss in one
+program), the NNX module under ``nnx.jit``, on inputs put on the device by ``jax.device_put`` of
+NumPy arrays of the final dtype (``jnp.asarray`` with a dtype compiles a conversion per shape);
+tests/test_bahdanau.py runs the functions with and without jit.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -43,7 +44,13 @@ def _numpy_params(seed=0, scale=0.5):
 
 
 def _to_jax(params, dtype):
-    return jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype), params)
+    return jax.tree.map(lambda leaf: _device(leaf, dtype), params)
+
+
+def _device(array, dtype=None):
+    """``array`` as a JAX array of ``dtype``, cast by NumPy: ``jax.device_put`` compiles
+    nothing."""
+    return jax.device_put(np.asarray(array, dtype))
 
 
 def _inputs(seed=1):
@@ -60,8 +67,8 @@ def test_gru_cell(dtype, backend):
     rng = np.random.default_rng(2)
     inputs, state = rng.normal(size=(B, E)), rng.normal(size=(B, H))
     expected = np_bahdanau.gru_cell(params, inputs, state)
-    got = jax.jit(jax_bahdanau.gru_cell)(_to_jax(params, dtype), jnp.asarray(inputs, dtype),
-                                         jnp.asarray(state, dtype))
+    got = jax.jit(jax_bahdanau.gru_cell)(_to_jax(params, dtype), _device(inputs, dtype),
+                                         _device(state, dtype))
     _assert_matches(got, expected, dtype, backend)
 
 
@@ -85,8 +92,8 @@ def test_gru(dtype, backend):
     rng = np.random.default_rng(5)
     inputs, state = rng.normal(size=(B, S, E)), rng.normal(size=(L, B, H))
     expected_outputs, expected_state = np_bahdanau.gru(params, inputs, state)
-    outputs, final = jax.jit(jax_bahdanau.gru)(_to_jax(params, dtype), jnp.asarray(inputs, dtype),
-                                               jnp.asarray(state, dtype))
+    outputs, final = jax.jit(jax_bahdanau.gru)(_to_jax(params, dtype), _device(inputs, dtype),
+                                               _device(state, dtype))
     _assert_matches(outputs, expected_outputs, dtype, backend)
     _assert_matches(final, expected_state, dtype, backend)
     # The outputs are the top layer's states; the final state of the top layer is the last output.
@@ -109,8 +116,8 @@ def test_decoder_step(dtype, backend):
     expected = np_bahdanau.decoder_step(params["decoder"], dec_input[:, 0], state, enc_outputs,
                                         src_valid_len)
     got = jax.jit(jax_bahdanau.decoder_step)(
-        _to_jax(params["decoder"], dtype), dec_input[:, 0], jnp.asarray(state, dtype),
-        jnp.asarray(enc_outputs, dtype), src_valid_len)
+        _to_jax(params["decoder"], dtype), dec_input[:, 0], _device(state, dtype),
+        _device(enc_outputs, dtype), src_valid_len)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -122,8 +129,8 @@ def test_teacher_forced_decoder(dtype, backend):
     expected_logits, expected_state, expected_weights = np_bahdanau.decoder(
         params["decoder"], dec_input, state, enc_outputs, src_valid_len)
     logits, final, weights = jax.jit(jax_bahdanau.decoder)(
-        _to_jax(params["decoder"], dtype), dec_input, jnp.asarray(state, dtype),
-        jnp.asarray(enc_outputs, dtype), src_valid_len)
+        _to_jax(params["decoder"], dtype), dec_input, _device(state, dtype),
+        _device(enc_outputs, dtype), src_valid_len)
     _assert_matches(logits, expected_logits, dtype, backend)
     _assert_matches(final, expected_state, dtype, backend)
     _assert_matches(weights, expected_weights, dtype, backend)
@@ -141,11 +148,12 @@ def test_seq2seq_and_loss(dtype, backend):
         params, src, src_valid_len, np_bahdanau.teacher_forcing_inputs(tgt, BOS))
     expected_loss = np_bahdanau.teacher_forcing_loss(params, src, src_valid_len, tgt,
                                                      tgt_valid_len, BOS)
-    jax_params = _to_jax(params, dtype)
-    logits, weights = jax.jit(jax_bahdanau.seq2seq)(
-        jax_params, src, src_valid_len, jax_bahdanau.teacher_forcing_inputs(tgt, BOS))
-    loss = jax.jit(jax_bahdanau.teacher_forcing_loss, static_argnums=5)(
-        jax_params, src, src_valid_len, tgt, tgt_valid_len, BOS)
+    # The model on the shifted target and the loss, in one program.
+    (logits, weights), loss = jax.jit(lambda params, src, src_valid_len, tgt, tgt_valid_len: (
+        jax_bahdanau.seq2seq(params, src, src_valid_len,
+                             jax_bahdanau.teacher_forcing_inputs(tgt, BOS)),
+        jax_bahdanau.teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, BOS)))(
+        _to_jax(params, dtype), src, src_valid_len, tgt, tgt_valid_len)
     _assert_matches(logits, expected_logits, dtype, backend)
     _assert_matches(weights, expected_weights, dtype, backend)
     _assert_matches(loss, expected_loss, dtype, backend)
@@ -178,7 +186,9 @@ def test_nnx_module_runs_the_reference_on_its_own_parameters(dtype, backend):
                                          param_dtype=dtype, rngs=nnx.Rngs(0))
     model.eval()  # no dropout: the reference has none
     src, src_valid_len, dec_input, _ = _inputs()
-    logits, intermediates = nnx.capture(model, nnx.Intermediate)(src, src_valid_len, dec_input)
+    logits, intermediates = nnx.jit(
+        lambda model, *args: nnx.capture(model, nnx.Intermediate)(*args))(
+        model, src, src_valid_len, dec_input)
     (weights,) = intermediates["attention_weights"].get_value()
     params = jax.tree.map(lambda leaf: np.asarray(leaf, np.float64), model.params_dict())
     expected_logits, expected_weights = np_bahdanau.seq2seq(params, src, src_valid_len, dec_input)

@@ -7,12 +7,16 @@ decoder and the full model (logits and every attention weight), the loss, greedy
 batched, compiled, key/value cache; NumPy: one sentence at a time, recomputing the prefix), and
 the NNX module on its own parameters; grouped-query and multi-query attention (``N_kv`` = 2, 1
 key/value heads for ``N = 4``) in the full model, the loss and greedy decoding.
+
+JAX runs under ``jax.jit``, on inputs put on the device by ``jax.device_put`` of NumPy arrays of
+the final dtype (``jnp.asarray`` with a dtype compiles a conversion per shape). The full model is
+jitted as tests/test_transformer.py jits it, and greedy decoding has its ``max_len``, on the same
+sizes: the session's compilation cache compiles each of these programs once for both modules.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -44,7 +48,21 @@ def _numpy_params(seed=0, scale=0.5, num_heads=None, num_kv_heads=None):
 
 
 def _to_jax(params, dtype):
-    return jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype), params)
+    return jax.tree.map(lambda leaf: _device(leaf, dtype), params)
+
+
+def _device(array, dtype=None):
+    """``array`` as a JAX array of ``dtype``, cast by NumPy: ``jax.device_put`` compiles
+    nothing."""
+    return jax.device_put(np.asarray(array, dtype))
+
+
+#: The full model as tests/test_transformer.py jits it (the same program for the same sizes).
+_forward = jax.jit(jax_transformer.transformer, static_argnames=("num_heads", "dropout"))
+_loss = jax.jit(jax_transformer.teacher_forcing_loss, static_argnames=("bos_id", "num_heads"))
+
+#: Greedy decoding's steps: tests/test_transformer.py's MAX_LEN, so that the programs are shared.
+MAX_LEN = 7
 
 
 def _inputs(seed=1):
@@ -64,10 +82,10 @@ def test_ffn_and_add_norm(dtype, backend):
     params = _numpy_params()["encoder"]["blocks"]["block_0"]
     X, Y = _X((B, T, D)), _X((B, T, D), seed=3)
     got = jax.jit(jax_transformer.position_wise_ffn)(_to_jax(params["ffn"], dtype),
-                                                     jnp.asarray(X, dtype))
+                                                     _device(X, dtype))
     _assert_matches(got, np_transformer.position_wise_ffn(params["ffn"], X), dtype, backend)
     got = jax.jit(jax_transformer.add_norm)(_to_jax(params["addnorm_1"], dtype),
-                                            jnp.asarray(X, dtype), jnp.asarray(Y, dtype))
+                                            _device(X, dtype), _device(Y, dtype))
     _assert_matches(got, np_transformer.add_norm(params["addnorm_1"], X, Y), dtype, backend)
 
 
@@ -84,13 +102,13 @@ def test_blocks(dtype, backend):
     X, Y = _X((B, S, D)), _X((B, T, D), seed=4)
     enc_block = params["encoder"]["blocks"]["block_1"]
     out, w = jax.jit(jax_transformer.encoder_block, static_argnames="num_heads")(
-        _to_jax(enc_block, dtype), jnp.asarray(X, dtype), src_valid_len, num_heads=N)
+        _to_jax(enc_block, dtype), _device(X, dtype), src_valid_len, num_heads=N)
     ref_out, ref_w = np_transformer.encoder_block(enc_block, X, src_valid_len, num_heads=N)
     _assert_matches(out, ref_out, dtype, backend)
     _assert_matches(w, ref_w, dtype, backend)
     dec_block = params["decoder"]["blocks"]["block_0"]
     got = jax.jit(jax_transformer.decoder_block, static_argnames="num_heads")(
-        _to_jax(dec_block, dtype), jnp.asarray(Y, dtype), jnp.asarray(X, dtype), src_valid_len,
+        _to_jax(dec_block, dtype), _device(Y, dtype), _device(X, dtype), src_valid_len,
         num_heads=N)
     expected = np_transformer.decoder_block(dec_block, Y, X, src_valid_len, num_heads=N)
     for g, e in zip(got, expected):
@@ -100,16 +118,15 @@ def test_blocks(dtype, backend):
 def test_full_forward_and_loss(dtype, backend):
     params = _numpy_params()
     src, src_valid_len, dec_input, tgt_valid_len = _inputs()
-    logits, weights = jax.jit(jax_transformer.transformer, static_argnames="num_heads")(
-        _to_jax(params, dtype), src, src_valid_len, dec_input, num_heads=N)
+    jax_params = _to_jax(params, dtype)
+    logits, weights = _forward(jax_params, src, src_valid_len, dec_input, num_heads=N)
+    loss = _loss(jax_params, src, src_valid_len, dec_input, tgt_valid_len, BOS, num_heads=N)
     ref_logits, ref_weights = np_transformer.transformer(params, src, src_valid_len, dec_input,
                                                          num_heads=N)
     _assert_matches(logits, ref_logits, dtype, backend)
     assert set(weights) == set(ref_weights) == {"encoder_self", "decoder_self", "encoder_decoder"}
     for name in ref_weights:
         _assert_matches(weights[name], ref_weights[name], dtype, backend)
-    loss = jax.jit(jax_transformer.teacher_forcing_loss, static_argnames=("bos_id", "num_heads"))(
-        _to_jax(params, dtype), src, src_valid_len, dec_input, tgt_valid_len, BOS, num_heads=N)
     _assert_matches(loss, np_transformer.teacher_forcing_loss(
         params, src, src_valid_len, dec_input, tgt_valid_len, BOS, num_heads=N), dtype, backend)
 
@@ -117,7 +134,7 @@ def test_full_forward_and_loss(dtype, backend):
 def test_greedy_decode_with_cache_equals_recomputation(dtype, backend):
     params = _numpy_params(seed=5, scale=0.4)
     src, src_valid_len, _, _ = _inputs()
-    max_len = 7
+    max_len = MAX_LEN
     tokens, lengths, weights = jax_transformer.greedy_decode(
         _to_jax(params, dtype), src, src_valid_len, num_heads=N, bos_id=BOS, eos_id=EOS,
         pad_id=PAD, max_len=max_len)
@@ -158,21 +175,20 @@ def test_grouped_query_forward_loss_and_greedy_decode(dtype, backend, num_kv_hea
     assert params["decoder"]["blocks"]["block_0"]["self_attention"]["W_k"].shape == (
         D, num_kv_heads * D // N_GQA)
     src, src_valid_len, dec_input, tgt_valid_len = _inputs()
-    logits, weights = jax.jit(jax_transformer.transformer, static_argnames="num_heads")(
-        _to_jax(params, dtype), src, src_valid_len, dec_input, num_heads=N_GQA)
+    jax_params = _to_jax(params, dtype)
+    logits, weights = _forward(jax_params, src, src_valid_len, dec_input, num_heads=N_GQA)
+    loss = _loss(jax_params, src, src_valid_len, dec_input, tgt_valid_len, BOS,
+                 num_heads=N_GQA)
     ref_logits, ref_weights = np_transformer.transformer(params, src, src_valid_len, dec_input,
                                                          num_heads=N_GQA)
     _assert_matches(logits, ref_logits, dtype, backend)
     for name in ref_weights:
         assert ref_weights[name].shape[2] == N_GQA  # one set of weights per query head
         _assert_matches(weights[name], ref_weights[name], dtype, backend)
-    loss = jax.jit(jax_transformer.teacher_forcing_loss, static_argnames=("bos_id", "num_heads"))(
-        _to_jax(params, dtype), src, src_valid_len, dec_input, tgt_valid_len, BOS,
-        num_heads=N_GQA)
     _assert_matches(loss, np_transformer.teacher_forcing_loss(
         params, src, src_valid_len, dec_input, tgt_valid_len, BOS, num_heads=N_GQA), dtype,
         backend)
-    decode = {"num_heads": N_GQA, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 7}
+    decode = {"num_heads": N_GQA, "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": MAX_LEN}
     tokens, lengths, cross = jax_transformer.greedy_decode(_to_jax(params, dtype), src,
                                                            src_valid_len, **decode)
     ref_tokens, ref_lengths, ref_cross = np_transformer.greedy_decode(params, src, src_valid_len,
