@@ -37,7 +37,7 @@ import filelock
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
-           "README", "readme_seed_counts"]
+           "README", "readme_seed_counts", "run_main"]
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -156,7 +156,7 @@ class SharedRuns:
                 if not marker.exists():
                     shutil.rmtree(root, ignore_errors=True)
                     root.mkdir(parents=True)
-                    status, out, err = _main(argv(root))
+                    status, out, err = run_main(argv(root))
                     marker.write_text(json.dumps({"status": status, "stdout": out, "stderr": err,
                                                   "digest": _digest(root)}), encoding="utf-8")
                 made = json.loads(marker.read_text(encoding="utf-8"))
@@ -171,8 +171,9 @@ class SharedRuns:
                 if _digest(run.root) != digest]
 
 
-def _main(argv: list[str]) -> tuple[int, str, str]:
-    """``jax-attention *argv`` in this process: ``(status, stdout, stderr)``."""
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``jax-attention *argv`` in this process: ``(status, stdout, stderr)``; argparse's exits
+    included."""
     from jax_attention.cli import main
 
     out, err = io.StringIO(), io.StringIO()

@@ -10,8 +10,6 @@ directory of training checkpoints, a second, shorter one replaces the model.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -20,22 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from jax_attention.cli import build_parser, main
+from jax_attention.cli import build_parser
 from jax_attention.cli.translate import find_models, plot_name
-from tests.shared_runs import tiny_flags
+from tests.shared_runs import run_main, tiny_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _main(argv: list[str]) -> tuple[int, str, str]:
-    """``main(argv)`` in-process: ``(status, stdout, stderr)``; argparse's exits included."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(argv)
-        except SystemExit as exit_info:
-            status = exit_info.code
-    return status, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +33,9 @@ def runs(tmp_path_factory):
     before = Path.cwd()
     os.chdir(root)
     try:
-        first = _main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=2),
+        first = run_main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=2),
                        "--checkpoint-dir", "training"])
-        second = _main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=1)])
+        second = run_main(["train", "bahdanau", *tiny_flags("bahdanau", epochs=1)])
     finally:
         os.chdir(before)
     assert first[0] == 0, first[2]
@@ -79,14 +66,14 @@ def test_train_without_out_says_no_plots_were_written(runs):
 
 def test_translate_uses_the_newest_model_under_runs_and_says_so(runs, monkeypatch):
     monkeypatch.chdir(runs["root"])
-    status, out, err = _main(["translate", "go ."])
+    status, out, err = run_main(["translate", "go ."])
     assert status == 0, err
     assert out.startswith("go . => ")
     assert err.splitlines() == [
         "jax-attention translate: note: using the bahdanau model in runs/bahdanau (newest under "
         "runs/); --checkpoint DIR chooses another"]
     # With --model, the newest of that kind; none of it: which command writes one.
-    status, out, err = _main(["translate", "--model", "transformer", "go ."])
+    status, out, err = run_main(["translate", "--model", "transformer", "go ."])
     assert status == 2 and out == ""
     assert ("no transformer model under runs/ (looked for runs/*/config.json); train one with "
             "'jax-attention train transformer', which writes runs/transformer, "
@@ -95,7 +82,7 @@ def test_translate_uses_the_newest_model_under_runs_and_says_so(runs, monkeypatc
 
 def test_translate_without_a_model_says_which_command_writes_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    status, out, err = _main(["translate", "go ."])
+    status, out, err = run_main(["translate", "go ."])
     assert status == 2 and out == ""
     assert "no trained model under runs/" in err
     assert "'jax-attention train transformer' (or 'make run'), which writes runs/transformer" in err
@@ -104,7 +91,7 @@ def test_translate_without_a_model_says_which_command_writes_one(tmp_path, monke
 def test_translate_given_training_checkpoints_names_the_directory_to_pass(runs, monkeypatch):
     monkeypatch.chdir(runs["root"])
     assert any(entry.name.isdigit() for entry in (runs["root"] / "training").iterdir())
-    status, out, err = _main(["translate", "--checkpoint", "training", "go ."])
+    status, out, err = run_main(["translate", "--checkpoint", "training", "go ."])
     assert status == 2 and out == ""
     assert "lacks config.json" not in err
     (line,) = [line for line in err.splitlines() if "error:" in line]
@@ -116,7 +103,7 @@ def test_translate_given_training_checkpoints_names_the_directory_to_pass(runs, 
 
 def test_translate_given_the_runs_folder_names_the_models_in_it(runs, monkeypatch):
     monkeypatch.chdir(runs["root"])
-    status, out, err = _main(["translate", "--checkpoint", "runs", "go ."])
+    status, out, err = run_main(["translate", "--checkpoint", "runs", "go ."])
     assert status == 2 and out == ""
     assert ("argument --checkpoint: 'runs' is not a model but holds models in its folders; pass "
             "one of them: runs/bahdanau") in err
@@ -144,7 +131,7 @@ def test_find_models_newest_first_and_by_kind(tmp_path):
 @pytest.mark.parametrize("sentences", [[""], ["go .", "  "]])
 def test_translate_refuses_an_empty_sentence(sentences, tmp_path):
     # Refused before any model is looked for (there is none here).
-    status, out, err = _main(["translate", "--checkpoint", str(tmp_path / "none"), *sentences])
+    status, out, err = run_main(["translate", "--checkpoint", str(tmp_path / "none"), *sentences])
     assert status == 2 and out == ""
     which = "the sentence" if len(sentences) == 1 else "sentence 2"
     assert (f"argument SENTENCE: {which} is empty; give the words to translate, quoted, e.g. "
@@ -157,14 +144,14 @@ def test_translate_refuses_an_empty_sentence(sentences, tmp_path):
 def test_translate_names_heatmaps_after_the_sentence_and_keeps_earlier_ones(runs, tmp_path):
     checkpoint = str(runs["root"] / "runs" / "bahdanau")
     out = tmp_path / "heatmaps"
-    status, printed, err = _main(["translate", "--checkpoint", checkpoint, "--out", str(out),
+    status, printed, err = run_main(["translate", "--checkpoint", checkpoint, "--out", str(out),
                                   "i lost .", "he's calm .", "i lost ."])
     assert status == 0, err
     assert sorted(path.name for path in out.iterdir()) == [
         "translation_hes-calm.png", "translation_i-lost-2.png", "translation_i-lost.png"]
     assert "an earlier translation" not in printed  # one run: no earlier file was there
     first = (out / "translation_i-lost.png").read_bytes()
-    status, printed, err = _main(["translate", "--checkpoint", checkpoint, "--out", str(out),
+    status, printed, err = run_main(["translate", "--checkpoint", checkpoint, "--out", str(out),
                                   "--json", str(tmp_path / "t.json"), "i lost ."])
     assert status == 0, err
     assert (out / "translation_i-lost.png").read_bytes() == first
@@ -194,7 +181,7 @@ def test_plot_names_are_safe_slugs(sentence, stem, tmp_path):
 
 
 def _help(*words: str) -> str:
-    status, out, _ = _main([*words, "--help"])
+    status, out, _ = run_main([*words, "--help"])
     assert status == 0
     return " ".join(out.split())  # argparse's line breaks undone
 

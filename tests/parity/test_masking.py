@@ -3,8 +3,8 @@
 Every test runs on each backend JAX sees, in float64 (to 1e-12: the two must compute the same
 thing) and in float32 under full matmul precision (to 1e-5 relative: float32 rounding only).
 The masks of static sizes (causal, local window) run in one jitted program per group of
-parametrised cases and backend (:func:`_together`; each case still checks its own result):
-eagerly, every size compiled a program per operation. The other tests run eagerly (their cases
+parametrised cases and backend (:func:`tests.parity._support.together`; each case still checks
+its own result): eagerly, every size compiled a program per operation. The other tests run eagerly (their cases
 share a few sizes, hence the eager operations' programs, cheaper here than a jitted program for a
 group); their inputs reach the device by ``jax.device_put`` of NumPy arrays of the final dtype.
 """
@@ -21,6 +21,7 @@ import pytest
 from jax_attention import masking as jax_masking
 from reference_numpy import masking as np_masking
 from tests.parity._support import assert_matches as _assert_matches
+from tests.parity._support import together
 
 B, N, T, S = 3, 2, 4, 5
 
@@ -45,29 +46,6 @@ def _on_device(x, dtype=None):
 
 def _random_mask(shape, seed=2):
     return np.random.default_rng(seed).random(shape) < 0.6
-
-
-def _together(group, key, backend, dtype=None):
-    """The result of case ``key`` of ``group(dtype)`` (a dict ``key -> (function, args, kwargs)``),
-    computed with the group's other cases in one jitted program, once per backend and dtype: its
-    NumPy arrays are the program's inputs, every other argument is static."""
-    return _run_group(group, backend, dtype)[key]
-
-
-@functools.cache
-def _run_group(group, backend, dtype):
-    calls = group(dtype)
-    leaves, treedef = jax.tree.flatten(calls)
-    is_input = [isinstance(leaf, np.ndarray) for leaf in leaves]
-
-    def run(inputs):
-        inputs = iter(inputs)
-        calls = jax.tree.unflatten(treedef, [next(inputs) if i else leaf
-                                             for leaf, i in zip(leaves, is_input)])
-        return {key: function(*args, **kwargs) for key, (function, args, kwargs) in calls.items()}
-
-    # The default device is the backend under test (its fixture), where the results are.
-    return jax.jit(run)([leaf for leaf, i in zip(leaves, is_input) if i])
 
 
 # --------------------------------------------------------------------------- masks
@@ -111,7 +89,7 @@ def _causal_group(dtype):
 @pytest.mark.parametrize("num_queries, num_keys, offset", CAUSAL_CASES)
 def test_causal_mask(backend, num_queries, num_keys, offset):
     expected = np_masking.causal_mask(num_queries, num_keys, offset=offset)
-    got = _together(_causal_group, repr((num_queries, num_keys, offset)), backend)
+    got = together(_causal_group, repr((num_queries, num_keys, offset)), backend)
     assert got.dtype == jnp.bool_ and got.devices() == {backend}
     np.testing.assert_array_equal(np.asarray(got), expected)
 
@@ -139,7 +117,7 @@ def _window_group(dtype):
 def test_local_window_mask(backend, num_queries, num_keys, window, offset):
     expected = np_masking.local_window_mask(num_queries, num_keys, window, offset=offset)
     case = WINDOW_CASES.index((num_queries, num_keys, window, offset))
-    got = _together(_window_group, case, backend)
+    got = together(_window_group, case, backend)
     assert got.dtype == jnp.bool_ and got.devices() == {backend}
     np.testing.assert_array_equal(np.asarray(got), expected)
     # The definition: t + offset - left <= s <= t + offset + right.

@@ -5,8 +5,8 @@ Same inputs and parameters on both sides; every backend JAX sees; float64 to 1e-
 them on the modules' own parameters.
 
 The dot-product functions' tests compute their JAX side under ``jax.jit``, all the cases of a
-group of tests in one program per backend and dtype (:func:`_together`; each case still asserts
-its own result): eagerly, the chunked implementation's loops compile anew at every call (about
+group of tests in one program per backend and dtype (:func:`tests.parity._support.together`;
+each case still asserts its own result): eagerly, the chunked implementation's loops compile anew at every call (about
 0.25 s each), and one program holding a group's cases compiles faster than one program per case.
 The additive tests and the NNX modules' (but the one of the variants) run eagerly: their cases
 share one set of sizes, hence the eager programs of the operations, cheaper than compiled programs
@@ -16,8 +16,6 @@ dtype compiles a conversion per shape).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from flax import nnx
 from jax_attention import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
 from tests.parity._support import assert_matches as _assert_matches
+from tests.parity._support import call, together
 
 B, N, T, S = 3, 2, 4, 5
 QUERY_SIZE, KEY_SIZE, HIDDENS, VALUE_SIZE = 3, 6, 7, 2  # additive: q != k on purpose
@@ -91,34 +90,6 @@ def _to_jax(lens, mask):
     return tuple(None if a is None else jax.device_put(a) for a in (lens, mask))
 
 
-def _call(function, *args, **kwargs):
-    """``function(*args, **kwargs)``, to run by :func:`_together`: its NumPy arrays become inputs
-    of the program, every other argument (None, flags, sizes, names) is static."""
-    return function, args, kwargs
-
-
-def _together(group, key, backend, dtype):
-    """The result of the call ``key`` of ``group(dtype)`` (a dict of :func:`_call` s), computed
-    with the group's other calls in one jitted program, once per backend and dtype."""
-    return _run_group(group, backend, dtype)[key]
-
-
-@functools.cache
-def _run_group(group, backend, dtype):
-    calls = group(dtype)
-    leaves, treedef = jax.tree.flatten(calls)
-    is_input = [isinstance(leaf, np.ndarray) for leaf in leaves]
-
-    def run(inputs):
-        inputs = iter(inputs)
-        calls = jax.tree.unflatten(treedef, [next(inputs) if i else leaf
-                                             for leaf, i in zip(leaves, is_input)])
-        return {key: function(*args, **kwargs) for key, (function, args, kwargs) in calls.items()}
-
-    # The default device is the backend under test (its fixture), where the results are.
-    return jax.jit(run)([leaf for leaf, i in zip(leaves, is_input) if i])
-
-
 def _cast(dtype, *arrays):
     return [np.asarray(a, dtype) for a in arrays]
 
@@ -155,23 +126,23 @@ def _dot_product_calls(dtype):
     for lens_kind, mask_kind, is_causal in MASKINGS:
         lens, mask = _masking(lens_kind, mask_kind)
         for implementation in IMPLEMENTATIONS:
-            calls[f"attention {lens_kind} {mask_kind} {is_causal} {implementation}"] = _call(
+            calls[f"attention {lens_kind} {mask_kind} {is_causal} {implementation}"] = call(
                 jax_scoring.dot_product_attention, *_cast(dtype, *_dot_inputs((B,))), lens,
                 mask=mask, is_causal=is_causal, implementation=implementation)
     for lens_kind, mask_kind, is_causal in MASKINGS[:4]:
         lens, mask = _masking(lens_kind, mask_kind)
-        calls[f"weights {lens_kind} {mask_kind} {is_causal}"] = _call(
+        calls[f"weights {lens_kind} {mask_kind} {is_causal}"] = call(
             jax_scoring.dot_product_attention_weights, *_cast(dtype, *_dot_inputs((B,))[:2]),
             lens, mask=mask, is_causal=is_causal)
     for lens_kind, mask_kind, is_causal in HEADS_MASKINGS:
         lens, mask = _masking(lens_kind, mask_kind, heads=True)
         for implementation in IMPLEMENTATIONS[:2]:
-            calls[f"heads {lens_kind} {mask_kind} {is_causal} {implementation}"] = _call(
+            calls[f"heads {lens_kind} {mask_kind} {is_causal} {implementation}"] = call(
                 jax_scoring.dot_product_attention, *_cast(dtype, *_dot_inputs((B, N))), lens,
                 mask=mask, is_causal=is_causal, implementation=implementation)
     for num_queries, num_keys in RECTANGULAR:
         for implementation in IMPLEMENTATIONS[:2]:
-            calls[f"rectangular {num_queries} {num_keys} {implementation}"] = _call(
+            calls[f"rectangular {num_queries} {num_keys} {implementation}"] = call(
                 jax_scoring.dot_product_attention,
                 *_cast(dtype, *_dot_inputs((B,), num_queries, num_keys)), is_causal=True,
                 implementation=implementation)
@@ -185,7 +156,7 @@ def test_dot_product_attention(backend, dtype, lens_kind, mask_kind, is_causal, 
     lens, mask = _masking(lens_kind, mask_kind)
     expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask,
                                                 is_causal=is_causal, implementation=implementation)
-    got = _together(_dot_product_calls,
+    got = together(_dot_product_calls,
                     f"attention {lens_kind} {mask_kind} {is_causal} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
@@ -196,7 +167,7 @@ def test_dot_product_attention_weights(backend, dtype, lens_kind, mask_kind, is_
     queries, keys, _ = _dot_inputs((B,))
     lens, mask = _masking(lens_kind, mask_kind)
     expected = np_scoring.dot_product_attention_weights(queries, keys, lens, mask=mask, is_causal=is_causal)
-    got = _together(_dot_product_calls, f"weights {lens_kind} {mask_kind} {is_causal}", backend,
+    got = together(_dot_product_calls, f"weights {lens_kind} {mask_kind} {is_causal}", backend,
                     dtype)
     _assert_matches(got, expected, dtype, backend)
 
@@ -208,7 +179,7 @@ def test_dot_product_attention_heads(backend, dtype, lens_kind, mask_kind, is_ca
     queries, keys, values = _dot_inputs((B, N))
     lens, mask = _masking(lens_kind, mask_kind, heads=True)
     expected = np_scoring.dot_product_attention(queries, keys, values, lens, mask=mask, is_causal=is_causal)
-    got = _together(_dot_product_calls,
+    got = together(_dot_product_calls,
                     f"heads {lens_kind} {mask_kind} {is_causal} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
@@ -220,7 +191,7 @@ def test_dot_product_attention_causal_rectangular(backend, dtype, num_queries, n
                                                   implementation):
     queries, keys, values = _dot_inputs((B,), num_queries, num_keys)
     expected = np_scoring.dot_product_attention(queries, keys, values, is_causal=True)
-    got = _together(_dot_product_calls, f"rectangular {num_queries} {num_keys} {implementation}",
+    got = together(_dot_product_calls, f"rectangular {num_queries} {num_keys} {implementation}",
                     backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
@@ -384,18 +355,18 @@ def _variant_calls(dtype):
             inputs = _cast(dtype, *_variant_inputs(num_kv_heads))
             arguments = _variant_arguments(keywords, np)
             for implementation in ("plain", "chunked"):
-                calls[f"variant {variant} {num_kv_heads} {implementation}"] = _call(
+                calls[f"variant {variant} {num_kv_heads} {implementation}"] = call(
                     jax_scoring.dot_product_attention, *inputs, implementation=implementation,
                     **arguments)
-            calls[f"variant weights {variant} {num_kv_heads}"] = _call(
+            calls[f"variant weights {variant} {num_kv_heads}"] = call(
                 jax_scoring.dot_product_attention_weights, *inputs[:2], **arguments)
     for lens in UNBATCHED_LENS:
         inputs, np_lens, arguments = _unbatched_case(lens)
         for implementation in ("plain", "chunked"):
-            calls[f"unbatched {lens} {implementation}"] = _call(
+            calls[f"unbatched {lens} {implementation}"] = call(
                 jax_scoring.dot_product_attention, *_cast(dtype, *inputs), np_lens,
                 implementation=implementation, **arguments)
-    calls["module"] = _call(_dot_product_module, *_cast(dtype, *_module_variant_inputs()),
+    calls["module"] = call(_dot_product_module, *_cast(dtype, *_module_variant_inputs()),
                             **_variant_arguments(VARIANTS["everything"], np))
     return calls
 
@@ -406,11 +377,11 @@ def _variant_calls(dtype):
 def test_dot_product_attention_variants(backend, dtype, variant, num_kv_heads, implementation):
     expected = np_scoring.dot_product_attention(*_variant_inputs(num_kv_heads),
                                                 **_variant_arguments(VARIANTS[variant], np))
-    got = _together(_variant_calls, f"variant {variant} {num_kv_heads} {implementation}", backend,
+    got = together(_variant_calls, f"variant {variant} {num_kv_heads} {implementation}", backend,
                     dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
-    weights = _together(_variant_calls, f"variant weights {variant} {num_kv_heads}", backend, dtype)
+    weights = together(_variant_calls, f"variant weights {variant} {num_kv_heads}", backend, dtype)
     _assert_matches(weights, expected[1], dtype, backend)
 
 
@@ -424,7 +395,7 @@ def test_dot_product_attention_unbatched(backend, dtype, lens, implementation):
         queries[None], keys[None], values[None], None if lens is None else np_lens[None], **arguments)
     for e, b in zip(expected, batched):
         np.testing.assert_array_equal(e, b[0])
-    got = _together(_variant_calls, f"unbatched {lens} {implementation}", backend, dtype)
+    got = together(_variant_calls, f"unbatched {lens} {implementation}", backend, dtype)
     for g, e in zip(got, expected):
         _assert_matches(g, e, dtype, backend)
 
@@ -433,4 +404,4 @@ def test_dot_product_module_variants(backend, dtype):
     """The NNX module (dropout off) takes the same variants as the function."""
     expected, _ = np_scoring.dot_product_attention(*_module_variant_inputs(),
                                                    **_variant_arguments(VARIANTS["everything"], np))
-    _assert_matches(_together(_variant_calls, "module", backend, dtype), expected, dtype, backend)
+    _assert_matches(together(_variant_calls, "module", backend, dtype), expected, dtype, backend)
