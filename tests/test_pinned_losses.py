@@ -5,11 +5,11 @@ transformer`` — the book's settings, seed 0, the session's shared book runs th
 output blocks are checked on too (:meth:`tests.shared_runs.SharedRuns.book`) — on the shared
 English–French file, printed with ``float.hex``: those of ``train_bahdanau(epochs=3, seed=0)``
 and ``train_transformer(epochs=3, seed=0)``, since nothing of an epoch depends on the epochs
-after it (checked below on the tiny runs). Renewed for issue 15, whose dropout masks come from a counter-based hash
-(:mod:`jax_attention.dropout`) instead of ``jax.random.bernoulli``: a new random stream, judged
-on quality over seeds 0–5 at the book's settings (exact book sentences, of 24 per model: the
-Transformer 17 before, 21 after; Bahdanau 18 before, 18 after). The earlier pins (main at
-a86d8b7, the restructuring of issue 14 left them unchanged) were bahdanau
+after it (checked below on the tiny runs). Renewed for issue 15, whose dropout masks come from a
+counter-based hash (:mod:`jax_attention.dropout`) instead of ``jax.random.bernoulli``: a new
+random stream, judged on quality over seeds 0–5 at the book's settings (exact book sentences, of
+24 per model: the Transformer 17 before, 21 after; Bahdanau 18 before, 18 after). The earlier
+pins (main at a86d8b7, the restructuring of issue 14 left them unchanged) were bahdanau
 ``0x1.e587d61faf465p-2 ...`` and transformer ``0x1.c118342b3021ep-2 ...``.
 
 Renewed twice more in issue 15, for speed:
