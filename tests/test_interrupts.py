@@ -17,8 +17,6 @@ See :mod:`jax_attention.interrupts`.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import threading
@@ -30,12 +28,12 @@ import pytest
 
 from jax_attention import data
 from jax_attention.checkpointing import read_training_checkpoint
-from jax_attention.cli import EXIT_INTERRUPTED, main
+from jax_attention.cli import EXIT_INTERRUPTED
 from jax_attention.export import load_model
 from jax_attention.interrupts import PHASES, TEST_SIGINT_VARIABLE
 from tests.fault_support import command_env, finish, send_sigint, start_command, wait_for
 from tests.reproducibility import assert_same_losses, assert_same_params
-from tests.shared_runs import EVERY, TOTAL_STEPS, run_flags
+from tests.shared_runs import EVERY, TOTAL_STEPS, run_flags, run_main
 
 KIND = "bahdanau"
 
@@ -54,10 +52,8 @@ def _train(root: Path, *extra: str, sigint_at: str | None = None, env=None):
 
 
 def _resume_in_process(root: Path) -> int:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(_argv(root, "--resume"))
-    assert status == 0, err.getvalue()
+    status, _, err = run_main(_argv(root, "--resume"))
+    assert status == 0, err
     return status
 
 

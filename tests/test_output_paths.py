@@ -19,11 +19,11 @@ import jax
 import pytest
 
 from jax_attention import data, provenance
-from jax_attention.cli import EXIT_WRITE_FAILED, main
+from jax_attention.cli import EXIT_WRITE_FAILED
 from jax_attention.export import load_model
 from tests.fault_support import (assert_one_line, command_env, fill, full_dir, read_only_dir,
                                  run_command, tree_snapshot)
-from tests.shared_runs import tiny_flags
+from tests.shared_runs import run_main, tiny_flags
 
 
 def _cli(*argv) -> tuple[int, str, str, int]:
@@ -34,17 +34,12 @@ def _cli(*argv) -> tuple[int, str, str, int]:
         if event == "/jax/core/compile/backend_compile_duration":
             compiled.append(duration)
 
-    out, err = io.StringIO(), io.StringIO()
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                status = main(list(argv))
-            except SystemExit as exit_:
-                status = exit_.code
+        status, out, err = run_main(list(argv))
     finally:
         jax.monitoring.unregister_event_duration_listener(count)
-    return status, out.getvalue(), err.getvalue(), len(compiled)
+    return status, out, err, len(compiled)
 
 
 def _train(*argv) -> list[str]:

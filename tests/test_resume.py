@@ -12,9 +12,7 @@ tests/test_interrupts.py's.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import io
 import json
 import os
 import shutil
@@ -35,13 +33,13 @@ from jax_attention.train import loop, seq2seq
 from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
 from jax_attention.checkpointing import (CheckpointMismatchError, CorruptCheckpointWarning,
                                          TrainingCheckpoints, read_training_checkpoint)
-from jax_attention.cli import EXIT_NONFINITE, main
+from jax_attention.cli import EXIT_NONFINITE
 from jax_attention.data import load_data_nmt
 from jax_attention.params import flatten_params
 from tests.fault_support import start_command
 from tests.reproducibility import assert_same_losses, assert_same_params
-from tests.shared_runs import (EPOCHS, EVERY, STEPS_PER_EPOCH, TOTAL_STEPS, run_flags, tiny_flags,
-                               tiny_settings)
+from tests.shared_runs import (EPOCHS, EVERY, STEPS_PER_EPOCH, TOTAL_STEPS, run_flags, run_main,
+                               tiny_flags, tiny_settings)
 
 TOTAL = TOTAL_STEPS
 TINY = tiny_settings("bahdanau")
@@ -49,14 +47,9 @@ TINY_ARGS = [*tiny_flags("bahdanau"), "--checkpoint-every", str(EVERY)]
 
 
 def _cli(*argv) -> tuple[int, str, str]:
-    """``jax-attention *argv`` in-process: (exit status, stdout, stderr); usage errors included."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(["train", "bahdanau", "--data", str(data.find_data()), *argv])
-        except SystemExit as exit_:
-            status = exit_.code
-    return status, out.getvalue(), err.getvalue()
+    """``jax-attention train bahdanau --data ... *argv`` in-process: (exit status, stdout,
+    stderr); usage errors included."""
+    return run_main(["train", "bahdanau", "--data", str(data.find_data()), *argv])
 
 
 def _run_args(root: Path) -> list[str]:
