@@ -37,7 +37,7 @@ import filelock
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
-           "README", "readme_seed_counts", "run_main"]
+           "README", "readme_section", "readme_seed_counts", "run_main"]
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -192,15 +192,20 @@ def shared_directory(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def readme_section(kind: str) -> str:
+    """The README from its book command ``jax-attention train KIND --out plots/`` to the next
+    heading: the command's output block and what the README says of its run."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"jax-attention train {kind} --out plots/")
+    end = text.find("\n## ", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
 def readme_seed_counts(kind: str) -> tuple[int, list[int]]:
     """What the README says the book's run of ``kind`` gets over seeds 0–5: ``(total, [exact
     sentences of seed 0, 1, ...])``, from its sentence "Over seeds 0–5 the run gets N of these 24
     sentences exactly (seed by seed: a, b, ...)" after ``jax-attention train KIND --out``."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"jax-attention train {kind} --out plots/")
-    end = text.find("\n## ", start)
-    section = text[start:] if end < 0 else text[start:end]  # to the next heading only
     match = re.search(r"Over seeds 0–5 the run gets (\d+) of these 24 sentences exactly "
-                      r"\(seed by seed: ([\d, ]+)\)", section)
+                      r"\(seed by seed: ([\d, ]+)\)", readme_section(kind))
     assert match is not None, f"the README gives no seed-by-seed figures for {kind}"
     return int(match.group(1)), [int(count) for count in match.group(2).split(", ")]

@@ -27,7 +27,7 @@ from jax_attention.train import BOOK_PAIRS, train_bahdanau
 from reference_numpy import bahdanau as np_bahdanau
 from tests.params_support import rename
 from tests.reproducibility import assert_same_losses, assert_same_params
-from tests.shared_runs import EPOCHS, README, readme_seed_counts, tiny_settings
+from tests.shared_runs import EPOCHS, readme_section, readme_seed_counts, tiny_settings
 
 B, S, T = 3, 5, 4
 V_SRC, V_TGT, E, H, L = 10, 12, 4, 6, 2
@@ -390,9 +390,8 @@ def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
 
 def _readme_loss_range() -> tuple[float, float]:
     """The README's "with a final loss between A and B" over seeds 0–5 of the book's run."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("jax-attention train bahdanau --out plots/"):]
-    match = re.search(r"with a\s+final loss between (\d+\.\d+) and (\d+\.\d+)", section)
+    match = re.search(r"with a\s+final loss between (\d+\.\d+) and (\d+\.\d+)",
+                      readme_section("bahdanau"))
     return float(match.group(1)), float(match.group(2))
 
 

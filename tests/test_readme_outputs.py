@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_runs import readme_seed_counts
+from tests.shared_runs import readme_section, readme_seed_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -86,9 +86,8 @@ def test_every_text_block_is_checked_by_a_test():
 def test_the_book_runs_print_what_the_readme_shows(model, book_run):
     """The session's book run of ``model`` (the README's command, seed 0;
     :meth:`tests.shared_runs.SharedRuns.book`) prints the README's loss and sentences."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index(f"jax-attention train {model} --out plots/"):]
-    loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`", section).group(1)
+    loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`",
+                     readme_section(model)).group(1)
     expected = block_after(f"jax-attention train {model} --out plots/").strip().splitlines()
     printed = book_run(model).stdout.splitlines()
     assert any(line.startswith(f"loss {loss} ") for line in printed), printed
