@@ -12,7 +12,8 @@ as subprocesses) loads them from the session's compilation cache (tests/conftest
   plots; the uninterrupted reference that the fault tests' runs must end as.
 - :func:`book_run` (fixture ``book_run``): ``jax-attention train KIND`` at the book's settings
   (seed 0), as the README runs it: its printed lines and its report, for the README's output
-  blocks, the pinned losses and the book's quality.
+  blocks, the pinned losses and the book's quality; a whole run (200 or 250 epochs), so only the
+  ``slow`` set asks for one.
 
 Each is made by the first process of the session that asks for it, under a file lock beside the
 workers' temporary directories (``filelock``, as pytest-xdist's documentation does it); the

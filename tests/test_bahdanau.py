@@ -376,6 +376,7 @@ def test_training_rejects_bad_arguments(kwargs, message):
         train_bahdanau(**{**TINY, **kwargs})
 
 
+@pytest.mark.slow  # the whole book run: 250 epochs
 def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
     """d2l §11.4.3 with its settings, seed 0 (the shared book run): the book's loss, and as many
     of the four sentences exactly as the README's seed-by-seed figures give seed 0 (the book:

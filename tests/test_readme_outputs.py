@@ -82,6 +82,7 @@ def test_every_text_block_is_checked_by_a_test():
         assert any(block.startswith(start) for start in checked), f"README line {line}"
 
 
+@pytest.mark.slow  # the whole book run: 200 or 250 epochs
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
 def test_the_book_runs_print_what_the_readme_shows(model, book_run):
     """The session's book run of ``model`` (the README's command, seed 0;
@@ -97,8 +98,9 @@ def test_the_book_runs_print_what_the_readme_shows(model, book_run):
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
 def test_the_readme_figures_over_seeds_add_up(model):
     """The README's "Over seeds 0–5 ... N of these 24 (seed by seed: ...)": six figures that sum
-    to N (each seed's figure is checked by the model's test module: seed 0 on the shared book
-    run, seeds 1–5 in the slow set, tests/test_bahdanau.py and tests/test_transformer.py)."""
+    to N (each seed's figure is checked by the model's test module in the slow set: seed 0 on the
+    shared book run, seeds 1–5 on their own, tests/test_bahdanau.py and
+    tests/test_transformer.py)."""
     total, counts = readme_seed_counts(model)
     assert len(counts) == 6 and sum(counts) == total and all(0 <= c <= 4 for c in counts)
 

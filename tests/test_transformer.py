@@ -179,8 +179,9 @@ def test_dropout_only_with_a_key_and_reproducible():
 
 def test_training_attention_is_reverse_mode_only_and_evaluation_both():
     """With dropout active the attention takes scoring.dropout_attention (a hand-written backward
-    pass, reverse mode only); without it forward mode works through the whole model."""
-    params = _params()
+    pass, reverse mode only); without it forward mode works through the whole model. One
+    layer (it holds all three attentions): its gradient compiles in half the time of two."""
+    params = transformer.init_params(jax.random.key(0), V_SRC, V_TGT, D, F, N, 1)
     src, src_valid_len, dec_input = _inputs()
 
     def logits(dropout, rng):
@@ -399,6 +400,7 @@ def test_training_rejects_bad_arguments(kwargs, message):
         train_transformer(**kwargs)
 
 
+@pytest.mark.slow  # the whole book run: 200 epochs
 def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
     """d2l §11.7.6 with its settings, seed 0 (the shared book run): as many of the four
     sentences exactly as the README's seed-by-seed figures give seed 0 (its printed lines are
@@ -508,11 +510,12 @@ def test_decoder_state_of_another_grouping_is_refused():
         transformer.decoder_step(mqa["decoder"], state, jnp.ones(B, jnp.int32), num_heads=N_GQA)
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads, seed", [(N, None, 0), (N_GQA, 2, 2),
-                                                          (N_GQA, 1, 2)],
+# The grouped models with one layer, as tests/parity/test_transformer.py's: the same programs.
+@pytest.mark.parametrize("num_heads, num_kv_heads, L, seed", [(N, None, L, 0), (N_GQA, 2, 1, 2),
+                                                             (N_GQA, 1, 1, 2)],
                          ids=["mha", "gqa", "mqa"])
 def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads, num_kv_heads,
-                                                                       seed):
+                                                                       L, seed):
     """The book's model (N_kv = N), grouped-query and multi-query attention: the cache holds
     N_kv heads, and decoding step by step equals the teacher-forced decoder in float64."""
     # Drawn with x64 off: x64 is part of a jitted function's cache key.
@@ -557,8 +560,10 @@ def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads
 
 
 def test_grouped_query_module_dropout_and_beam_search():
+    # One layer: grouping is the same at every depth, and each of the five programs below
+    # compiles in about half the time of two layers'.
     model = transformer.TransformerSeq2Seq(
-        V_SRC, V_TGT, D, F, N_GQA, L, dropout=0.3, num_kv_heads=2,
+        V_SRC, V_TGT, D, F, N_GQA, 1, dropout=0.3, num_kv_heads=2,
         rngs=nnx.Rngs(params=0, dropout=jax.random.key(0, impl="rbg")))
     src, src_valid_len, dec_input = _inputs()
     call = nnx.jit(lambda model, *args: model(*args))
