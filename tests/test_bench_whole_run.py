@@ -1,6 +1,7 @@
 """``bench train --whole-run`` and its PyTorch peer ``python -m jax_attention.bench.book_run``.
 
-The real commands run, with tiny settings (2 epochs of 128 pairs, one round): the tests check
+The real commands run, with small settings (the book's model, 2 epochs of 128 pairs, one round;
+in the slow set, ``make test-slow``, as the peers' two fresh processes cost ~20 s): the tests check
 that both peers ran as fresh processes and that the record holds what the schema promises and is
 consistent with itself (ratios are the quotients of the medians). Timings of such runs on a
 shared machine say nothing about speed, so nothing is asserted about them but their sign.
@@ -39,6 +40,7 @@ def record(data_path, tmp_path_factory):
     return result, left
 
 
+@pytest.mark.slow  # both peers train the book's model in fresh processes
 def test_both_peers_ran_whole(record):
     record, left = record
     assert left == [], "the runs wrote into the caller's working directory"
@@ -72,6 +74,7 @@ def test_both_peers_ran_whole(record):
     assert peers["torch"]["rounds"][0]["torch_threads"] >= 1
 
 
+@pytest.mark.slow  # both peers train the book's model in fresh processes
 def test_ratios_are_the_quotients_of_the_medians(record):
     record, _ = record
     ours, torch = record["peers"]["ours"], record["peers"]["torch"]
@@ -82,6 +85,7 @@ def test_ratios_are_the_quotients_of_the_medians(record):
     json.dumps(record)  # JSON-ready
 
 
+@pytest.mark.slow  # both peers train the book's model in fresh processes
 def test_table(record):
     record, _ = record
     table = whole_run.format_whole_run(record)
