@@ -32,8 +32,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The `slow` set that `make test` leaves out (setup.cfg): the book's runs on seeds 1-5 and the
-# other long runs. CI (.ci/run) runs both.
+# The `slow` set that `make test` leaves out (setup.cfg): the long runs (the book's whole runs,
+# seeds 0-5; the multi-device runs beyond one; the whole-run benchmark). CI (.ci/run) runs both.
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder -m slow $(PYTEST_ARGS)
 
