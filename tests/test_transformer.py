@@ -511,16 +511,16 @@ def test_decoder_state_of_another_grouping_is_refused():
 
 
 # The grouped models with one layer, as tests/parity/test_transformer.py's: the same programs.
-@pytest.mark.parametrize("num_heads, num_kv_heads, L, seed", [(N, None, L, 0), (N_GQA, 2, 1, 2),
-                                                             (N_GQA, 1, 1, 2)],
+@pytest.mark.parametrize("num_heads, num_kv_heads, num_layers, seed",
+                         [(N, None, L, 0), (N_GQA, 2, 1, 2), (N_GQA, 1, 1, 2)],
                          ids=["mha", "gqa", "mqa"])
 def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads, num_kv_heads,
-                                                                       L, seed):
+                                                                       num_layers, seed):
     """The book's model (N_kv = N), grouped-query and multi-query attention: the cache holds
     N_kv heads, and decoding step by step equals the teacher-forced decoder in float64."""
     # Drawn with x64 off: x64 is part of a jitted function's cache key.
-    params = transformer.init_params(jax.random.key(seed), V_SRC, V_TGT, D, F, num_heads, L,
-                                     num_kv_heads=num_kv_heads)
+    params = transformer.init_params(jax.random.key(seed), V_SRC, V_TGT, D, F, num_heads,
+                                     num_layers, num_kv_heads=num_kv_heads)
     num_kv_heads = num_kv_heads or num_heads
     with jax.enable_x64(True):
         params = _as_float64(params)
@@ -533,10 +533,11 @@ def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads
         H = D // num_heads
         chex.assert_shape([state["self_keys"], state["self_values"], state["cross_keys"],
                            state["cross_values"]],
-                          [(B, L, num_kv_heads, T, H)] * 2 + [(B, L, num_kv_heads, S, H)] * 2)
+                          [(B, num_layers, num_kv_heads, T, H)] * 2
+                          + [(B, num_layers, num_kv_heads, S, H)] * 2)
         # Keys and values of one position in every block: 2 L N_kv H itemsize bytes.
         per_token = (state["self_keys"].nbytes + state["self_values"].nbytes) / (B * T)
-        assert per_token == 2 * L * num_kv_heads * H * 8
+        assert per_token == 2 * num_layers * num_kv_heads * H * 8
         # The state keeps its structure, shapes and dtypes: the step is traced once (counted
         # per parametrisation).
         chex.clear_trace_counter()
