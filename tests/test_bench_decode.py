@@ -63,7 +63,7 @@ def transformer_checkpoint(tmp_path_factory):
 def record(transformer_checkpoint):
     # long_steps = num_steps: the long run reuses the compiled decoders.
     return bench_decode(["transformer"], checkpoints={"transformer": transformer_checkpoint},
-                        long_steps=TINY["transformer"]["num_steps"], eager_sentences=3,
+                        long_steps=TINY["transformer"]["num_steps"], eager_sentences=2,
                         repeats=5, warmup=0)
 
 
@@ -88,7 +88,7 @@ def test_recompute_decoder_equals_the_cached_one(transformer_checkpoint, record)
 def test_record_schema_and_agreement(record):
     assert record["benchmark"] == "decode" and list(record["models"]) == ["transformer"]
     result = record["models"]["transformer"]
-    assert result["num_sentences"] == NUM_EXAMPLES and result["eager_sentences"] == 3
+    assert result["num_sentences"] == NUM_EXAMPLES and result["eager_sentences"] == 2
     assert result["weights"].startswith("checkpoint ")
     peers = result["peers"]
     assert set(peers) == {"batched_kv", "batched_recompute", "eager_loop", "torch_eager_loop"}
