@@ -210,25 +210,57 @@ def book_run(shared_runs):
     return shared_runs.book
 
 
-# The modules that take longest (each trains models or starts subprocesses that compile whole
-# training steps), longest first. Under xdist (`make test`: `--dist loadscope
-# --no-loadscope-reorder`) a worker takes one module (or test class) at a time, in the order of
-# the collection: starting with these keeps one of them from being the last to start while the
-# other workers sit idle. The remaining modules follow, those with the most tests first (xdist's
-# own default order).
+# The work units (modules, or classes of test methods) that take longest, longest first, as
+# measured on a 2-core machine (`make test PYTEST_ARGS=--durations=0`, summed per unit); they
+# only order the work, so a stale entry costs balance, never a result. Under xdist (`make test`:
+# `--dist loadscope --no-loadscope-reorder`) a worker takes one unit at a time in the order of
+# the collection, and takes the next one while the last two tests of its unit run: starting with
+# the long units (the longest-processing-time-first rule) leaves the short ones to fill in at the
+# end, so that no worker is still in a long unit while the other sits idle. The remaining units
+# follow, those with the most tests first (xdist's own default order).
 LONGEST_FIRST = (
-    "test_distributed.py",
+    "test_interrupts.py",
     "test_resume.py",
-    "test_pinned_losses.py",
-    "test_cli_transformer.py",
+    "test_efficient.py",
     "test_transformer.py",
-    "test_low_precision.py",
-    "test_bahdanau.py",
-    "test_bench_decode.py",
-    "test_bench_train.py",
+    "test_long_run_faults.py",
+    "test_scoring.py",
+    "parity/test_scoring.py",
+    "parity/test_multihead.py",
+    "test_api.py",
     "crossframework/test_conformance_jax.py",
-    "test_attention_pooling.py",
+    "test_bench_attention.py",
+    "test_pinned_losses.py",
+    "test_low_precision.py",
+    "test_multihead.py",
+    "crossframework/test_conformance_flax.py",
+    "test_scoring.py::ScoringVariantsTest",
+    "test_input_audit.py",
+    "test_distributed.py",
+    "parity/test_transformer.py",
+    "test_bench_decode.py",
+    "test_compilation.py",
+    "test_checkpoint_faults.py",
+    "crossframework/test_readme_outputs_torch.py",
+    "test_conformance.py",
+    "test_readme.py",
+    "test_masking.py",
+    "test_train.py",
     "test_beam_search.py",
+    "test_bench_train.py",
+    "test_download.py",
+    "test_bahdanau.py",
+    "test_multihead.py::MultiHeadVariantsTest",
+    "test_translation.py",
+    "crossframework/test_torch_models.py",
+    "test_randomness.py",
+    "crossframework/test_flax_jax.py",
+    "crossframework/test_torch_builtins.py",
+    "crossframework/test_conformance_torch.py",
+    "parity/test_bahdanau.py",
+    "test_cli_plot.py",
+    "test_bench_step_profile.py",
+    "crossframework/test_readme_torch.py",
 )
 
 
@@ -239,7 +271,7 @@ def _scope(nodeid: str) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """In an xdist worker, the longest modules first (:data:`LONGEST_FIRST`); every worker
+    """In an xdist worker, the longest units first (:data:`LONGEST_FIRST`); every worker
     orders the same collection the same way. A plain `pytest` run keeps the file order."""
     if not hasattr(config, "workerinput"):
         return
@@ -250,8 +282,9 @@ def pytest_collection_modifyitems(session, config, items):
 
     def rank(scope: str):
         module = os.path.relpath(str(scopes[scope][0].path), tests_dir).replace(os.sep, "/")
-        if module in LONGEST_FIRST:
-            return (0, LONGEST_FIRST.index(module), 0)
+        unit = module + scope[len(scope.split("::", 1)[0]):]  # the module, and its class if any
+        if unit in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(unit), 0)
         return (1, 0, -len(scopes[scope]))
 
     items[:] = [item for scope in sorted(scopes, key=rank) for item in scopes[scope]]
