@@ -12,6 +12,10 @@ import os
 import shutil
 import tempfile
 
+from tests import compiler_support
+
+compiler_support.apply()  # before JAX starts a backend: XLA reads XLA_FLAGS once
+
 import jax
 import pytest
 

@@ -30,6 +30,7 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from jax_attention import distributed
+from tests.compiler_support import with_suite_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("distributed_driver.py")
@@ -42,7 +43,7 @@ _ENV_OWNED = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_
 
 def _env(host_devices: int, **extra: str) -> dict:
     env = {name: value for name, value in os.environ.items() if name not in _ENV_OWNED}
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={host_devices}",
+    env.update(XLA_FLAGS=with_suite_flags(f"--xla_force_host_platform_device_count={host_devices}"),
                JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
                **extra)

@@ -4,7 +4,9 @@ The values are the first three epochs' losses of ``jax-attention train bahdanau`
 transformer`` — the book's settings, seed 0 — on the shared English–French file, printed with
 ``float.hex``: those of ``train_bahdanau(epochs=3, seed=0)`` and ``train_transformer(epochs=3,
 seed=0)``, since nothing of an epoch depends on the epochs after it (checked below on the tiny
-runs). ``make test`` pins those 3-epoch runs (their training, about 4 s each); the slow set (``make
+runs). ``make test`` pins those 3-epoch runs (their training, about 4 s each, in one subprocess
+that compiles with XLA's defaults: the suite's own processes compile at LLVM -O0, whose last bits
+differ, tests/compiler_support.py); the slow set (``make
 test-slow``, which .ci/run runs too) checks that the full book runs — the session's shared runs
 that the README's output blocks are checked on (:meth:`tests.shared_runs.SharedRuns.book`,
 200 and 250 epochs, about 50 s of CPU together) — begin with the same three losses.
@@ -35,6 +37,11 @@ seeds instead, and the pins renewed in the same commit with the reason.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import pytest
 
@@ -42,6 +49,8 @@ from jax_attention import train
 from jax_attention.models import MODELS
 from jax_attention.train.loop import train_epochs
 from jax_attention.train.seq2seq import setup
+from tests import compiler_support
+from tests.compiler_support import default_compiler_env
 from tests.reproducibility import assert_same_losses
 from tests.shared_runs import tiny_settings
 
@@ -49,6 +58,7 @@ PINNED = {
     "bahdanau": ["0x1.e5c721666b910p-2", "0x1.597cd9f54dcc9p-2", "0x1.2ec34cb0627c2p-2"],
     "transformer": ["0x1.bf5a66043cf29p-2", "0x1.52476d4825f0ep-2", "0x1.2b969d76f8074p-2"],
 }
+ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = {"bahdanau": train.train_bahdanau, "transformer": train.train_transformer}
 
 
@@ -56,20 +66,39 @@ CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu",
                               reason="bit-identical only on CPU (GPU reductions are unordered)")
 
 
-@CPU_ONLY
-@pytest.mark.parametrize("model", sorted(PINNED))
-def test_three_epochs_at_the_books_settings_are_pinned(model, data_path):
+def three_epoch_losses(model: str, data_path: str) -> list[str]:
     """The trainer's own set-up and epochs (:func:`~jax_attention.train.seq2seq.setup`,
     :func:`~jax_attention.train.loop.train_epochs`) at the book's settings, seed 0: the losses
-    of ``train_bahdanau(epochs=3, seed=0)`` / ``train_transformer(...)`` without the final
-    translation of the book's sentences, whose decoders compile for as long as the steps."""
+    (``float.hex``) of ``train_bahdanau(epochs=3, seed=0)`` / ``train_transformer(...)`` without
+    the final translation of the book's sentences, whose decoders compile for as long as the
+    steps."""
     spec = MODELS[model]
     nmt, _, module, optimizer = setup(spec, spec.model_config(), spec.train_config(epochs=3),
                                       data=data_path)
     assert spec.train_config().seed == 0
     result = train_epochs(module, optimizer, nmt, epochs=3, desc=model, progress=False,
                           log=None, log_every=1, config={})
-    assert [float(loss).hex() for loss in result.losses] == PINNED[model]
+    return [float(loss).hex() for loss in result.losses]
+
+
+@pytest.fixture(scope="module")
+def three_epoch_runs(data_path) -> dict[str, list[str]]:
+    """:func:`three_epoch_losses` of both models, in one subprocess compiling with XLA's defaults
+    (the suite's processes compile faster but to other last bits: tests/compiler_support.py)."""
+    code = ("import json, sys\n"
+            "from tests.test_pinned_losses import PINNED, three_epoch_losses\n"
+            "print(json.dumps({m: three_epoch_losses(m, sys.argv[1]) for m in sorted(PINNED)}))")
+    done = subprocess.run([sys.executable, "-c", code, str(data_path)], cwd=ROOT,
+                          env=default_compiler_env(), capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("model", sorted(PINNED))
+def test_three_epochs_at_the_books_settings_are_pinned(model, three_epoch_runs):
+    assert three_epoch_runs[model] == PINNED[model]
 
 
 @pytest.mark.slow
@@ -87,3 +116,22 @@ def test_a_runs_first_epochs_are_those_of_a_shorter_run(model, tiny_run):
     the first two of the 3-epoch tiny run's (same seed, same settings)."""
     shorter = TRAINERS[model](**tiny_settings(model, epochs=2))
     assert_same_losses(shorter.losses, tiny_run(model).record["losses"][:2])
+
+
+def test_the_suite_compiles_at_o0_and_the_pins_at_xla_defaults():
+    """tests/compiler_support.py: `make test`'s processes get LLVM -O0 (on CPU), the pins'
+    subprocess and `make test-slow` XLA's defaults; flags that set the level are kept."""
+    cpu = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    compiler_support.apply(cpu)
+    assert cpu["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=4",
+                                        compiler_support.FAST_FLAG]
+    env = default_compiler_env(cpu)
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert env[compiler_support.VARIABLE] == "default"
+    compiler_support.apply(env)  # what the pins' subprocess (and make test-slow) does
+    assert compiler_support.FAST_FLAG not in env["XLA_FLAGS"]
+    own = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=2"}
+    compiler_support.apply(own)
+    assert own["XLA_FLAGS"] == "--xla_backend_optimization_level=2"
+    with pytest.raises(ValueError, match="JAX_ATTENTION_TEST_COMPILER"):
+        compiler_support.apply({compiler_support.VARIABLE: "O3"})
