@@ -1,7 +1,10 @@
 """jax-attention: the attention mechanisms of Dive into Deep Learning in JAX and Flax NNX.
 
-The functional core lives in one module per book section (``masking``, ``scoring``,
-``attention_pooling``, ...); the most used functions and modules are re-exported here.
+The package's rooms: ``nn`` (the attention maths, one module per book section: ``masking``,
+``scoring``, ``attention_pooling``, ...), ``models`` (Bahdanau, the Transformer, decoding,
+translation, the registry of model kinds), ``data`` (the English–French pipeline), ``runtime``
+(checkpoints, Ctrl-C, devices, export), ``viz`` (figures), ``train``, ``cli``, ``bench``,
+``conformance`` and ``interop``. The most used functions and modules are re-exported here.
 Every function is checked against the float64 NumPy reference in :mod:`reference_numpy`.
 
 In a notebook::
@@ -26,17 +29,17 @@ __version__ = "0.1.0"
 # `import jax_attention` — and the `jax-attention` command's start-up, which must handle Ctrl-C
 # from its first moment — does not wait a second for JAX and Flax.
 _EXPORTS = {
-    "average_pooling": "attention_pooling", "nadaraya_watson": "attention_pooling",
-    "nadaraya_watson_weights": "attention_pooling", "NWKernelRegression": "attention_pooling",
-    "causal_mask": "masking", "local_window_mask": "masking", "masked_softmax": "masking",
-    "sequence_mask": "masking",
-    "MultiHeadAttention": "multihead", "multi_head_attention": "multihead",
-    "PositionalEncoding": "positional", "RelativePositionBias": "positional",
-    "positional_encoding": "positional", "rotary_embedding": "positional",
-    "AdditiveAttention": "scoring", "DotProductAttention": "scoring",
-    "additive_attention": "scoring", "dot_product_attention": "scoring",
-    "load_model": "export", "show_heatmaps": "plotting",
-    "BahdanauSeq2Seq": "bahdanau", "TransformerSeq2Seq": "transformer",
+    "average_pooling": "nn.attention_pooling", "nadaraya_watson": "nn.attention_pooling",
+    "nadaraya_watson_weights": "nn.attention_pooling", "NWKernelRegression": "nn.attention_pooling",
+    "causal_mask": "nn.masking", "local_window_mask": "nn.masking", "masked_softmax": "nn.masking",
+    "sequence_mask": "nn.masking",
+    "MultiHeadAttention": "nn.multihead", "multi_head_attention": "nn.multihead",
+    "PositionalEncoding": "nn.positional", "RelativePositionBias": "nn.positional",
+    "positional_encoding": "nn.positional", "rotary_embedding": "nn.positional",
+    "AdditiveAttention": "nn.scoring", "DotProductAttention": "nn.scoring",
+    "additive_attention": "nn.scoring", "dot_product_attention": "nn.scoring",
+    "load_model": "runtime.export", "show_heatmaps": "viz.plotting",
+    "BahdanauSeq2Seq": "models.bahdanau", "TransformerSeq2Seq": "models.transformer",
     "train_bahdanau": "train.seq2seq", "train_seq2seq": "train.seq2seq",
     "train_transformer": "train.seq2seq",
 }

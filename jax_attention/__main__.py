@@ -2,14 +2,14 @@
 
 Ctrl-C is handled from the first moment: while Python imports JAX (a second or more), parses
 the command line, a Ctrl-C ends the process at once with status 130 and one line
-(:func:`jax_attention.interrupts.stop_outside_commands`); once the command has ended, Ctrl-C is
+(:func:`jax_attention.runtime.interrupts.stop_outside_commands`); once the command has ended, Ctrl-C is
 ignored while the interpreter shuts down; while the command runs,
-:func:`jax_attention.interrupts.handle_sigint` takes over (see :func:`jax_attention.cli.main`).
+:func:`jax_attention.runtime.interrupts.handle_sigint` takes over (see :func:`jax_attention.cli.main`).
 """
 
 import sys
 
-from jax_attention import interrupts  # imports no JAX
+from jax_attention.runtime import interrupts  # imports no JAX
 
 
 def main() -> int:

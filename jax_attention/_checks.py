@@ -489,7 +489,7 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool,
 
 
 # --------------------------------------------------------------------------- settings
-# The rules of the run settings (jax_attention.configs), by the name a config field's metadata
+# The rules of the run settings (jax_attention.models.configs), by the name a config field's metadata
 # gives: ("int", minimum), ("int_or_none", minimum), ("rate",), ("positive_float",), ("bool",).
 
 

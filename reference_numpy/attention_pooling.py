@@ -1,6 +1,6 @@
 """Attention pooling by similarity: Nadaraya–Watson kernel regression — d2l §11.2 (NumPy reference).
 
-Mirror of :mod:`jax_attention.attention_pooling` (same names, argument order and einsum strings).
+Mirror of :mod:`jax_attention.nn.attention_pooling` (same names, argument order and einsum strings).
 Shape letters: ``Q`` queries, ``K`` keys (training inputs), ``v`` an optional value size,
 ``...`` any batch axes.
 
@@ -18,7 +18,7 @@ from reference_numpy.masking import masked_softmax
 
 __all__ = ["leave_one_out", "average_pooling", "nadaraya_watson_weights", "nadaraya_watson"]
 
-# The same strings as in jax_attention/attention_pooling.py.
+# The same strings as in jax_attention/nn/attention_pooling.py.
 POOL_SCALARS = "...qk,...qk->...q"
 POOL_VECTORS = "...qk,...qkv->...qv"
 

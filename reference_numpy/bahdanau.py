@@ -1,6 +1,6 @@
 """Seq2seq with Bahdanau (additive) attention — d2l §10.7 and §11.4 (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.bahdanau`: the same functions, names, argument order, einsum strings
+Mirror of :mod:`jax_attention.models.bahdanau`: the same functions, names, argument order, einsum strings
 and parameter dicts. Written as plain loops over time and layers, to be read; no dropout (the
 reference is the model in evaluation mode), no training.
 
@@ -60,7 +60,7 @@ __all__ = [
     "greedy_decode",
 ]
 
-# The same strings as in jax_attention/bahdanau.py.
+# The same strings as in jax_attention/models/bahdanau.py.
 GRU_INPUTS = "...i,ig->...g"
 GRU_STATE = "bh,hg->bg"
 DENSE = "...h,hv->...v"
@@ -373,7 +373,7 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
     """Greedy decoding, one sentence at a time — the book's ``predict_seq2seq`` (d2l §10.7.6).
 
     Each row starts from ``<bos>`` and feeds back its argmax until it predicts ``<eos>`` or
-    ``max_len`` steps are done. Output conventions match :func:`jax_attention.bahdanau.greedy_decode`:
+    ``max_len`` steps are done. Output conventions match :func:`jax_attention.models.bahdanau.greedy_decode`:
     the ``<eos>`` is written at its step, ``<pad>`` after it, and the weights of the steps after
     ``<eos>`` are zero.
 

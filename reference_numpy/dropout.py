@@ -1,4 +1,4 @@
-"""The dropout masks of :mod:`jax_attention.dropout` in NumPy: the same bits, computed plainly.
+"""The dropout masks of :mod:`jax_attention.nn.dropout` in NumPy: the same bits, computed plainly.
 
 Keys are their ``uint32`` data here (``jax.random.key_data(key)``); everything else mirrors the
 JAX module name for name: :func:`hash32` (``lowbias32``), :func:`key_seed`, :func:`fold`,

@@ -1,6 +1,6 @@
 """Sequence masks and masked softmax — d2l §11.3.2 (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.masking`: the same functions, names and argument order.
+Mirror of :mod:`jax_attention.nn.masking`: the same functions, names and argument order.
 Shape letters: ``B`` batch, ``T`` queries, ``S`` keys; ``...`` any extra batch axes (heads).
 
 Mask semantics (shared with the JAX package): a boolean mask is True where a query may attend.

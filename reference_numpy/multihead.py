@@ -1,6 +1,6 @@
 """Multi-head attention and self-attention — d2l §11.5 and §11.6 (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.multihead` (same names, argument order and einsum strings).
+Mirror of :mod:`jax_attention.nn.multihead` (same names, argument order and einsum strings).
 Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``N`` heads, ``H = D / N`` head size,
 ``D`` = ``num_hiddens``; ``q``/``k``/``v`` the input sizes of queries, keys and values, ``E`` the
 output size (``D`` in the book).
@@ -41,7 +41,7 @@ __all__ = [
     "multi_head_attention",
 ]
 
-# The same strings as in jax_attention/multihead.py.
+# The same strings as in jax_attention/nn/multihead.py.
 PROJECT = "bti,io->bto"
 
 
@@ -142,7 +142,7 @@ def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *
                 local_window_size=None):
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
 
-    Named as its JAX twin (:func:`jax_attention.multihead.mask_inputs`, which the Transformer
+    Named as its JAX twin (:func:`jax_attention.nn.multihead.mask_inputs`, which the Transformer
     shares); not part of the user-facing API (``__all__``).
 
     Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``

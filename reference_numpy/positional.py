@@ -1,6 +1,6 @@
 """Positional encodings — d2l §11.6.3, plus learned, rotary and relative ones (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.positional`: the same functions, names and argument order.
+Mirror of :mod:`jax_attention.nn.positional`: the same functions, names and argument order.
 Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, ``H`` per-head
 size, ``D`` model width (``num_hiddens``); ``...`` any extra batch axes.
 
@@ -38,7 +38,7 @@ __all__ = [
     "relative_position_bias",
 ]
 
-# The same string as in jax_attention/positional.py: a (T, S) index matrix looked up in a
+# The same string as in jax_attention/nn/positional.py: a (T, S) index matrix looked up in a
 # (buckets, N) table gives (T, S, N); attention wants heads first.
 BIAS_HEADS_FIRST = "tsn->nts"
 

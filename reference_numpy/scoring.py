@@ -1,6 +1,6 @@
 """Attention scoring functions — d2l §11.3 (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.scoring` (same names, argument order and einsum strings).
+Mirror of :mod:`jax_attention.nn.scoring` (same names, argument order and einsum strings).
 Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batch axes (heads),
 ``q``/``k``/``v`` the query, key and value sizes, ``h`` the additive hidden size.
 
@@ -34,7 +34,7 @@ __all__ = [
     "additive_attention",
 ]
 
-# The same strings as in jax_attention/scoring.py, so the two files can be read side by side.
+# The same strings as in jax_attention/nn/scoring.py, so the two files can be read side by side.
 DOT_SCORES = "...tq,...sq->...ts"
 WEIGHTED_SUM = "...ts,...sv->...tv"
 PROJECT_QUERIES = "...tq,qh->...th"
@@ -168,7 +168,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         bias and the masks; ``None``: no capping.
       implementation: ``None``, ``"plain"`` or ``"chunked"``, checked and otherwise ignored: the
         reference has one path (the whole ``T x S`` scores), against which both of
-        :func:`jax_attention.scoring.dot_product_attention`'s are tested.
+        :func:`jax_attention.nn.scoring.dot_product_attention`'s are tested.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``);

@@ -1,7 +1,7 @@
 """The Transformer encoder–decoder — d2l §11.7 (float64 NumPy reference).
 
-Mirror of :mod:`jax_attention.transformer`: the same functions, names, argument order, einsum
-strings and parameter dicts (see :func:`jax_attention.transformer.param_shapes`). No dropout (the
+Mirror of :mod:`jax_attention.models.transformer`: the same functions, names, argument order, einsum
+strings and parameter dicts (see :func:`jax_attention.models.transformer.param_shapes`). No dropout (the
 reference is the model in evaluation mode), no training, no cache: :func:`greedy_decode` recomputes
 the whole prefix at every step, one sentence at a time, so that it checks the JAX key/value cache.
 
@@ -11,7 +11,7 @@ self-attention is causal; the encoder–decoder attention is masked by the sourc
 A missing or unexpected parameter key, nested ones included, raises ``ValueError`` naming its path.
 
 Grouped-query attention (``N_kv`` key/value heads dividing ``N``; 1 = multi-query): every
-attention's ``W_k``, ``W_v`` are ``(D, N_kv H)`` (:func:`jax_attention.transformer.param_shapes`
+attention's ``W_k``, ``W_v`` are ``(D, N_kv H)`` (:func:`jax_attention.models.transformer.param_shapes`
 with ``num_kv_heads``), ``N_kv`` is read from ``W_k``'s width, as in the JAX functions, and query
 head ``n`` attends with key/value head ``n // (N / N_kv)``
 (:func:`reference_numpy.multihead.multi_head_attention`).
@@ -55,10 +55,10 @@ __all__ = [
 MAX_POSITIONS = 1000
 LAYER_NORM_EPS = 1e-5
 
-# The same strings as in jax_attention/transformer.py.
+# The same strings as in jax_attention/models/transformer.py.
 DENSE = "...i,io->...o"
 
-# The keys of the parameter dicts, for check_param_keys (as in jax_attention/transformer_layers.py):
+# The keys of the parameter dicts, for check_param_keys (as in jax_attention/models/transformer_layers.py):
 # a key maps to the keys of the dict under it.
 ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
 FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
@@ -279,7 +279,7 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
 
     The step-``t`` token is at position ``t`` (``P[t]``), unlike the book's 0.17 predict loop
     which adds ``P[0]`` to every new token. Output conventions as
-    :func:`jax_attention.transformer.greedy_decode`.
+    :func:`jax_attention.models.transformer.greedy_decode`.
 
     Returns:
       ``(tokens (B, max_len), lengths (B,), weights (B, max_len, S))``; ``weights`` are the last

@@ -182,7 +182,7 @@ def data_path():
     """The English–French corpus, found as the CLI finds it (``$JAX_ATTENTION_DATA``, then
     ``shared/data/fra-eng.zip`` beside the checkout, then the user cache; docs/design.md,
     Data)."""
-    from jax_attention import data
+    from jax_attention.data import nmt as data
 
     return data.find_data()
 

@@ -8,10 +8,10 @@ multi-process run). ``NxM`` is ``N`` devices with a ``model`` axis of ``M`` (ten
 parallelism). Writes ``DIR/{model}_{N or NxM}_p{process}.npz``.
 
 :func:`train` is the loop of :func:`jax_attention.train.loop.train_epochs` with
-:mod:`jax_attention.distributed` placed around the same compiled step
+:mod:`jax_attention.runtime.distributed` placed around the same compiled step
 (:func:`~jax_attention.train.loop.train_steps`): the mesh, the placed state, the batches split
 over the ``data`` axis, the losses and the final state brought back. ``devices = 0`` runs the
-loop without any mesh. The model comes from the registry (:data:`jax_attention.models.MODELS`)
+loop without any mesh. The model comes from the registry (:data:`jax_attention.models.registry.MODELS`)
 and is set up as the trainer sets it up (:func:`jax_attention.train.seq2seq.setup`).
 """
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 # Before anything starts JAX's backends: a multi-process run joins its peers here.
-from jax_attention import distributed
+from jax_attention.runtime import distributed
 
 TINY = {
     "bahdanau": {"embed_size": 8, "num_hiddens": 8, "num_layers": 2},
@@ -48,7 +48,7 @@ def train(kind: str, devices: int, *, epochs: int = 2, model_axis: int = 1, seed
     import numpy as np
     from flax import nnx
 
-    from jax_attention.models import MODELS
+    from jax_attention.models.registry import MODELS
     from jax_attention.train.loop import epoch_batches, leaf_shardings, train_steps
     from jax_attention.train.seq2seq import setup
 
@@ -130,14 +130,14 @@ def _run(text: str) -> tuple[int, int]:
 
 
 def dropout_masks(devices: int):
-    """The models' dropout mask (:func:`jax_attention.dropout.keep_mask`, an ``impl="rbg"`` key)
+    """The models' dropout mask (:func:`jax_attention.nn.dropout.keep_mask`, an ``impl="rbg"`` key)
     ``(B, T, 8)`` drawn on one device and drawn with its rows split over ``devices`` devices;
     returns both (NumPy) and the rows each device drew."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jax_attention.dropout import keep_mask
+    from jax_attention.nn.dropout import keep_mask
 
     mesh = distributed.make_mesh(devices)
     key = jax.random.key(0, impl="rbg")

@@ -9,8 +9,8 @@ import pytest
 
 import jax_attention
 
-NEW_NAMES = {"load_model": "export", "show_heatmaps": "plotting",
-             "BahdanauSeq2Seq": "bahdanau", "TransformerSeq2Seq": "transformer",
+NEW_NAMES = {"load_model": "runtime.export", "show_heatmaps": "viz.plotting",
+             "BahdanauSeq2Seq": "models.bahdanau", "TransformerSeq2Seq": "models.transformer",
              "train_bahdanau": "train.seq2seq", "train_transformer": "train.seq2seq",
              "train_seq2seq": "train.seq2seq"}
 

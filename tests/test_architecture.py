@@ -3,10 +3,15 @@
 - no import cycle between the modules of ``jax_attention`` (imports inside functions count);
 - no module imports another module's underscore names (``from m import _x`` or ``m._x``);
   private *modules* (``_checks``) are fine, their names are public within the package;
-- no ``kind == "<model>"`` branch outside the model registry (``jax_attention.models``);
+- no ``kind == "<model>"`` branch outside the model registry (``jax_attention.models.registry``);
 - no file over ~800 lines, except the mirror and data files named below;
-- no function over ~80 lines of code (its docstring not counted; nested functions count
+- no function over 80 lines of code (its docstring not counted; nested functions count
   towards the function that holds them);
+- the folders are layers (``LAYERS``): a room imports only the rooms below it — the maths
+  (``nn``) nothing of models, data, runtime, training, the command or the benchmarks; the models
+  nothing of runtime, training, the command or the benchmarks; and so on up;
+- every module of :mod:`reference_numpy` mirrors one of ``jax_attention/nn`` or
+  ``jax_attention/models`` by name;
 - the repository is self-contained: every file of the repository that a test names
   (``tests/...``, ``docs/design.md``, ``README.md``) is in it.
 """
@@ -27,7 +32,31 @@ MAX_FUNCTION_LINES = 80
 LONG_FILES = {"interop/torch_models.py"}
 # The registered model names: a comparison with one of them is a branch on a model's kind.
 MODEL_NAMES = ("bahdanau", "transformer")
-REGISTRY = "jax_attention.models"
+REGISTRY = "jax_attention.models.registry"
+REFERENCE = PACKAGE.parent / "reference_numpy"
+
+#: The modules at the package's top, below every room: the validators, the parameter-dict paths,
+#: and the package itself (whose lazy re-exports are names, not imports).
+BASE_MODULES = {"jax_attention", "jax_attention._checks", "jax_attention.params"}
+#: The rooms (folders) of the package and the rooms each may import, its own aside. Read bottom
+#: up: the maths (``nn``), the data pipeline, figures (``viz``) and the PyTorch mirrors
+#: (``interop``) stand on the base alone; the models on the maths; the runtime (checkpoints,
+#: export, Ctrl-C) on the models; training on the runtime; the command and the benchmarks on top.
+LAYERS = {
+    "base": set(),
+    "nn": {"base"},
+    "data": {"base"},
+    "viz": {"base"},
+    "interop": {"base"},
+    "models": {"base", "nn", "data", "viz", "interop"},
+    "runtime": {"base", "nn", "data", "models"},
+    "conformance": {"base", "nn", "models", "interop"},
+    "train": {"base", "nn", "data", "viz", "models", "runtime"},
+    "bench": {"base", "nn", "data", "interop", "models", "runtime", "train"},
+    "cli": {"base", "nn", "data", "viz", "interop", "models", "runtime", "conformance", "train",
+            "bench"},
+    "__main__": {"base", "runtime", "cli"},
+}
 
 
 def _module_name(path: Path) -> str:
@@ -45,40 +74,96 @@ def _sources() -> dict[str, tuple[Path, ast.Module]]:
 SOURCES = _sources()
 
 
-def _is_package(name: str) -> bool:
-    return SOURCES[name][0].name == "__init__.py"
-
-
-def _resolve(module: str, node: ast.ImportFrom) -> str:
+def _resolve(module: str, node: ast.ImportFrom, sources=SOURCES) -> str:
     if not node.level:
         return node.module or ""
-    base = module if _is_package(module) else module.rpartition(".")[0]
+    base = module if sources[module][0].name == "__init__.py" else module.rpartition(".")[0]
     for _ in range(node.level - 1):
         base = base.rpartition(".")[0]
     return f"{base}.{node.module}" if node.module else base
 
 
-def _imports(module: str, tree: ast.Module):
+def _imports(module: str, tree: ast.Module, sources=SOURCES):
     """``(imported module, imported name or None, node)`` for every import in ``tree``."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, None, node
         elif isinstance(node, ast.ImportFrom):
-            source = _resolve(module, node)
+            source = _resolve(module, node, sources)
             for alias in node.names:
                 yield source, alias.name, node
 
 
-def _edges() -> dict[str, set[str]]:
-    edges: dict[str, set[str]] = {name: set() for name in SOURCES}
-    for module, (_, tree) in SOURCES.items():
-        for source, name, _ in _imports(module, tree):
-            target = f"{source}.{name}" if name and f"{source}.{name}" in SOURCES else source
+def _edges(sources=SOURCES) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {name: set() for name in sources}
+    for module, (_, tree) in sources.items():
+        for source, name, _ in _imports(module, tree, sources):
+            target = f"{source}.{name}" if name and f"{source}.{name}" in sources else source
             # Importing a module runs its parent packages first; those edges are Python's own.
-            if target in SOURCES and not module.startswith(target + ".") and target != module:
+            if target in sources and not module.startswith(target + ".") and target != module:
                 edges[module].add(target)
     return edges
+
+
+def _room(module: str) -> str:
+    """The room (``LAYERS``' key) of a module of the package."""
+    if module in BASE_MODULES:
+        return "base"
+    room = module.split(".")[1]
+    if room not in LAYERS:
+        raise AssertionError(f"{module} is in no room of LAYERS: give it a folder, or add the "
+                             "folder to the map with the rooms it may import")
+    return room
+
+
+def layering_violations(sources=SOURCES) -> list[str]:
+    """Every import of a module from a room its own room may not import (``LAYERS``)."""
+    found = []
+    for module, targets in _edges(sources).items():
+        for target in sorted(targets):
+            room, other = _room(module), _room(target)
+            if other != room and other not in LAYERS[room]:
+                found.append(f"{module} ({room}) imports {target} ({other})")
+    return found
+
+
+def test_layering():
+    assert not layering_violations(), (
+        "imports across the layers (tests/test_architecture.py LAYERS):\n"
+        + "\n".join(layering_violations()))
+
+
+def _planted(**modules: str) -> dict[str, tuple[Path, ast.Module]]:
+    """A package of ``modules`` (dotted name → source) to plant a violation in."""
+    return {name: (Path(name.replace(".", "/") + ".py"), ast.parse(source))
+            for name, source in modules.items()}
+
+
+def test_layering_catches_a_planted_violation():
+    """The maths importing a model (inside a function, too) and the models importing training are
+    caught; the models importing the maths, the allowed direction, is not."""
+    planted = _planted(**{
+        "jax_attention.nn.scoring": "def f():\n    from jax_attention.models import transformer\n",
+        "jax_attention.models.transformer": "from jax_attention.nn import scoring\n",
+        "jax_attention.models.bahdanau": "import jax_attention.train.loop\n",
+        "jax_attention.train.loop": "", "jax_attention.train": "",
+        "jax_attention.models": "", "jax_attention.nn": ""})
+    assert layering_violations(planted) == [
+        "jax_attention.nn.scoring (nn) imports jax_attention.models.transformer (models)",
+        "jax_attention.models.bahdanau (models) imports jax_attention.train.loop (train)"]
+
+
+def test_every_folder_is_a_room():
+    folders = {path.name for path in PACKAGE.iterdir()
+               if path.is_dir() and (path / "__init__.py").exists()}
+    assert folders == set(LAYERS) - {"base", "__main__"}
+
+
+def test_reference_numpy_mirrors_the_maths_and_the_models():
+    mirrored = {path.stem for room in ("nn", "models") for path in (PACKAGE / room).glob("*.py")}
+    references = {path.stem for path in REFERENCE.glob("*.py")} - {"__init__", "_checks"}
+    assert references and references <= mirrored, references - mirrored
 
 
 def test_no_import_cycle():
@@ -149,7 +234,7 @@ def test_no_branch_on_a_model_name_outside_the_registry():
             if isinstance(node, ast.Compare) and any(
                     _is_model_name(operand) for operand in [node.left, *node.comparators]):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
-    assert not found, "branches on a model's name (look it up in jax_attention.models):\n" + \
+    assert not found, "branches on a model's name (look it up in jax_attention.models.registry):\n" + \
         "\n".join(found)
 
 
@@ -172,16 +257,33 @@ def _code_lines(node) -> int:
     return node.end_lineno - first.lineno + 1
 
 
-def test_function_lengths():
+def long_functions(sources=SOURCES) -> list[str]:
+    """Every function with more than ``MAX_FUNCTION_LINES`` lines of code."""
     over = []
-    for path, tree in SOURCES.values():
+    for path, tree in sources.values():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = _code_lines(node)
                 if lines > MAX_FUNCTION_LINES:
-                    over.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
-                                f"{node.name}: {lines} lines")
+                    over.append(f"{path}:{node.lineno} {node.name}: {lines} lines")
+    return over
+
+
+def test_function_lengths():
+    over = long_functions()
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines of code:\n" + "\n".join(over)
+
+
+def test_function_lengths_catch_a_planted_long_function():
+    """One line of code past the limit is caught, the docstring not counted; the limit itself is
+    allowed."""
+    def body(lines):
+        return "".join(f"    x{i} = {i}\n" for i in range(lines))
+    planted = _planted(**{
+        "jax_attention.nn.long": f'def f():\n    """Doc."""\n{body(MAX_FUNCTION_LINES + 1)}',
+        "jax_attention.nn.short": f'def g():\n    """Doc."""\n{body(MAX_FUNCTION_LINES)}'})
+    assert long_functions(planted) == [
+        f"{Path('jax_attention/nn') / 'long.py'}:1 f: {MAX_FUNCTION_LINES + 1} lines"]
 
 
 @pytest.mark.parametrize("module", ["jax_attention.cli", "jax_attention.conformance.runner"])

@@ -18,7 +18,7 @@ from flax import nnx
 from hypothesis import given, settings
 from jax.test_util import check_grads
 
-from jax_attention import attention_pooling as pooling
+from jax_attention.nn import attention_pooling as pooling
 from reference_numpy import attention_pooling as np_pooling
 from tests.hypothesis_support import examples, sizes
 

@@ -22,7 +22,9 @@ import optax
 import pytest
 from flax import nnx
 
-from jax_attention import archive, bahdanau, data
+from jax_attention.data import archive, nmt as data
+
+from jax_attention.models import bahdanau
 from jax_attention.train import BOOK_PAIRS, train_bahdanau
 from reference_numpy import bahdanau as np_bahdanau
 from tests.params_support import rename
@@ -413,8 +415,8 @@ def test_the_books_run_on_seeds_1_to_5_gets_what_the_readme_says(seed):
 
 def test_module_takes_params_like_the_transformer():
     """``BahdanauSeq2Seq(params=...)`` holds exactly those values; wrong shapes are refused."""
-    from jax_attention.bahdanau import BahdanauSeq2Seq as Module
-    from jax_attention.bahdanau import init_params as init
+    from jax_attention.models.bahdanau import BahdanauSeq2Seq as Module
+    from jax_attention.models.bahdanau import init_params as init
     from jax_attention.params import flatten_params as flat
 
     params = init(jax.random.key(3), 11, 13, 8, 16, 2)

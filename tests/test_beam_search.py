@@ -1,4 +1,4 @@
-"""Beam search under jit (jax_attention.decoding.beam_search) — d2l §10.8.3.
+"""Beam search under jit (jax_attention.models.decoding.beam_search) — d2l §10.8.3.
 
 Steps driven by fixed tables of log-probabilities (depending on the previous token, or on the whole
 history kept in the state) are checked against a brute-force search over every sequence and against
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import bahdanau
-from jax_attention.decoding import beam_search, greedy_search
+from jax_attention.models import bahdanau
+from jax_attention.models.decoding import beam_search, greedy_search
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 A, B_, C = UNK, 4, 5  # the content tokens of the hand-built table

@@ -67,8 +67,8 @@ def test_record_schema(record):
     assert {"cpu", "cpu_count", "jax", "numpy", "loadavg", "env", "torch"} <= set(env)
     assert _positive(record["gemm"]["ceiling_gflops"])
     # Which code ran: a hash per module under test, unchanged while the test ran.
-    assert set(record["sources"]["modules"]) == {"jax_attention.scoring", "jax_attention.efficient",
-                                                 "jax_attention.masking"}
+    assert set(record["sources"]["modules"]) == {"jax_attention.nn.scoring", "jax_attention.nn.efficient",
+                                                 "jax_attention.nn.masking"}
     assert all(record["sources"]["modules"].values())
     assert record["sources_changed_during_run"] is False and record["loadavg_after"] is not None
     assert record["settings"]["repeats"] == 5 and record["settings"]["dtype"] == "float32"
@@ -117,7 +117,7 @@ def test_table_has_every_peer(record):
 
 
 def test_window_band_and_pairs():
-    from jax_attention.masking import local_window_mask
+    from jax_attention.nn.masking import local_window_mask
 
     for T, S, window in [(16, 16, (2, 1)), (7, 7, (0, 0)), (5, 9, (3, 6)), (8, 8, (20, 20))]:
         band = window_band(T, S, window)
@@ -356,7 +356,7 @@ def test_memory_children_and_cap():
                                            - measured["baseline_peak_rss_bytes"])
     assert _positive(measured["run_s"]) and _positive(measured["compile_s"])
     assert skipped["status"] == "skipped" and "cap" in skipped["reason"]
-    assert record["sources"]["modules"]["jax_attention.scoring"] and "loadavg_after" in record
+    assert record["sources"]["modules"]["jax_attention.nn.scoring"] and "loadavg_after" in record
     assert "peak_rss_bytes" not in skipped
     table = format_memory(record)
     assert "not measured:" in table and "plain at N = 128" in table

@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jax_attention import bahdanau, transformer  # noqa: E402
+from jax_attention.models import bahdanau, transformer  # noqa: E402
 from jax_attention.bench.decode import bench_decode, format_decode, greedy_decode_recompute  # noqa: E402
 from jax_attention.cli import main  # noqa: E402
-from jax_attention.data import load_data_nmt  # noqa: E402
+from jax_attention.data.nmt import load_data_nmt  # noqa: E402
 from jax_attention.train import save_checkpoint  # noqa: E402
 
 NUM_EXAMPLES = 64
@@ -164,6 +164,6 @@ def test_cli_rejects_a_checkpoint_of_the_other_model(tmp_path, capsys):
 
 def test_every_registered_model_has_decoding_peers():
     from jax_attention.bench.decode import DECODING_PEERS, MODELS
-    from jax_attention.models import MODELS as REGISTRY
+    from jax_attention.models.registry import MODELS as REGISTRY
 
     assert set(DECODING_PEERS) == set(REGISTRY) == set(MODELS)

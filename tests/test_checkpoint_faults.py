@@ -23,8 +23,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jax_attention import checkpointing
-from jax_attention.checkpointing import (LOCK_FILE, CheckpointDirectoryBusy,
+from jax_attention.runtime import checkpointing
+from jax_attention.runtime.checkpointing import (LOCK_FILE, CheckpointDirectoryBusy,
                                          CheckpointDirectoryError, CheckpointMismatchError,
                                          CheckpointWriteError, CorruptCheckpointWarning,
                                          ForeignEntryError, TrainingCheckpoints,
@@ -240,7 +240,7 @@ def test_the_first_save_on_a_full_disk_says_there_was_none_before(tmp_path):
 _FILE_SIZE_LIMIT = """
 import json, os, resource, signal, sys
 from tests.test_checkpoint_faults import tiny_state, CONFIG
-from jax_attention.checkpointing import TrainingCheckpoints, CheckpointWriteError
+from jax_attention.runtime.checkpointing import TrainingCheckpoints, CheckpointWriteError
 directory = sys.argv[1]
 with TrainingCheckpoints(directory, config=CONFIG) as checkpoints:
     checkpoints.save(1, tiny_state(1, width=128), {})
@@ -323,7 +323,7 @@ from pathlib import Path
 # One line per warning, so that the test can tell a warning from anything else on stderr.
 warnings.formatwarning = lambda message, category, *_, **__: f"{category.__name__}: {message}\\n"
 from tests.test_checkpoint_faults import tiny_state, damage_data_file, CONFIG
-from jax_attention.checkpointing import TrainingCheckpoints
+from jax_attention.runtime.checkpointing import TrainingCheckpoints
 directory, damaged = Path(sys.argv[1]), [step for step in sys.argv[2].split(",") if step]
 with TrainingCheckpoints(directory, config=CONFIG) as checkpoints:
     for step in (1, 2):
@@ -427,7 +427,7 @@ def test_a_second_opening_in_the_same_process_is_busy(tmp_path):
 
 _HOLD = """
 import sys, time
-from jax_attention.checkpointing import TrainingCheckpoints
+from jax_attention.runtime.checkpointing import TrainingCheckpoints
 with TrainingCheckpoints(sys.argv[1], config={}):
     time.sleep(300)
 """

@@ -118,7 +118,7 @@ def test_bad_arguments_exit_2(tmp_path, capsys, argv, message):
 
 def _figures(monkeypatch):
     """The Figures the command draws, as written."""
-    from jax_attention import plotting
+    from jax_attention.viz import plotting
 
     figures = {}
     original = plotting.save_figure

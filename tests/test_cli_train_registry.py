@@ -1,6 +1,6 @@
 """``jax-attention train MODEL`` for every registered model: one command per registry entry, its
 flags built from the configs' fields, the parsed flags rebuilt into the same configs the Python
-API takes (jax_attention.models, jax_attention.configs, jax_attention.cli.train)."""
+API takes (jax_attention.models.registry, jax_attention.models.configs, jax_attention.cli.train)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from jax_attention.cli import build_parser
 from jax_attention.cli.train import config_flags
-from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
-from jax_attention.models import MODELS
+from jax_attention.models.configs import DeviceConfig, LongRunConfig, TrainConfig
+from jax_attention.models.registry import MODELS
 
 
 def _parse(argv):

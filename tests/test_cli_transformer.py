@@ -15,7 +15,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from jax_attention import decoding, transformer
+from jax_attention.models import decoding, transformer
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint
 from tests.shared_runs import EPOCHS

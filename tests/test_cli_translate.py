@@ -14,8 +14,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from jax_attention import archive, data
-from jax_attention.bahdanau import flatten_params, translate
+from jax_attention.data import archive, nmt as data
+from jax_attention.models.bahdanau import flatten_params, translate
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint, save_checkpoint, train_bahdanau
 from tests.reproducibility import assert_same_params

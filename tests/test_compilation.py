@@ -1,5 +1,5 @@
 """The compilation cache of the commands and the compile time they report
-(:mod:`jax_attention.compilation`, ``train --no-compilation-cache``, the ``timing`` record)."""
+(:mod:`jax_attention.runtime.compilation`, ``train --no-compilation-cache``, the ``timing`` record)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import compilation
+from jax_attention.runtime import compilation
 from jax_attention.cli import main
-from jax_attention.compilation import CompileTimer, enable_compilation_cache
+from jax_attention.runtime.compilation import CompileTimer, enable_compilation_cache
 from tests.shared_runs import tiny_flags
 
 # The session's tiny run (tests/shared_runs.py) without held-out pairs: these runs have their

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jax_attention import archive, data
+from jax_attention.data import archive, nmt as data
 from tests.hypothesis_support import examples
-from jax_attention.data import (
+from jax_attention.data.nmt import (
     RESERVED_TOKENS,
     Vocab,
     build_array,
@@ -114,7 +114,7 @@ def test_data_modules_import_neither_jax_nor_flax(module):
 
 
 def test_the_archive_names_stay_importable_from_data():
-    # jax_attention.archive locates and reads the file; jax_attention.data re-exports it all.
+    # jax_attention.data.archive locates and reads the file; jax_attention.data.nmt re-exports it all.
     for name in archive.__all__:
         assert getattr(data, name) is getattr(archive, name), name
     assert set(archive.__all__) - {"ARCHIVE_NAME", "read_text"} <= set(data.__all__)

@@ -1,4 +1,4 @@
-"""Greedy decoding under jit (jax_attention.decoding, bahdanau.greedy_decode) and translation.
+"""Greedy decoding under jit (jax_attention.models.decoding, bahdanau.greedy_decode) and translation.
 
 A scripted step function pins the conventions (each row stops at its own <eos>, <pad> after it,
 fixed shapes, zero weights after <eos>); the Bahdanau decoder is checked for one compilation per
@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import bahdanau
-from jax_attention.data import RESERVED_TOKENS, Vocab
-from jax_attention.decoding import greedy_search
+from jax_attention.models import bahdanau
+from jax_attention.data.nmt import RESERVED_TOKENS, Vocab
+from jax_attention.models.decoding import greedy_search
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 V, S = 9, 4

@@ -1,4 +1,4 @@
-"""Data parallelism (:mod:`jax_attention.distributed`): N devices, or two processes, train as one.
+"""Data parallelism (:mod:`jax_attention.runtime.distributed`): N devices, or two processes, train as one.
 
 The runs are subprocesses of ``tests/distributed_driver.py`` with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` and ``JAX_PLATFORMS=cpu`` (the device count
@@ -29,7 +29,9 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from jax_attention import distributed
+from jax_attention.models.configs import TransformerConfig
+from jax_attention.models.registry import get_model
+from jax_attention.runtime import distributed
 from tests.compiler_support import with_suite_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,7 +299,7 @@ def test_tensor_parallel_placement():
     from flax import nnx
 
     from jax_attention.train.loop import clipped_adam
-    from jax_attention.transformer import TransformerSeq2Seq
+    from jax_attention.models.transformer import TransformerSeq2Seq
 
     model = TransformerSeq2Seq(9, 7, 8, 10, 2, 1, 0.0, max_positions=8,
                                rngs=nnx.Rngs(params=jax.random.key(0)))
@@ -319,18 +321,21 @@ def test_tensor_parallel_placement():
     with pytest.raises(ValueError, match=r"ffn__W_1.*shape \(8, 10\): axis 1 is not divisible "
                                          r"by the 4 devices of the 'model' axis"):
         distributed.state_shardings(state, mesh)
+    check_shards, shards = get_model("transformer").check_shards, distributed.model_size(mesh)
     with pytest.raises(ValueError, match=r"num_heads = 2 is not divisible by the 4 "
                                          r"tensor-parallel devices"):
-        distributed.check_tensor_parallel(2, 16, mesh)
+        check_shards(TransformerConfig(num_heads=2, ffn_num_hiddens=16), shards)
     with pytest.raises(ValueError, match=r"ffn_num_hiddens = 10 is not divisible by the 4"):
-        distributed.check_tensor_parallel(4, 10, mesh)
-    distributed.check_tensor_parallel(4, 16, mesh)
+        check_shards(TransformerConfig(num_heads=4, ffn_num_hiddens=10), shards)
+    with pytest.raises(ValueError, match=r"num_kv_heads = 2 is not divisible by the 4"):
+        check_shards(TransformerConfig(num_heads=4, ffn_num_hiddens=16, num_kv_heads=2), shards)
+    check_shards(TransformerConfig(num_heads=4, ffn_num_hiddens=16), shards)
 
 
 def test_replicate_to_local_and_to_host_keep_values_and_typed_keys():
     from flax import nnx
 
-    from jax_attention.bahdanau import BahdanauSeq2Seq
+    from jax_attention.models.bahdanau import BahdanauSeq2Seq
 
     model = BahdanauSeq2Seq(7, 6, 4, 4, 1, 0.1, rngs=nnx.Rngs(
         params=jax.random.key(0), dropout=jax.random.key(0, impl="rbg")))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_attention import archive
+from jax_attention.data import archive
 from jax_attention.cli import main
 from jax_attention.cli.arguments import add_data_argument, check_data_argument
 from tests.fault_support import assert_one_line, command_env, run_command

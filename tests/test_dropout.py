@@ -1,4 +1,4 @@
-"""The functional cores' dropout (:mod:`jax_attention.dropout`): the masks' bits against the
+"""The functional cores' dropout (:mod:`jax_attention.nn.dropout`): the masks' bits against the
 NumPy reference, their rates, the independence of sites, positions and keys, reproducibility
 from the key, and the checks."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import dropout as jd
+from jax_attention.nn import dropout as jd
 from reference_numpy import dropout as nd
 
 IMPLS = ("rbg", "threefry2x32")

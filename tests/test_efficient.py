@@ -1,7 +1,7 @@
 """Memory-efficient (chunked, online-softmax) attention against plain attention and the reference.
 
 The ground truth is :func:`reference_numpy.scoring.dot_product_attention` (float64) and, for
-gradients, autodiff through :func:`jax_attention.scoring.dot_product_attention`. Each case runs the
+gradients, autodiff through :func:`jax_attention.nn.scoring.dot_product_attention`. Each case runs the
 efficient and the plain attention in one jitted function (one compilation per case), with chunk
 sizes that do not divide the lengths, ``T != S``, every kind of mask, fully masked rows and NaN in
 padding; then jit/vmap, half precision, bad input, and a walk over the jaxprs of the forward and
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from jax.extend.core import ClosedJaxpr, subjaxprs
 
-from jax_attention import efficient
-from jax_attention import scoring as jax_scoring
+from jax_attention.nn import efficient
+from jax_attention.nn import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
 
 DIMS = chex.Dimensions(B=2, N=2, H=8, V=5)

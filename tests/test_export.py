@@ -1,4 +1,4 @@
-"""Trained-model export (jax_attention.export): models exported by earlier versions still load and
+"""Trained-model export (jax_attention.runtime.export): models exported by earlier versions still load and
 translate the same; save/load round trips the config objects; the config is rebuilt from the
 file; errors name the file.
 
@@ -17,9 +17,9 @@ import chex
 import numpy as np
 import pytest
 
-from jax_attention import export
-from jax_attention.configs import BahdanauConfig, TrainConfig, TransformerConfig
-from jax_attention.models import MODELS
+from jax_attention.runtime import export
+from jax_attention.models.configs import BahdanauConfig, TrainConfig, TransformerConfig
+from jax_attention.models.registry import MODELS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "exported_main_a86d8b7"
 EXPECTED = json.loads((FIXTURES / "expected_translations.json").read_text())

@@ -11,7 +11,7 @@ Rules (the keys of :data:`RULES`), and what the library does:
   NumPy always raises ``ValueError``. JAX raises the same error whenever the values are concrete
   (eager calls); traced values (under ``jit``/``vmap``) are clipped into their range — lengths to
   ``[0, S]``, ids to ``[0, V - 1]`` — with a finite result, never the NaN of an out-of-bounds
-  ``jnp.take`` nor the wrap-around of a negative index (:mod:`jax_attention.masking` documents the
+  ``jnp.take`` nor the wrap-around of a negative index (:mod:`jax_attention.nn.masking` documents the
   rule; :data:`TRACED` tests it). A non-integer dtype is always an error.
 * ``empty``: ``B``, ``T`` or ``S`` of size 0 give empty results of the right shape, and ``S = 0``
   the zero output of a fully masked row, the same in both packages (:data:`EMPTY`); where an
@@ -37,16 +37,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import attention_pooling as j_pool
-from jax_attention import bahdanau as j_bahdanau
-from jax_attention import decoding as j_decoding
-from jax_attention import efficient as j_efficient
-from jax_attention import masking as j_masking
-from jax_attention import metrics as j_metrics
-from jax_attention import multihead as j_multihead
-from jax_attention import positional as j_positional
-from jax_attention import scoring as j_scoring
-from jax_attention import transformer as j_transformer
+from jax_attention.nn import attention_pooling as j_pool
+from jax_attention.models import bahdanau as j_bahdanau
+from jax_attention.models import decoding as j_decoding
+from jax_attention.nn import efficient as j_efficient
+from jax_attention.nn import masking as j_masking
+from jax_attention.models import metrics as j_metrics
+from jax_attention.nn import multihead as j_multihead
+from jax_attention.nn import positional as j_positional
+from jax_attention.nn import scoring as j_scoring
+from jax_attention.models import transformer as j_transformer
 from reference_numpy import attention_pooling as n_pool
 from reference_numpy import bahdanau as n_bahdanau
 from reference_numpy import masking as n_masking

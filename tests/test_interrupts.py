@@ -5,14 +5,14 @@ Real subprocesses (``python -m jax_attention train bahdanau``) of the suite's ti
 the export, the report and the plots) are interrupted in each phase of their life, one
 subprocess per phase: start-up, the compilation, the later steps (the last ones among them), a
 checkpoint save, the final evaluation, the export, the plots and the report. The phase is named
-through the test hook (``JAX_ATTENTION_TEST_SIGINT``, :func:`jax_attention.interrupts.phase`):
+through the test hook (``JAX_ATTENTION_TEST_SIGINT``, :func:`jax_attention.runtime.interrupts.phase`):
 the command presses Ctrl-C on itself as it enters that phase, so a loaded machine cannot move
 the moment. Each run must end with exit status 130, no traceback, one line saying what was kept,
 and every file on disk whole: the exported model loads, the JSON parses, the newest training
 checkpoint reads back, and resuming finishes the run as the uninterrupted tiny run ended, bit for
 bit (losses, parameters, Adam's state, dropout stream). A second Ctrl-C stops at once; the first
 is acknowledged at once, even during a real compilation; ``translate`` stops at once.
-See :mod:`jax_attention.interrupts`.
+See :mod:`jax_attention.runtime.interrupts`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jax_attention import data
-from jax_attention.checkpointing import read_training_checkpoint
+from jax_attention.data import nmt as data
+from jax_attention.runtime.checkpointing import read_training_checkpoint
 from jax_attention.cli import EXIT_INTERRUPTED
-from jax_attention.export import load_model
-from jax_attention.interrupts import PHASES, TEST_SIGINT_VARIABLE
+from jax_attention.runtime.export import load_model
+from jax_attention.runtime.interrupts import PHASES, TEST_SIGINT_VARIABLE
 from tests.fault_support import command_env, finish, send_sigint, start_command, wait_for
 from tests.reproducibility import assert_same_losses, assert_same_params
 from tests.shared_runs import EVERY, TOTAL_STEPS, run_flags, run_main
@@ -276,7 +276,7 @@ def test_ctrl_c_stops_translate_at_once_with_one_line(phase, tmp_path, tiny_run)
 
 
 def test_an_unknown_phase_in_the_hook_is_an_error(monkeypatch):
-    from jax_attention import interrupts
+    from jax_attention.runtime import interrupts
 
     monkeypatch.setenv(TEST_SIGINT_VARIABLE, "compiling")
     with pytest.raises(ValueError, match="'compiling' is not PHASE"):

@@ -1,7 +1,7 @@
 """Long runs under faults, through the command: a second run on one checkpoint directory, other
 data on resume, a full or foreign-filled checkpoint directory, damaged checkpoints, too many
 pairs or too large a batch — each one line, a documented exit status, no traceback, and nothing
-of the user's changed (:mod:`jax_attention.checkpointing` has the library-level tests).
+of the user's changed (:mod:`jax_attention.runtime.checkpointing` has the library-level tests).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_attention import data
+from jax_attention.data import nmt as data
 from jax_attention.cli import EXIT_BUSY, EXIT_WRITE_FAILED
 from tests.fault_support import (assert_one_line, finish, full_dir, run_command, start_command,
                                  tree_snapshot, wait_for)

@@ -32,12 +32,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import attention_pooling as jax_pooling
-from jax_attention import efficient as jax_efficient
-from jax_attention import masking as jax_masking
-from jax_attention import multihead as jax_mh
-from jax_attention import scoring as jax_scoring
-from jax_attention import transformer as jax_transformer
+from jax_attention.nn import attention_pooling as jax_pooling
+from jax_attention.nn import efficient as jax_efficient
+from jax_attention.nn import masking as jax_masking
+from jax_attention.nn import multihead as jax_mh
+from jax_attention.nn import scoring as jax_scoring
+from jax_attention.models import transformer as jax_transformer
 from reference_numpy import attention_pooling as np_pooling
 from reference_numpy import masking as np_masking
 from reference_numpy import multihead as np_mh

@@ -20,7 +20,7 @@ import pytest
 from absl.testing import parameterized
 from jax.test_util import check_grads
 
-from jax_attention import masking as jax_masking
+from jax_attention.nn import masking as jax_masking
 from reference_numpy import masking as np_masking
 from tests.hypothesis_support import examples, sizes
 

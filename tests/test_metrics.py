@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_attention.metrics import bleu, corpus_bleu
+from jax_attention.models.metrics import bleu, corpus_bleu
 from tests.hypothesis_support import examples
 
 

@@ -23,9 +23,9 @@ from absl.testing import parameterized
 from flax import nnx
 from jax.test_util import check_grads
 
-from jax_attention import multihead as jax_mh
-from jax_attention import positional as jax_pos
-from jax_attention.scoring import dot_product_attention_weights
+from jax_attention.nn import multihead as jax_mh
+from jax_attention.nn import positional as jax_pos
+from jax_attention.nn.scoring import dot_product_attention_weights
 from reference_numpy import multihead as np_mh
 from tests.hypothesis_support import examples, sizes
 

@@ -18,9 +18,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from jax_attention import data, provenance
+from jax_attention.data import nmt as data
+
+from jax_attention.runtime import provenance
 from jax_attention.cli import EXIT_WRITE_FAILED
-from jax_attention.export import load_model
+from jax_attention.runtime.export import load_model
 from tests.fault_support import (assert_one_line, command_env, fill, full_dir, read_only_dir,
                                  run_command, tree_snapshot)
 from tests.shared_runs import run_main, tiny_flags
@@ -184,7 +186,7 @@ def test_a_seed_out_of_range_is_a_usage_error(seed):
 
 
 def test_the_largest_seed_is_accepted_by_the_config():
-    from jax_attention.configs import MAX_SEED, TrainConfig
+    from jax_attention.models.configs import MAX_SEED, TrainConfig
 
     assert TrainConfig(seed=MAX_SEED).seed == MAX_SEED
     with pytest.raises(ValueError, match="seed must be an integer in"):

@@ -12,7 +12,7 @@ that the README's output blocks are checked on (:meth:`tests.shared_runs.SharedR
 200 and 250 epochs, about 50 s of CPU together) — begin with the same three losses.
 
 Renewed for issue 15, whose dropout masks come from a counter-based hash
-(:mod:`jax_attention.dropout`) instead of ``jax.random.bernoulli``: a new random stream, judged on
+(:mod:`jax_attention.nn.dropout`) instead of ``jax.random.bernoulli``: a new random stream, judged on
 quality over seeds 0–5 at the book's settings (exact book sentences, of 24 per model: the
 Transformer 17 before, 21 after; Bahdanau 18 before, 18 after). The earlier pins (main at a86d8b7,
 the restructuring of issue 14 left them unchanged) were bahdanau ``0x1.e587d61faf465p-2 ...`` and
@@ -21,12 +21,12 @@ transformer ``0x1.c118342b3021ep-2 ...``.
 Renewed twice more in issue 15, for speed:
 
 - the Transformer's: in training its attention's backward pass is written by hand
-  (:func:`jax_attention.scoring.dropout_attention`, ~9% faster a step), the same gradients to
+  (:func:`jax_attention.nn.scoring.dropout_attention`, ~9% faster a step), the same gradients to
   float32 rounding in another order. Exact book sentences over seeds 0–5: 21 of 24 before and
   after (per seed 3 4 3 3 4 4 before, 2 4 4 4 4 3 after). The pins before were
   ``0x1.bf5a651bbfd2dp-2 ...``.
 - the Bahdanau model's: its decoder projects the attention's keys once instead of at every step
-  (:func:`jax_attention.scoring.additive_key_projection`), so the gradient of ``W_k`` is summed
+  (:func:`jax_attention.nn.scoring.additive_key_projection`), so the gradient of ``W_k`` is summed
   in another order. Exact book sentences over seeds 0–5: 18 of 24 before and after (3 a seed).
   The pins before were ``0x1.e5c721cdbf9f2p-2 ...``.
 
@@ -46,7 +46,7 @@ import jax
 import pytest
 
 from jax_attention import train
-from jax_attention.models import MODELS
+from jax_attention.models.registry import MODELS
 from jax_attention.train.loop import train_epochs
 from jax_attention.train.seq2seq import setup
 from tests import compiler_support

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from jax_attention.plotting import DPI, plot_curve, plot_kernel_regression, show_heatmaps
+from jax_attention.viz.plotting import DPI, plot_curve, plot_kernel_regression, show_heatmaps
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -132,8 +132,8 @@ def test_heatmap_rejects_labels_of_the_wrong_length(option, value):
 
 
 def test_positional_encoding_figures_say_what_they_show():
-    from jax_attention.plotting import plot_positional_columns, plot_positional_heatmap
-    from jax_attention.positional import positional_encoding
+    from jax_attention.viz.plotting import plot_positional_columns, plot_positional_heatmap
+    from jax_attention.nn.positional import positional_encoding
 
     P = positional_encoding(60, 32)
     (ax,) = plot_positional_columns(P).axes
@@ -144,7 +144,7 @@ def test_positional_encoding_figures_say_what_they_show():
 
 
 def _translation(transformer: bool):
-    from jax_attention.translation import Translation
+    from jax_attention.models.translation import Translation
 
     cross = np.full((3, 2, 2, 3), 1 / 3) if transformer else None
     return Translation(source="go .", source_tokens=["go", ".", "<eos>"], tokens=["va"],
@@ -156,7 +156,7 @@ def _translation(transformer: bool):
 
 
 def test_translation_heatmap_names_the_model_the_layer_and_the_sentence(tmp_path):
-    from jax_attention.plotting import translation_heatmap
+    from jax_attention.viz.plotting import translation_heatmap
 
     transformer = translation_heatmap(_translation(True), tmp_path / "t.png")
     title = transformer.get_suptitle()
@@ -171,7 +171,7 @@ def test_translation_heatmap_names_the_model_the_layer_and_the_sentence(tmp_path
 
 
 def test_transformer_attention_plots_have_titles_and_layer_rows(tmp_path, monkeypatch):
-    from jax_attention import plotting
+    from jax_attention.viz import plotting
 
     figures = []
     monkeypatch.setattr(plotting, "save_figure", lambda fig, path: figures.append(fig))

@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from jax.test_util import check_grads
 from matplotlib.figure import Figure
 
-from jax_attention import positional as jax_pos
-from jax_attention.plotting import DPI, plot_positional_columns, plot_positional_heatmap
+from jax_attention.nn import positional as jax_pos
+from jax_attention.viz.plotting import DPI, plot_positional_columns, plot_positional_heatmap
 from reference_numpy import positional as np_pos
 from tests.hypothesis_support import examples
 

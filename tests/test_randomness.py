@@ -28,7 +28,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import bahdanau, multihead, positional, scoring, transformer
+from jax_attention.models import bahdanau, transformer
+
+from jax_attention.nn import multihead, positional, scoring
 
 B, T, D, V = 2, 4, 8, 8  # batch, steps, width, vocabulary
 RATE = 0.5

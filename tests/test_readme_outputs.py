@@ -45,7 +45,9 @@ def block_after(phrase: str) -> str:
 
 
 #: A conformance report's row: case, function, implementation, the two errors, tolerance, status.
-_ROW = re.compile(r"(?P<what>\S+ +\S+ +\S+) +(?P<abs>\S+) +(?P<rel>\S+) +"
+# The implementation's name may hold spaces ("torch.nn.functional.linear + scaled_dot_product_
+# attention"): the errors are the first columns that are a number or "-".
+_ROW = re.compile(r"(?P<what>\S+ +\S+ +\S.*?) +(?P<abs>-|\d\S*) +(?P<rel>-|\d\S*) +"
                   r"(?P<tolerance>rtol (?P<rtol>\S+) atol (?P<atol>\S+)) +(?P<status>\S.*)")
 
 

@@ -27,14 +27,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import checkpointing, data, train
-from jax_attention.models import MODELS
+from jax_attention import train
+
+from jax_attention.runtime import checkpointing
+
+from jax_attention.data import nmt as data
+from jax_attention.models.registry import MODELS
 from jax_attention.train import loop, seq2seq
-from jax_attention.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
-from jax_attention.checkpointing import (CheckpointMismatchError, CorruptCheckpointWarning,
+from jax_attention.models.bahdanau import BahdanauSeq2Seq, teacher_forcing_inputs
+from jax_attention.runtime.checkpointing import (CheckpointMismatchError, CorruptCheckpointWarning,
                                          TrainingCheckpoints, read_training_checkpoint)
 from jax_attention.cli import EXIT_NONFINITE
-from jax_attention.data import load_data_nmt
+from jax_attention.data.nmt import load_data_nmt
 from jax_attention.params import flatten_params
 from tests.fault_support import start_command
 from tests.reproducibility import assert_same_losses, assert_same_params

@@ -21,9 +21,9 @@ from absl.testing import parameterized
 from flax import nnx
 from jax.test_util import check_grads
 
-from jax_attention import efficient
-from jax_attention import masking as jax_masking
-from jax_attention import scoring as jax_scoring
+from jax_attention.nn import efficient
+from jax_attention.nn import masking as jax_masking
+from jax_attention.nn import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
 from tests.hypothesis_support import examples, sizes
 
@@ -240,7 +240,7 @@ class ScoringVariantsTest(chex.TestCase):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_traced_out_of_range_lengths_under_jit(kind):
-    # Documented in jax_attention/masking.py: traced lengths are not range-checked and act as if
+    # Documented in jax_attention/nn/masking.py: traced lengths are not range-checked and act as if
     # clipped to [0, S]; a closed-over constant is still checked at trace time.
     queries, keys, values = _inputs(kind)
     jitted = jax.jit(_attention(kind))
@@ -1261,7 +1261,7 @@ def test_unbatched_module_sows_weights_without_a_batch_axis():
 def _dropout_reference(queries, keys, values, keep, rate, rng):
     """What the Transformer computed before dropout_attention: the weights, the library's
     dropout, the weighted sum (autodiff for the backward pass)."""
-    from jax_attention.dropout import dropout
+    from jax_attention.nn.dropout import dropout
 
     weights = jax_scoring.dot_product_attention_weights(queries, keys, mask=keep)
     return jax_scoring.weighted_sum(dropout(weights, rate, rng), values), weights

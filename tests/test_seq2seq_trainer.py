@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jax_attention.data import load_data_nmt
-from jax_attention.models import MODELS
+from jax_attention.data.nmt import load_data_nmt
+from jax_attention.models.registry import MODELS
 from jax_attention.train import evaluate_held_out, score_held_out, train_seq2seq
 from tests.shared_runs import EPOCHS, tiny_settings
 
@@ -69,7 +69,7 @@ def test_an_unknown_model_is_refused():
 
 
 def test_model_parallel_needs_a_tensor_parallel_model():
-    from jax_attention.configs import DeviceConfig
+    from jax_attention.models.configs import DeviceConfig
 
     with pytest.raises(ValueError, match="has no tensor-parallel layout"):
         train_seq2seq("bahdanau", devices=DeviceConfig(model_parallel=2))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import decoding, transformer
+from jax_attention.models import decoding, transformer
 from jax_attention.train import BOOK_PAIRS, train_transformer
 from reference_numpy import transformer as np_transformer
 from tests.params_support import rename
@@ -365,7 +365,7 @@ def test_is_causal_of_the_attention_must_be_a_python_bool(is_causal):
 
 
 def test_translate_notes_long_and_unknown_sources():
-    from jax_attention.data import RESERVED_TOKENS, Vocab
+    from jax_attention.data.nmt import RESERVED_TOKENS, Vocab
 
     # Filler words make the vocabularies the model's sizes V_SRC and V_TGT, so that the model
     # is _params(), whose initialisation has compiled already.
@@ -466,7 +466,7 @@ def test_grouped_query_bad_sizes(call, message):
 
 
 def test_config_num_kv_heads_is_validated_and_defaults_for_old_records():
-    from jax_attention.configs import TransformerConfig
+    from jax_attention.models.configs import TransformerConfig
 
     assert TransformerConfig().num_kv_heads is None
     assert TransformerConfig(num_kv_heads=2).num_kv_heads == 2
@@ -592,7 +592,7 @@ def test_cli_trains_exports_and_translates_a_multi_query_transformer(tmp_path):
     import io
 
     from jax_attention.cli import main
-    from jax_attention.export import load_model
+    from jax_attention.runtime.export import load_model
 
     checkpoint = tmp_path / "ckpt"
     with contextlib.redirect_stdout(io.StringIO()):

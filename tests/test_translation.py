@@ -1,10 +1,10 @@
-"""The code every seq2seq model shares (jax_attention.translation, jax_attention.seq2seq_module).
+"""The code every seq2seq model shares (jax_attention.models.translation, jax_attention.models.seq2seq_module).
 
-* one :func:`~jax_attention.translation.translate` over a model's decoder, one result type, and
+* one :func:`~jax_attention.models.translation.translate` over a model's decoder, one result type, and
   its rule for ``finished`` (``<eos>`` predicted within ``max_len``), checked on hand-made
   decoder outputs and, on the book's sentences, against the two rules the models used before;
-* :func:`~jax_attention.translation.evaluate_held_out` with any batched decoder;
-* the one parameter holder (:class:`~jax_attention.seq2seq_module.ParamTree`): the same NNX
+* :func:`~jax_attention.models.translation.evaluate_held_out` with any batched decoder;
+* the one parameter holder (:class:`~jax_attention.models.seq2seq_module.ParamTree`): the same NNX
   state paths as before (checkpoints record them) and Variables addressable by params-dict path.
 """
 
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import bahdanau, transformer, transformer_cache, transformer_layers, translation
-from jax_attention.data import TranslationArrays, Vocab, load_data_nmt
+from jax_attention.models import bahdanau, transformer, transformer_cache, transformer_layers, translation
+from jax_attention.data.nmt import TranslationArrays, Vocab, load_data_nmt
 from jax_attention.params import flatten_params
-from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
 
 WORDS = "a b c d e".split()
 VOCAB = Vocab([WORDS], reserved_tokens=["<pad>", "<bos>", "<eos>"])

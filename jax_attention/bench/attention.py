@@ -2,12 +2,12 @@
 
 Peers, each fed its native layout (the transposes are made once, outside the timed calls):
 
-* ``ours`` — :func:`jax_attention.scoring.dot_product_attention` with its default dispatch
+* ``ours`` — :func:`jax_attention.nn.scoring.dot_product_attention` with its default dispatch
   (``implementation=None``: plain or chunked by size, see
-  :func:`jax_attention.scoring.dot_product_implementation`), heads-first ``(B, N, T, H)``,
+  :func:`jax_attention.nn.scoring.dot_product_implementation`), heads-first ``(B, N, T, H)``,
   padding as ``valid_lens``, a sliding window as ``local_window_size``;
 * ``ours_plain`` — the same with ``implementation="plain"`` (whole ``T x S`` scores);
-* ``ours_efficient`` — :func:`jax_attention.efficient.dot_product_attention` (chunked,
+* ``ours_efficient`` — :func:`jax_attention.nn.efficient.dot_product_attention` (chunked,
   online softmax: what ``implementation="chunked"`` runs), same layout and arguments;
 * ``jax.nn`` — :func:`jax.nn.dot_product_attention`, ``(B, T, N, H)``, padding as
   ``key_value_seq_lengths``, a window as its own ``local_window_size``;
@@ -71,7 +71,7 @@ PADDING_FRACTION = 0.25
 # The peers the ratios are taken against: the built-ins a user would otherwise call.
 BASELINES = ("jax.nn", "torch")
 # Our code under test, fingerprinted at the start and the end of a run.
-SOURCES = ("jax_attention.scoring", "jax_attention.efficient", "jax_attention.masking")
+SOURCES = ("jax_attention.nn.scoring", "jax_attention.nn.efficient", "jax_attention.nn.masking")
 
 
 def attention_flops(B: int, N: int, T: int, S: int, H: int, *, backward: bool = False) -> int:
@@ -222,32 +222,32 @@ def _build_peers(names, arrays, lens, dtype_name, efficient_chunks, window=None)
 
     for name in names:
         if name == "ours":
-            from jax_attention import scoring
+            from jax_attention.nn import scoring
 
             peers[name] = _jax_peer(
                 lambda q, k, v, lens: scoring.dot_product_attention(
                     q, k, v, lens, local_window_size=window)[0],
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.scoring.dot_product_attention (implementation=None: "
+                note="jax_attention.nn.scoring.dot_product_attention (implementation=None: "
                      f"{scoring.dot_product_implementation(bnth[0], bnth[1])} here), "
                      "(B, N, T, H), valid_lens" + window_note)
         elif name == "ours_plain":
-            from jax_attention import scoring
+            from jax_attention.nn import scoring
 
             peers[name] = _jax_peer(
                 lambda q, k, v, lens: scoring.dot_product_attention(
                     q, k, v, lens, local_window_size=window, implementation="plain")[0],
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.scoring.dot_product_attention(implementation='plain'), "
+                note="jax_attention.nn.scoring.dot_product_attention(implementation='plain'), "
                      "(B, N, T, H), valid_lens" + window_note)
         elif name == "ours_efficient":
-            from jax_attention import efficient
+            from jax_attention.nn import efficient
 
             peers[name] = _jax_peer(
                 lambda q, k, v, lens: efficient.dot_product_attention(
                     q, k, v, lens, local_window_size=window, **efficient_chunks),
                 (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.efficient.dot_product_attention, (B, N, T, H), valid_lens"
+                note="jax_attention.nn.efficient.dot_product_attention, (B, N, T, H), valid_lens"
                      + window_note
                      + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
         elif name == "jax.nn":
@@ -335,7 +335,7 @@ def _float64_grads(q, k, v, cotangent, lens, window=None):
     except ImportError:
         import jax
 
-        from jax_attention import scoring
+        from jax_attention.nn import scoring
 
         def attend(q, k, v, lens):
             return scoring.dot_product_attention(q, k, v, lens, local_window_size=window)[0]

@@ -7,7 +7,7 @@ batch: ``loss.sum()``, backward, ``grad_clipping(net, 1)``, ``Adam.step``
 (:func:`jax_attention.interop.torch_models.train_step`) — then ``predict_seq2seq`` on the book's
 four sentences and their BLEU (k = 2). The model is the PyTorch mirror of ours
 (:mod:`jax_attention.interop.torch_models`, the registry's ``torch_mirror``); the data are our
-pipeline's (:func:`jax_attention.data.load_data_nmt`: the pairs, vocabularies and batches of
+pipeline's (:func:`jax_attention.data.nmt.load_data_nmt`: the pairs, vocabularies and batches of
 ``jax-attention train``); the settings are the registry's, i.e. the book's (the model config's
 defaults, the training config's, the model's default epochs), unless ``--epochs``,
 ``--num-examples`` or ``--seed`` change them.
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jax_attention._checks import check_int
-from jax_attention.models import MODELS, get_model
+from jax_attention.models.registry import MODELS, get_model
 
 __all__ = ["PEER", "book_run", "main"]
 
@@ -99,9 +99,9 @@ def _steady(rates: list[float], threads_per_epoch: list[int], threads: int) -> f
 
 def _translate(net, nmt, num_steps: int) -> list[dict]:
     """The book's four sentences, greedy (``predict_seq2seq``), with their BLEU (k = 2)."""
-    from jax_attention.data import encode_source
+    from jax_attention.data.nmt import encode_source
     from jax_attention.interop import torch_models
-    from jax_attention.metrics import bleu
+    from jax_attention.models.metrics import bleu
     from jax_attention.train.seq2seq import BOOK_PAIRS
 
     ids = {name: nmt.tgt_vocab[token] for name, token in (("bos_id", "<bos>"),
@@ -133,7 +133,7 @@ def book_run(kind: str, *, epochs: int | None = None, num_examples: int | None =
     import torch
 
     from jax_attention.bench.torch_support import ThreadChoice
-    from jax_attention.data import load_data_nmt
+    from jax_attention.data.nmt import load_data_nmt
     from jax_attention.interop.torch_models import xavier_init_weights
 
     start = time.perf_counter()

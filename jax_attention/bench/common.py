@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_attention import provenance
+from jax_attention.runtime import provenance
 
 __all__ = ["environment", "format_environment", "format_table", "load_average", "time_interleaved",
            "summarize", "gemm_ceiling", "source_fingerprint", "write_json"]
@@ -37,7 +37,7 @@ def load_average() -> list[float] | None:
 
 
 def environment() -> dict:
-    """The machine, the thread settings and :func:`jax_attention.provenance.environment` (library
+    """The machine, the thread settings and :func:`jax_attention.runtime.provenance.environment` (library
     versions, JAX's backend and devices, the commit), for the JSON of every run."""
     shared = provenance.environment()
     record = {

@@ -5,18 +5,18 @@ training; the weights come from a checkpoint of ``jax-attention train`` or from 
 with the book's settings made here. Peers, all greedy (argmax fed back) and all stopping a
 sentence at its ``<eos>``:
 
-* ``batched_kv`` (Transformer) — :func:`jax_attention.transformer.greedy_decode`: every source
+* ``batched_kv`` (Transformer) — :func:`jax_attention.models.transformer.greedy_decode`: every source
   in one batch, one compiled call (``lax.scan`` over the steps), the key/value cache;
 * ``batched_recompute`` (Transformer) — :func:`greedy_decode_recompute`: the same, but each step
   runs the whole decoder over a fixed ``(B, max_len)`` buffer of the tokens so far (causal
   self-attention: position ``t`` reads only positions ``<= t``) instead of updating a cache —
   the fair compiled baseline of the cache;
-* ``batched`` (Bahdanau) — :func:`jax_attention.bahdanau.greedy_decode` (the GRU state is the
+* ``batched`` (Bahdanau) — :func:`jax_attention.models.bahdanau.greedy_decode` (the GRU state is the
   decoder's whole state);
 * ``eager_loop`` — the book's ``predict_seq2seq``: one sentence at a time, our functions called
   without ``jit`` (each operation dispatched on its own; a ``lax.scan`` as one), a Python loop
   per output token that stops at ``<eos>``, the Transformer with its key/value cache
-  (:func:`~jax_attention.transformer.decoder_step`);
+  (:func:`~jax_attention.models.transformer.decoder_step`);
 * ``torch_eager_loop`` — the same loop with the PyTorch mirror of the model and the same weights
   (:mod:`jax_attention.interop.torch_models`), under ``torch.inference_mode``. The Bahdanau
   mirror decodes step by step with its GRU state, exactly the book's loop; the Transformer
@@ -33,7 +33,7 @@ cache's linearly.
 The Transformer's record also holds ``kv_cache`` (:func:`kv_cache_footprint`): the bytes its
 key/value cache takes per token, with and without grouped-query attention (every ``N_kv``
 dividing ``N``: ``N`` is plain multi-head attention, 1 multi-query), for the model's sizes and
-the book's — measured on the state :func:`jax_attention.transformer.init_decoder_state` returns
+the book's — measured on the state :func:`jax_attention.models.transformer.init_decoder_state` returns
 (the ``nbytes`` of its cache leaves over the positions they hold), with the formula
 ``2 * L * N_kv * H * itemsize`` beside it.
 """
@@ -51,7 +51,7 @@ from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, format_table,
                                         load_average, summarize, time_interleaved)
 from jax_attention.bench.torch_support import torch_model, torch_num_threads
-from jax_attention.models import get_model
+from jax_attention.models.registry import get_model
 
 __all__ = ["MODELS", "greedy_decode_recompute", "kv_cache_footprint", "bench_decode",
            "format_decode"]
@@ -69,8 +69,8 @@ def _greedy_decode_recompute(params, src, src_valid_len, *, num_heads, bos_id, e
     import jax.numpy as jnp
     from jax import lax
 
-    from jax_attention import transformer
-    from jax_attention.decoding import greedy_search
+    from jax_attention.models import transformer
+    from jax_attention.models.decoding import greedy_search
 
     enc_outputs, _ = transformer.encoder(params["encoder"], src, src_valid_len,
                                          num_heads=num_heads, max_positions=max_positions)
@@ -99,15 +99,15 @@ def greedy_decode_recompute(params, src, src_valid_len, *, num_heads: int, bos_i
                             max_positions: int = 1000):
     """Batched greedy Transformer decoding under ``jit`` that recomputes the prefix at every step.
 
-    The baseline of :func:`jax_attention.transformer.greedy_decode` (same arguments, same
+    The baseline of :func:`jax_attention.models.transformer.greedy_decode` (same arguments, same
     results): no key/value cache; step ``t`` writes its input token into a fixed ``(B, max_len)``
-    buffer and runs :func:`jax_attention.transformer.decoder` over the whole buffer, reading the
+    buffer and runs :func:`jax_attention.models.transformer.decoder` over the whole buffer, reading the
     logits at position ``t`` (causal self-attention keeps the positions after ``t`` out). Fixed
     shapes, one compilation; ``max_len`` steps of ``max_len`` positions each.
 
     Returns:
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))`` as
-      :func:`~jax_attention.transformer.greedy_decode`.
+      :func:`~jax_attention.models.transformer.greedy_decode`.
     """
     import jax.numpy as jnp
 
@@ -131,7 +131,7 @@ def _cache_variant(sizes: dict, num_kv_heads: int, *, max_len: int, source_len: 
     """The cache bytes of one ``N_kv``, read off a real decoder state of one sequence."""
     import jax.numpy as jnp
 
-    from jax_attention import transformer
+    from jax_attention.models import transformer
 
     D, N, L = sizes["num_hiddens"], sizes["num_heads"], sizes["num_layers"]
     shapes = transformer.param_shapes(1, 1, D, sizes["ffn_num_hiddens"], L, num_heads=N,
@@ -161,7 +161,7 @@ def kv_cache_footprint(sizes: dict, *, max_len: int, source_len: int,
 
     Measured, not computed: for each ``N_kv`` the parameters of :func:`~jax_attention.
     transformer.param_shapes` (zeros) give a decoder state of one sequence
-    (:func:`~jax_attention.transformer.init_decoder_state`, ``max_len`` cache slots, a source of
+    (:func:`~jax_attention.models.transformer.init_decoder_state`, ``max_len`` cache slots, a source of
     ``source_len`` tokens), and ``bytes_per_token`` is the ``nbytes`` of its ``self_keys`` and
     ``self_values`` over ``max_len`` (``cross_bytes_per_source_token``: the encoder–decoder
     cache over ``source_len``). ``formula_bytes_per_token`` is ``2 L N_kv H itemsize``;
@@ -190,7 +190,7 @@ def kv_cache_footprint(sizes: dict, *, max_len: int, source_len: int,
 def _transformer_cache(params, config) -> dict:
     """``kv_cache`` of the record: the model's sizes (its ``num_kv_heads`` marked) and the
     book's, one sequence of ``num_steps`` source and output tokens, in the parameters' dtype."""
-    from jax_attention.configs import TransformerConfig
+    from jax_attention.models.configs import TransformerConfig
 
     dtype = str(jax.numpy.asarray(params["decoder"]["embedding"]).dtype)
     steps = {"max_len": config["num_steps"], "source_len": config["num_steps"]}
@@ -213,7 +213,7 @@ def _eager_bahdanau(params, src_row, valid_len: int, *, bos_id: int, eos_id: int
     """The book's ``predict_seq2seq`` with our functions, un-jitted: token ids without ``<eos>``."""
     import jax.numpy as jnp
 
-    from jax_attention import bahdanau
+    from jax_attention.models import bahdanau
 
     src = jnp.asarray(src_row[None])
     src_valid_len = jnp.asarray([valid_len], jnp.int32)
@@ -234,7 +234,7 @@ def _eager_transformer(params, src_row, valid_len: int, *, bos_id: int, eos_id: 
     """The book's ``predict_seq2seq`` with our functions (key/value cache), un-jitted."""
     import jax.numpy as jnp
 
-    from jax_attention import transformer
+    from jax_attention.models import transformer
 
     src = jnp.asarray(src_row[None])
     src_valid_len = jnp.asarray([valid_len], jnp.int32)
@@ -268,7 +268,7 @@ def _torch_loop(net, src_row, valid_len: int, *, bos_id: int, eos_id: int, max_l
 def _weights(kind: str, checkpoint, *, epochs, seed, data, num_examples, sizes, say):
     """``(params, src_vocab, tgt_vocab, config, source)``: from a checkpoint, or trained here."""
     if checkpoint is not None:
-        from jax_attention.export import load_model
+        from jax_attention.runtime.export import load_model
 
         loaded = load_model(checkpoint)
         if loaded.config["model"] != kind:
@@ -276,7 +276,7 @@ def _weights(kind: str, checkpoint, *, epochs, seed, data, num_examples, sizes, 
                              f"model, expected {kind}")
         return loaded.params, loaded.src_vocab, loaded.tgt_vocab, loaded.config, \
             f"checkpoint {checkpoint}"
-    from jax_attention.models import get_model
+    from jax_attention.models.registry import get_model
     from jax_attention.train import train_seq2seq
 
     spec = get_model(kind)
@@ -299,7 +299,7 @@ def _rows(tokens, lengths, rows) -> list[list[int]]:
 def _training_sources(kind: str, src_vocab, tgt_vocab, config, *, num_examples, data, seed):
     """``(src, src_valid_len, n)``: the training pairs' sources, read as the weights were trained
     and checked to share their vocabularies."""
-    from jax_attention.data import load_data_nmt
+    from jax_attention.data.nmt import load_data_nmt
 
     examples = config.get("training", {}).get("num_examples", num_examples)
     nmt = load_data_nmt(1, config["num_steps"], examples, data=data, seed=seed)
@@ -312,7 +312,7 @@ def _training_sources(kind: str, src_vocab, tgt_vocab, config, *, num_examples, 
 
 def _transformer_peers(params, config, src, src_valid_len, ids: dict):
     """The Transformer's decoders (see :func:`_decoders`): the KV cache and recomputing."""
-    from jax_attention import transformer
+    from jax_attention.models import transformer
 
     heads, positions = config["num_heads"], config["max_positions"]
 
@@ -334,7 +334,7 @@ def _transformer_peers(params, config, src, src_valid_len, ids: dict):
 
 def _bahdanau_peers(params, config, src, src_valid_len, ids: dict):
     """The Bahdanau model's decoders (see :func:`_decoders`)."""
-    from jax_attention import bahdanau
+    from jax_attention.models import bahdanau
 
     def batched(decode, max_len):
         def run():
@@ -350,7 +350,7 @@ def _bahdanau_peers(params, config, src, src_valid_len, ids: dict):
 
 
 #: Each registered model's decoding peers (the registry's names; a test checks that every
-#: model of jax_attention.models.MODELS has an entry).
+#: model of jax_attention.models.registry.MODELS has an entry).
 DECODING_PEERS = {"transformer": _transformer_peers, "bahdanau": _bahdanau_peers}
 
 

@@ -1,9 +1,9 @@
 """``jax-attention bench memory``: peak memory of plain and memory-efficient attention.
 
 For each sequence length ``N`` (``T = S = N``, one batch, one head, ``H = 64``) and each variant —
-``plain`` (:func:`jax_attention.scoring.dot_product_attention` with ``implementation="plain"``,
+``plain`` (:func:`jax_attention.nn.scoring.dot_product_attention` with ``implementation="plain"``,
 which holds the ``N x N`` scores; its default dispatch takes the chunked kernel at these sizes)
-and ``efficient`` (:func:`jax_attention.efficient.dot_product_attention`, chunked) — a fresh
+and ``efficient`` (:func:`jax_attention.nn.efficient.dot_product_attention`, chunked) — a fresh
 Python process (``python -m jax_attention.bench.memory --child ...``) runs one jitted
 forward+backward (:func:`jax_attention.bench.attention.forward_backward`) and reports its peak
 resident set size (:func:`peak_rss_bytes`: Linux's ``VmHWM``, since its ``ru_maxrss`` starts at
@@ -52,7 +52,7 @@ def plain_estimate_bytes(n: int, *, batch: int = 1, heads: int = 1, dtype: str =
     """``3 · itemsize · B · N_heads · N²``: the scores, the weights and the weights' gradient that
     plain attention's forward+backward holds at once. A lower bound, so the cap errs towards
     running: on XLA:CPU the measured peak RSS has been 1.3 to 2.8 times this, depending on how the
-    backward pass of :mod:`jax_attention.scoring` was written."""
+    backward pass of :mod:`jax_attention.nn.scoring` was written."""
     return 3 * _ITEMSIZE[dtype] * batch * heads * n * n
 
 
@@ -87,7 +87,7 @@ def _child(variant: str, n: int, head_size: int, dtype_name: str, seed: int) -> 
     import jax.numpy as jnp
     import numpy as np
 
-    from jax_attention import efficient, scoring
+    from jax_attention.nn import efficient, scoring
     from jax_attention.bench.attention import forward_backward
 
     dtype = jnp.dtype(dtype_name)

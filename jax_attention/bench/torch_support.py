@@ -15,10 +15,10 @@ __all__ = ["torch_model", "torch_num_threads", "ThreadChoice"]
 
 
 def torch_model(kind: str, config, params):
-    """The PyTorch mirror of registered model ``kind`` (:attr:`~jax_attention.models.ModelSpec.
+    """The PyTorch mirror of registered model ``kind`` (:attr:`~jax_attention.models.registry.ModelSpec.
     torch_mirror`) built from its ``config``, with our weights ``params``, in training mode."""
     from jax_attention.interop import to_torch
-    from jax_attention.models import get_model
+    from jax_attention.models.registry import get_model
 
     model = get_model(kind).torch_mirror(config)
     model.load_state_dict(to_torch(params, kind))

@@ -2,7 +2,7 @@
 
 Both peers start from the same weights (our initialisation, copied into the PyTorch mirror with
 :func:`jax_attention.interop.to_torch`), train on the same batches of the book's data
-(:func:`jax_attention.data.load_data_nmt`, the book's settings), with the book's recipe: the
+(:func:`jax_attention.data.nmt.load_data_nmt`, the book's settings), with the book's recipe: the
 per-sequence masked cross-entropy summed over the batch, gradients clipped to global norm 1,
 Adam.
 
@@ -27,7 +27,7 @@ the ratio ours/torch.
 With ``devices`` (``jax-attention bench train --devices 1,2,4``) the benchmark measures how our
 training scales over devices instead (:func:`bench_train_devices`): for each device count a fresh
 process (``python -m jax_attention.bench.train --child ...``) trains on a mesh of that many
-devices (:mod:`jax_attention.distributed`: state replicated, each batch split over the ``data``
+devices (:mod:`jax_attention.runtime.distributed`: state replicated, each batch split over the ``data``
 axis), with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` so that a CPU run gets ``N``
 host devices. Forced host devices share the machine's cores: on a CPU they show that the sharded
 program runs and what the split costs, not the speed-up of ``N`` real accelerators. No PyTorch
@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jax_attention import models as registry
+from jax_attention.models import registry as registry
 from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, gemm_ceiling,
                                         load_average, summarize, time_interleaved)
@@ -121,7 +121,7 @@ def training_batches(batch_size: int, num_steps: int, num_examples: int, data, s
                       steps: int):
     """The book's data and one round's batches: ``(nmt, plain, padded, tokens)`` with the
     batches of :func:`_step_batches` and ``tokens`` the target tokens of the round."""
-    from jax_attention.data import load_data_nmt
+    from jax_attention.data.nmt import load_data_nmt
 
     nmt = load_data_nmt(batch_size, num_steps, num_examples, data=data, seed=seed)
     plain, padded = _step_batches(nmt, steps)
@@ -148,7 +148,7 @@ def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
     """
     import jax
 
-    from jax_attention.bahdanau import teacher_forcing_inputs
+    from jax_attention.models.bahdanau import teacher_forcing_inputs
     from jax_attention.train.loop import pure_step
 
     src, src_valid_len, tgt, tgt_valid_len = padded_batch
@@ -385,7 +385,7 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     import jax
     from flax import nnx
 
-    from jax_attention import distributed
+    from jax_attention.runtime import distributed
     from jax_attention.train.loop import clipped_adam, train_steps
 
     mesh = distributed.make_mesh(devices)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from jax_attention._checks import check_choice, check_int, check_positive_float, check_setting
 from jax_attention.bench.common import environment, format_environment, format_table, load_average
-from jax_attention.models import get_model
+from jax_attention.models.registry import get_model
 
 __all__ = ["CACHES", "OURS_PEER", "bench_whole_run", "format_whole_run"]
 
@@ -110,7 +110,7 @@ def _environment(peer: str, cache_dir: Path) -> dict[str, str]:
     if peer == "ours":
         env["JAX_ATTENTION_COMPILATION_CACHE"] = "0"
     else:
-        from jax_attention.compilation import MIN_COMPILE_TIME_S
+        from jax_attention.runtime.compilation import MIN_COMPILE_TIME_S
 
         env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(MIN_COMPILE_TIME_S)
@@ -207,7 +207,7 @@ def _ratios(peers: dict) -> dict:
 
 def _tokens_per_epoch(model: str, num_examples, seed: int, data: Path) -> int:
     """Target tokens of one epoch of the run's data (the same for both peers)."""
-    from jax_attention.data import load_data_nmt
+    from jax_attention.data.nmt import load_data_nmt
 
     spec = get_model(model)
     train_config = spec.train_config(**({} if num_examples is None else
@@ -277,7 +277,7 @@ def bench_whole_run(model: str = "transformer", *, rounds: int = 3, epochs: int 
       ValueError: a bad argument (the message names it).
       RuntimeError: a run failed or timed out (the message has the end of its output).
     """
-    from jax_attention.data import find_data
+    from jax_attention.data.nmt import find_data
 
     _check_arguments(model, rounds, epochs, num_examples, seed, cache, torch_threads, timeout_s)
     say = log or (lambda line: None)

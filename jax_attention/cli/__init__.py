@@ -33,8 +33,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from jax_attention import __version__, interrupts
+from jax_attention import __version__
 # The command families register their commands when imported, in this order (``--help``'s).
+
+from jax_attention.runtime import interrupts
 from jax_attention.cli import train, plot, translate, conformance, bench  # noqa: F401, I001
 from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_INTERRUPTED, EXIT_NONFINITE,
                                          EXIT_WRITE_FAILED, LONG_RUNS_EPILOG, PROG,
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command in ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
     ``--help`` and argument errors raise ``SystemExit`` (status 0 and 2) as argparse does.
-    Ctrl-C is handled by :func:`jax_attention.interrupts.handle_sigint` while the command runs:
+    Ctrl-C is handled by :func:`jax_attention.runtime.interrupts.handle_sigint` while the command runs:
     a training command stops at its next safe point (status 130, one line saying what was kept
     and how to resume), any other command at once. Warnings are printed as one line each
     (``jax-attention: warning: ...``).

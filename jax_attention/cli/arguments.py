@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from jax_attention import interrupts, provenance
+from jax_attention.runtime import interrupts, provenance
 
 __all__ = ["int_at_least", "int_in_range", "seed", "positive_int", "positive_float", "dropout_rate",
            "add_output_arguments", "check_output_arguments", "check_json_argument",
@@ -64,7 +64,7 @@ def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
 
 
 def _seed_type() -> Callable[[str], int]:
-    from jax_attention.configs import MAX_SEED
+    from jax_attention.models.configs import MAX_SEED
 
     return int_in_range(0, MAX_SEED)
 
@@ -100,7 +100,7 @@ def dropout_rate(text: str) -> float:
 
 def add_compilation_cache_argument(parser: argparse.ArgumentParser) -> None:
     """``--no-compilation-cache``: the commands that compile keep their programs in the user
-    cache (:mod:`jax_attention.compilation`) unless told not to."""
+    cache (:mod:`jax_attention.runtime.compilation`) unless told not to."""
     parser.add_argument("--no-compilation-cache", dest="compilation_cache", action="store_false",
                         help="compile every program afresh instead of loading the ones an "
                              "earlier run compiled from the cache (default: the cache in "
@@ -111,7 +111,7 @@ def add_compilation_cache_argument(parser: argparse.ArgumentParser) -> None:
 def start_compilation_cache(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """Turn the compilation cache on as ``args`` say, before anything compiles; returns its
     directory or ``None``. A cache that cannot be written is one warning line, not an error."""
-    from jax_attention.compilation import enable_compilation_cache
+    from jax_attention.runtime.compilation import enable_compilation_cache
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -213,7 +213,7 @@ def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParse
     (with its progress on stderr), unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD``
     forbids it. Data that cannot be found or downloaded is a usage error (exit status 2, one line
     that says why and how to supply the file)."""
-    from jax_attention.data import ensure_data
+    from jax_attention.data.nmt import ensure_data
 
     try:
         ensure_data(args.data, no_download=getattr(args, "no_download", False))
@@ -254,7 +254,7 @@ def add_long_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``--checkpoint-dir``, ``--checkpoint-every``, ``--keep``, ``--resume``, ``--skip-nonfinite``:
     training checkpoints, resumption and non-finite steps, shared by the seq2seq train commands;
     sets the parser's epilog to :data:`LONG_RUNS_EPILOG`."""
-    from jax_attention.checkpointing import DEFAULT_KEEP
+    from jax_attention.runtime.checkpointing import DEFAULT_KEEP
 
     group = parser.add_argument_group(
         "long runs", "training checkpoints, resumption, Ctrl-C and non-finite steps")
@@ -312,7 +312,7 @@ def check_long_run_arguments(args: argparse.Namespace, parser: argparse.Argument
 
 
 def write_json_report(path: Path, record: dict) -> Path:
-    """Write ``record`` to ``path`` (:func:`jax_attention.provenance.write_json`) and say so, with
+    """Write ``record`` to ``path`` (:func:`jax_attention.runtime.provenance.write_json`) and say so, with
     a note when values that JSON cannot hold (NaN, infinities) were written as ``null``; returns
     the path. Raises ``OSError`` when it cannot be written."""
     written = provenance.write_json(path, record)
@@ -329,9 +329,9 @@ def finish_outputs(args: argparse.Namespace, command: str, record: Mapping,
     """Say which plots were written, then write ``--json`` (when given) as ``{"command": ...,
     **record, **environment, "plots": {name: path}}``; returns the exit status: 0, or
     :data:`EXIT_WRITE_FAILED` when the JSON could not be written where asked (then it is written
-    to :func:`jax_attention.provenance.rescue_path` and the error line printed says where).
+    to :func:`jax_attention.runtime.provenance.rescue_path` and the error line printed says where).
 
-    ``environment`` defaults to :func:`jax_attention.provenance.environment`. ``failures``: a
+    ``environment`` defaults to :func:`jax_attention.runtime.provenance.environment`. ``failures``: a
     list to which the line is appended instead of printed (the caller prints it).
     """
     for path in plots.values():

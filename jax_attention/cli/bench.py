@@ -76,8 +76,8 @@ def _local_window(text: str) -> tuple[int, int] | None:
 @register("bench attention",
           help="dot-product attention, forward and forward+backward, against jax.nn, Flax, "
                "torch SDPA and the NumPy reference",
-          description="Time our scaled dot-product attention (jax_attention.scoring) and the "
-                      "memory-efficient one (jax_attention.efficient), forward and "
+          description="Time our scaled dot-product attention (jax_attention.nn.scoring) and the "
+                      "memory-efficient one (jax_attention.nn.efficient), forward and "
                       "forward+backward, against jax.nn.dot_product_attention, "
                       "flax.nnx.dot_product_attention, torch.nn.functional."
                       "scaled_dot_product_attention and the float64 NumPy reference (forward "
@@ -152,8 +152,8 @@ def run_bench_attention(args: argparse.Namespace, parser: argparse.ArgumentParse
 
 @register("bench memory",
           help="peak RSS of plain and memory-efficient attention, forward+backward, per length",
-          description="For each sequence length N and each of plain (jax_attention.scoring) and "
-                      "memory-efficient (jax_attention.efficient) attention, run one jitted "
+          description="For each sequence length N and each of plain (jax_attention.nn.scoring) and "
+                      "memory-efficient (jax_attention.nn.efficient) attention, run one jitted "
                       "forward+backward at (B, heads, T = S, H) = (1, 1, N, 64) in a fresh "
                       "process and report its peak resident set size, next to a baseline "
                       "process that only imports and allocates the inputs. Plain attention is "

@@ -50,8 +50,8 @@ def run_plot_positional_encoding(args: argparse.Namespace, parser: argparse.Argu
     if bad:
         parser.error(f"argument --columns: columns must be < --encoding-dim = {args.encoding_dim}, "
                      f"got {bad}")
-    from jax_attention.plotting import plot_positional_columns, plot_positional_heatmap
-    from jax_attention.positional import positional_encoding
+    from jax_attention.viz.plotting import plot_positional_columns, plot_positional_heatmap
+    from jax_attention.nn.positional import positional_encoding
 
     P = positional_encoding(args.num_steps, args.encoding_dim)
     plots = {"columns": args.out / "positional_encoding_columns.png",
@@ -114,8 +114,8 @@ def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser
     import numpy as np
     from flax import nnx
 
-    from jax_attention.multihead import MultiHeadAttention
-    from jax_attention.plotting import show_heatmaps
+    from jax_attention.nn.multihead import MultiHeadAttention
+    from jax_attention.viz.plotting import show_heatmaps
 
     shape = (args.batch_size, args.num_queries, args.num_hiddens)
     X = jnp.asarray(np.random.default_rng(args.seed).normal(size=shape), jnp.float32)

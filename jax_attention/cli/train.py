@@ -1,7 +1,7 @@
 """``jax-attention train kernel-regression | bahdanau | transformer``.
 
-The seq2seq commands are one per model of the registry (:data:`jax_attention.models.MODELS`), their
-flags built from the fields of the configs (:mod:`jax_attention.configs`); the run, the report
+The seq2seq commands are one per model of the registry (:data:`jax_attention.models.registry.MODELS`), their
+flags built from the fields of the configs (:mod:`jax_attention.models.configs`); the run, the report
 and the outputs are written once below.
 """
 
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from jax_attention import interrupts, provenance
+from jax_attention.runtime import interrupts, provenance
 from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_NONFINITE, EXIT_WRITE_FAILED,
                                          add_compilation_cache_argument, add_data_argument,
                                          add_device_arguments,
@@ -26,8 +26,8 @@ from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_NONFINITE, EXIT_WRITE_F
                                          positive_float, positive_int, seed,
                                          start_compilation_cache)
 from jax_attention.cli.registry import register, register_group
-from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
-from jax_attention.models import MODELS
+from jax_attention.models.configs import DeviceConfig, LongRunConfig, TrainConfig
+from jax_attention.models.registry import MODELS
 
 __all__ = ["config_flags", "run_train_kernel_regression", "run_train_seq2seq",
            "run_train_bahdanau", "run_train_transformer"]
@@ -85,7 +85,7 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
 
     plots = {}
     if args.out is not None:
-        from jax_attention.plotting import plot_kernel_regression, show_heatmaps
+        from jax_attention.viz.plotting import plot_kernel_regression, show_heatmaps
 
         data = result.data
         plots["fit"] = args.out / "kernel_regression_fit.png"
@@ -101,8 +101,8 @@ def run_train_kernel_regression(args: argparse.Namespace, parser: argparse.Argum
 
 
 # --------------------------------------------------------------------------- seq2seq models
-# One command per registered model (jax_attention.models.MODELS); its flags are the fields of
-# the model's config and of TrainConfig (jax_attention.configs: help, metavar and check in each
+# One command per registered model (jax_attention.models.registry.MODELS); its flags are the fields of
+# the model's config and of TrainConfig (jax_attention.models.configs: help, metavar and check in each
 # field's metadata), then the run's own options and the long-run and device groups.
 
 # "int_or_none": the flag takes an int; its absence leaves the field's default None.
@@ -181,7 +181,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
         "log_every": args.log_every}, parser)
     if status is not None:
         return status
-    from jax_attention.distributed import is_main_process
+    from jax_attention.runtime.distributed import is_main_process
 
     if not is_main_process():
         return 0  # process 0 of a multi-process run reports and writes the files
@@ -195,7 +195,7 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     failures = [] if result.export_error is None else [result.export_error]
     plots = {}
     if args.out is not None:
-        from jax_attention.plotting import plot_curve
+        from jax_attention.viz.plotting import plot_curve
 
         interrupts.phase("plots")
         try:
@@ -222,7 +222,7 @@ run_train_transformer = functools.partial(run_train_seq2seq, MODELS["transformer
 
 
 def _acknowledge_interrupt(args: argparse.Namespace) -> str:
-    """What the first Ctrl-C of a training run says (:mod:`jax_attention.interrupts`)."""
+    """What the first Ctrl-C of a training run says (:mod:`jax_attention.runtime.interrupts`)."""
     if args.checkpoint_dir is None:
         return ("stopping after the current training steps (without --checkpoint-dir nothing "
                 "of the training is kept)")
@@ -240,7 +240,7 @@ def _run_training(train: Callable, options: dict, parser: argparse.ArgumentParse
     created: a usage error, status 2. Ctrl-C
     (:class:`~jax_attention.train.TrainingInterrupted`) is left to :func:`jax_attention.cli.main`.
     """
-    from jax_attention.checkpointing import (CheckpointDirectoryBusy, CheckpointDirectoryError,
+    from jax_attention.runtime.checkpointing import (CheckpointDirectoryBusy, CheckpointDirectoryError,
                                              CheckpointWriteError)
     from jax_attention.train import NonFiniteLossError
 

@@ -8,11 +8,11 @@ import re
 import sys
 from pathlib import Path
 
-from jax_attention import interrupts
+from jax_attention.runtime import interrupts
 from jax_attention.cli.arguments import (add_compilation_cache_argument, check_output_arguments,
                                          finish_outputs, positive_int, start_compilation_cache)
 from jax_attention.cli.registry import register
-from jax_attention.models import MODELS
+from jax_attention.models.registry import MODELS
 
 __all__ = ["run_translate", "find_models", "plot_name"]
 
@@ -113,7 +113,7 @@ def _choose_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser
     if args.checkpoint is not None:
         directory = args.checkpoint
         if directory.is_dir() and not (directory / "config.json").exists():
-            from jax_attention.checkpointing import step_directories
+            from jax_attention.runtime.checkpointing import step_directories
 
             steps = step_directories(directory)
             if steps:
@@ -189,7 +189,7 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     _check_sentences(args.sentences, parser)
     args.checkpoint = _choose_checkpoint(args, parser)
     start_compilation_cache(args, parser)
-    from jax_attention.export import load_model
+    from jax_attention.runtime.export import load_model
 
     try:
         model = load_model(args.checkpoint)
@@ -206,7 +206,7 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     interrupts.phase("evaluation")
     results = model.translate(args.sentences, max_len=args.max_len, beam_size=args.beam)
     if args.out is not None:
-        from jax_attention.plotting import translation_heatmap
+        from jax_attention.viz.plotting import translation_heatmap
     plots = {}
     for result in results:
         print(f"{result.source} => {result.translation}")

@@ -2,7 +2,8 @@
 
 Every case names one function of :mod:`reference_numpy` by ``"<module>.<name>"`` (the module stem
 is the component, e.g. ``"scoring.dot_product_attention"``); the same name exists, with the same
-argument order, in :mod:`jax_attention`. A :class:`Function` says which outputs the function
+argument order, in :mod:`jax_attention` — in its maths (``jax_attention.nn.<stem>``) or, for the
+models, in ``jax_attention.models.<stem>`` (:func:`module_of`). A :class:`Function` says which outputs the function
 returns, in which order, and how to call either package's version from a case's ``inputs``,
 ``params`` and ``config`` (the call is the same for both, as the two packages mirror each other).
 
@@ -14,11 +15,12 @@ accept as they accept a tuple.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["Function", "FUNCTIONS", "call"]
+__all__ = ["Function", "FUNCTIONS", "call", "module_of"]
 
 Arrays = Mapping[str, object]
 Call = Callable[[ModuleType, Arrays, Mapping, Mapping], object]
@@ -33,7 +35,7 @@ class Function:
       outputs: the names given to the returned arrays, in order.
       signature: the reference call, for people (README, ``--help``).
       call: ``call(module, inputs, params, config)`` runs ``module.<function>`` on a case, where
-        ``module`` is ``reference_numpy.<stem>`` or ``jax_attention.<stem>``; returns what the
+        ``module`` is ``reference_numpy.<stem>`` or its twin (:func:`module_of`); returns what the
         function returns (an array, a tuple, or for the Transformer a tuple holding a dict).
     """
 
@@ -45,10 +47,6 @@ class Function:
     @property
     def component(self) -> str:
         return self.name.split(".")[0]
-
-    @property
-    def short_name(self) -> str:
-        return self.name.split(".")[1]
 
 
 def _get(inputs: Arrays, name: str):
@@ -176,6 +174,22 @@ def _functions() -> dict[str, Function]:
 FUNCTIONS: dict[str, Function] = _functions()
 
 
+#: The rooms of :mod:`jax_attention` that mirror :mod:`reference_numpy` file by file: the maths,
+#: then the models (``tests/test_architecture.py`` checks that every reference module has a twin).
+MIRROR_ROOMS = ("jax_attention.nn", "jax_attention.models")
+
+
+def module_of(package: str, component: str) -> ModuleType:
+    """The module of ``package`` (``"reference_numpy"`` or ``"jax_attention"``) that holds the
+    functions of ``component`` (a module stem of :mod:`reference_numpy`, e.g. ``"scoring"``)."""
+    if package != "jax_attention":
+        return importlib.import_module(f"{package}.{component}")
+    for room in MIRROR_ROOMS:
+        if importlib.util.find_spec(f"{room}.{component}") is not None:
+            return importlib.import_module(f"{room}.{component}")
+    raise ModuleNotFoundError(f"jax_attention has no module {component!r} in {MIRROR_ROOMS}")
+
+
 def call(package: str, function: str, inputs: Arrays, params: Mapping, config: Mapping) -> dict:
     """Run ``<package>.<function>`` (package ``"reference_numpy"`` or ``"jax_attention"``) on a
     case and name its outputs: ``{output name: array}``.
@@ -184,7 +198,7 @@ def call(package: str, function: str, inputs: Arrays, params: Mapping, config: M
     outputs, so every output is one array.
     """
     spec = FUNCTIONS[function]
-    module = importlib.import_module(f"{package}.{spec.component}")
+    module = module_of(package, spec.component)
     result = spec.call(module, inputs, params, config)
     if not isinstance(result, tuple):
         result = (result,)

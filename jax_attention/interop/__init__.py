@@ -37,8 +37,8 @@ key names) translated by our compiled greedy decoder, with the book's vocabulari
 ``load_data_nmt`` builds them token for token); and our parameters exported back to PyTorch::
 
     import torch
-    from jax_attention import bahdanau
-    from jax_attention.data import load_data_nmt
+    from jax_attention.models import bahdanau
+    from jax_attention.data.nmt import load_data_nmt
     from jax_attention.interop import from_torch, to_torch
     from jax_attention.interop.torch_models import BahdanauSeq2Seq
 

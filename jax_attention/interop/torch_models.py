@@ -10,7 +10,7 @@ and for moving trained weights between the two (:func:`jax_attention.interop.to_
 
 Where they differ from the book's code, on purpose:
 
-* **Masking** follows our semantics (:mod:`jax_attention.masking`): masked scores are replaced with
+* **Masking** follows our semantics (:mod:`jax_attention.nn.masking`): masked scores are replaced with
   ``torch.where`` by the dtype's most negative finite value and their weights set to exactly
   zero, so a fully masked row (``valid_len == 0``) has all-zero weights, a zero output and finite
   gradients — as ``torch.nn.functional.scaled_dot_product_attention``. The book fills masked
@@ -30,7 +30,7 @@ Where they differ from the book's code, on purpose:
   ``dec_valid_lens = 1..T``, which is the same mask. The Transformer decoder here is the
   teacher-forced one; it has no key/value state for step-by-step prediction:
   :meth:`TransformerSeq2Seq.predict` (the book's ``predict_seq2seq``, :func:`predict_seq2seq`)
-  re-runs it on the prefix for every token (:func:`jax_attention.transformer.greedy_decode`
+  re-runs it on the prefix for every token (:func:`jax_attention.models.transformer.greedy_decode`
   has the cache).
 * **Positions**: the sinusoidal table is computed in float64 and rounded once to the input's
   dtype (ours does the same); the book computes it in float32. An odd width is allowed.
@@ -242,7 +242,7 @@ def book_masked_softmax(X, valid_lens):
 def nadaraya_watson(queries, keys, values, w=1.0):
     """Nadaraya–Watson regression ``f(q) = sum_k softmax_k(-((q - k) w)^2 / 2) y_k`` — d2l §11.2.
 
-    Same semantics as :func:`jax_attention.attention_pooling.nadaraya_watson`.
+    Same semantics as :func:`jax_attention.nn.attention_pooling.nadaraya_watson`.
 
     Args:
       queries: ``(..., Q)``.
@@ -506,7 +506,7 @@ class PositionalEncoding(nn.Module):
 
 
 def rotary_embedding(X, positions=None, base: float = 10000.0):
-    """RoPE with interleaved pairs, as :func:`jax_attention.positional.rotary_embedding`.
+    """RoPE with interleaved pairs, as :func:`jax_attention.nn.positional.rotary_embedding`.
 
     ``out[2j] = x[2j] cos(theta_j) - x[2j+1] sin(theta_j)``, ``out[2j+1] = x[2j] sin(theta_j) +
     x[2j+1] cos(theta_j)``, ``theta_j = p / base^(2j/H)``; half precision is rotated in float32.
@@ -589,7 +589,7 @@ def predict_seq2seq(model: nn.Module, src_tokens, src_valid_len: int, *, bos_id:
     Args:
       model: a :class:`BahdanauSeq2Seq` or :class:`TransformerSeq2Seq`.
       src_tokens: ``(S,)`` source ids, encoded as in training
-        (:func:`jax_attention.data.encode_source`). src_valid_len: its valid length.
+        (:func:`jax_attention.data.nmt.encode_source`). src_valid_len: its valid length.
       bos_id, eos_id: the target's ``<bos>`` and ``<eos>``. max_len: at most this many steps.
 
     Returns:

@@ -8,9 +8,9 @@
 - :mod:`jax_attention.train.kernel_regression` — d2l §11.2.3, Nadaraya–Watson regression with a
   learnable kernel width.
 
-The trained-model export lives in :mod:`jax_attention.export` (``save_checkpoint`` and
+The trained-model export lives in :mod:`jax_attention.runtime.export` (``save_checkpoint`` and
 ``load_checkpoint`` are re-exported here under their earlier names); training checkpoints in
-:mod:`jax_attention.checkpointing`.
+:mod:`jax_attention.runtime.checkpointing`.
 
 Long runs of the seq2seq models (``checkpoint_dir=``): training checkpoints every ``N`` steps
 (Orbax), resumption bit for bit (``resume=True``), a checkpoint and :class:`TrainingInterrupted`
@@ -18,8 +18,8 @@ on SIGINT, and :class:`NonFiniteLossError` — or a skipped step — when a loss
 is NaN or Inf, decided inside the compiled steps.
 """
 
-from jax_attention.export import Checkpoint, load_checkpoint, save_checkpoint
-from jax_attention.models import MODELS
+from jax_attention.runtime.export import Checkpoint, load_checkpoint, save_checkpoint
+from jax_attention.models.registry import MODELS
 from jax_attention.train.kernel_regression import (
     KernelRegressionResult,
     summed_squared_error,

@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from jax_attention._checks import check_setting
-from jax_attention.attention_pooling import (
+from jax_attention.nn.attention_pooling import (
     NWKernelRegression,
     average_pooling,
     kernel_regression_data,
@@ -37,7 +37,7 @@ __all__ = ["KernelRegressionResult", "train_kernel_regression", "summed_squared_
 #: Test queries of the run (the book's 50, evenly spaced over ``[0, 5)``).
 N_TEST = 50
 #: Peak host bytes per entry of the ``n_train x (n_train - 1)`` leave-one-out matrices. The index
-#: of :func:`~jax_attention.attention_pooling.leave_one_out` is first built as Python ints (about
+#: of :func:`~jax_attention.nn.attention_pooling.leave_one_out` is first built as Python ints (about
 #: 36 bytes an entry) and converted to int32; then keys, values, the scores, the weights and
 #: their gradients are float32 arrays of that shape. Measured on XLA:CPU: 40 to 45 bytes an entry
 #: above the interpreter's own memory at n_train = 3000 and 6000; 48 leaves a margin.
@@ -224,9 +224,9 @@ def train_kernel_regression(*, seed: int = 0, epochs: int = 5, lr: float = 0.5, 
                             ) -> KernelRegressionResult:
     """Train Nadaraya–Watson regression with a learnable width ``w`` — d2l §11.2.3.
 
-    The book's recipe: the data of :func:`~jax_attention.attention_pooling.kernel_regression_data`;
+    The book's recipe: the data of :func:`~jax_attention.nn.attention_pooling.kernel_regression_data`;
     each training input is a query whose keys and values are all the *other* training points
-    (:func:`~jax_attention.attention_pooling.leave_one_out`, ``(n_train, n_train - 1)``), since with
+    (:func:`~jax_attention.nn.attention_pooling.leave_one_out`, ``(n_train, n_train - 1)``), since with
     its own point among the keys the best ``w`` would be infinite (predict every target by itself).
     The loss is the summed squared error over the training set; ``optax.sgd(lr)`` takes one
     full-batch step per epoch. Afterwards every test query attends all training points.

@@ -37,11 +37,11 @@ import optax
 from flax import nnx
 from jax import lax
 
-from jax_attention import distributed, interrupts
-from jax_attention.compilation import CompileTimer
+from jax_attention.runtime import distributed, interrupts
+from jax_attention.runtime.compilation import CompileTimer
 from jax_attention.train.progress import ProgressLog, report_compiled, time_left
-from jax_attention.configs import LongRunConfig
-from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
+from jax_attention.models.configs import LongRunConfig
+from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
            "pure_step", "guarded_step", "jit_step", "train_steps", "leaf_shardings",
@@ -318,7 +318,7 @@ def epoch_batches(nmt, epoch: int):
 
     Returns:
       ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, T)``
-      and ``(K, B)`` for the epoch's ``K`` batches, in :meth:`~jax_attention.data.
+      and ``(K, B)`` for the epoch's ``K`` batches, in :meth:`~jax_attention.data.nmt.
       TranslationData.batches` order, and the number of target tokens (the valid lengths' sum).
     """
     src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
@@ -412,7 +412,7 @@ class Progress:
     @classmethod
     def from_record(cls, record: dict, steps_per_epoch: int, where: str) -> Progress:
         """The inverse of :meth:`record`, checked against this run's ``steps_per_epoch``."""
-        from jax_attention.checkpointing import CheckpointMismatchError
+        from jax_attention.runtime.checkpointing import CheckpointMismatchError
 
         missing = [name for name in cls.__dataclass_fields__ if name not in record]
         if missing:
@@ -443,7 +443,7 @@ class EpochsResult:
 def sigint_requests(enabled: bool):
     """Turn the first SIGINT (Ctrl-C) into a request, checked between compiled calls.
 
-    Under the command line's handler (:func:`jax_attention.interrupts.handle_sigint`) yields its
+    Under the command line's handler (:func:`jax_attention.runtime.interrupts.handle_sigint`) yields its
     request, whatever ``enabled``: the command stops at the next safe point and a second Ctrl-C
     stops the process. Otherwise yields an event that the first SIGINT sets when ``enabled``;
     that handler then puts the previous one back, so that a second Ctrl-C interrupts at once (a
@@ -475,13 +475,13 @@ def sigint_requests(enabled: bool):
 
 
 def training_mesh(devices, batch_size: int, checkpoint_dir, *, model: int = 1):
-    """The device mesh of a training run (:func:`jax_attention.distributed.make_mesh`), after
+    """The device mesh of a training run (:func:`jax_attention.runtime.distributed.make_mesh`), after
     starting the multi-process runtime when the environment asks for it; checks that the batch
     splits over the ``data`` axis.
 
     Raises:
-      ValueError: see :func:`~jax_attention.distributed.make_mesh` and
-        :func:`~jax_attention.distributed.check_batch_size`; ``checkpoint_dir`` in a
+      ValueError: see :func:`~jax_attention.runtime.distributed.make_mesh` and
+        :func:`~jax_attention.runtime.distributed.check_batch_size`; ``checkpoint_dir`` in a
         multi-process run, whose training checkpoints would need every process to write its
         part of one Orbax checkpoint together (not implemented).
     """
@@ -514,7 +514,7 @@ def open_checkpoints(long_run: LongRunConfig, config: dict, state, schedule: Sch
 
     Returns:
       ``(checkpoints, state, done, resumed_from, lines)``: the
-      :class:`~jax_attention.checkpointing.TrainingCheckpoints` (``None`` without a
+      :class:`~jax_attention.runtime.checkpointing.TrainingCheckpoints` (``None`` without a
       ``checkpoint_dir``), the state (restored when resumed), the :class:`Progress`, the step
       resumed from (or ``None``) and the lines to log.
 
@@ -525,7 +525,7 @@ def open_checkpoints(long_run: LongRunConfig, config: dict, state, schedule: Sch
     done, lines = Progress(), []
     if long_run.checkpoint_dir is None:
         return None, state, done, None, lines
-    from jax_attention.checkpointing import TrainingCheckpoints
+    from jax_attention.runtime.checkpointing import TrainingCheckpoints
 
     checkpoints = TrainingCheckpoints(long_run.checkpoint_dir, config=config, keep=long_run.keep)
     try:
@@ -640,13 +640,13 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
     scanning an epoch in pieces is bit-identical on CPU. The model and optimizer get the trained
     state back at the end, in a ``finally`` block.
 
-    ``long_run`` (:class:`~jax_attention.configs.LongRunConfig`): with a ``checkpoint_dir``, a
+    ``long_run`` (:class:`~jax_attention.models.configs.LongRunConfig`): with a ``checkpoint_dir``, a
     training checkpoint is written every ``checkpoint_every`` steps (``None``: every epoch), at
     the end, and on SIGINT (then :class:`TrainingInterrupted` is raised); ``resume`` continues
     from the newest one. A non-finite step stops training with :class:`NonFiniteLossError`, or
     with ``skip_nonfinite`` is skipped and counted (left out of its epoch's loss).
 
-    ``mesh`` (:func:`jax_attention.distributed.make_mesh`; ``None``: one device) places the
+    ``mesh`` (:func:`jax_attention.runtime.distributed.make_mesh`; ``None``: one device) places the
     state and splits every batch over its ``data`` axis; the compiled step is the same.
 
     ``after_first_call`` is called once, when the first compiled call has returned (its

@@ -88,7 +88,7 @@ def time_left(step: int, total: int, clock: tuple[float, int] | None) -> str:
 
 def report_compiled(bar: ProgressLog, timer, steps: int, seconds: float) -> None:
     """The line after the first call: what compiling (or loading it from the cache) took;
-    ``timer``: the :class:`~jax_attention.compilation.CompileTimer` of that call."""
+    ``timer``: the :class:`~jax_attention.runtime.compilation.CompileTimer` of that call."""
     how = ("loaded the training step from the compilation cache" if timer.cache_hits
            else "compiled the training step")
     bar.emit(f"{how} in {timer.seconds:.1f} s; the first {steps} step{'s' if steps != 1 else ''} "

@@ -1,9 +1,9 @@
 """One trainer for every registered seq2seq model — d2l's ``train_seq2seq`` (§9.7, §11.4.3, §11.7.6).
 
-:func:`train_seq2seq` takes a model's name (or :class:`~jax_attention.models.ModelSpec`) and the
-run's config objects (:mod:`jax_attention.configs`): it loads the data, builds the model from its
+:func:`train_seq2seq` takes a model's name (or :class:`~jax_attention.models.registry.ModelSpec`) and the
+run's config objects (:mod:`jax_attention.models.configs`): it loads the data, builds the model from its
 config, trains it (:func:`jax_attention.train.loop.train_epochs`), translates the book's four
-sentences, scores held-out pairs, and exports the model (:func:`jax_attention.export.save_model`).
+sentences, scores held-out pairs, and exports the model (:func:`jax_attention.runtime.export.save_model`).
 :func:`train_bahdanau` and :func:`train_transformer` are the same with keyword arguments.
 
 Deterministic from ``seed``: it seeds the batch order (the data's ``seed``), the parameters
@@ -26,11 +26,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_attention import distributed, interrupts, provenance
+from jax_attention.runtime import distributed, interrupts, provenance
 from jax_attention._checks import check_int
-from jax_attention.compilation import CompileTimer
-from jax_attention.configs import DeviceConfig, LongRunConfig, TrainConfig
-from jax_attention.models import MODELS, ModelSpec, get_model
+from jax_attention.runtime.compilation import CompileTimer
+from jax_attention.models.configs import DeviceConfig, LongRunConfig, TrainConfig
+from jax_attention.models.registry import MODELS, ModelSpec, get_model
 from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, train_epochs,
                                       training_mesh)
 
@@ -84,7 +84,7 @@ class Seq2SeqResult:
         compilation within them all (tracing, lowering and XLA, or loading from the persistent
         compilation cache) the run waited for, of which ``training_compile_s`` in the epochs
         and ``evaluation_compile_s`` in the evaluation
-        (:class:`jax_attention.compilation.CompileTimer`); ``background_compile_s``: the
+        (:class:`jax_attention.runtime.compilation.CompileTimer`); ``background_compile_s``: the
         compilation of the evaluation's programs in a background thread while the epochs ran
         (not waited for); ``compile_cache_hits``: the programs the run loaded from that cache.
     """
@@ -149,15 +149,15 @@ def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BO
     """Translate each ``(source, reference)`` of ``pairs`` and score it with BLEU (``k``).
 
     ``translate(params, sentences, src_vocab, tgt_vocab, num_steps)`` defaults to
-    :func:`jax_attention.bahdanau.translate`.
+    :func:`jax_attention.models.bahdanau.translate`.
 
     Returns:
       ``(translations, scores)``: ``[(reference, translation)]`` and the BLEU of each.
     """
-    from jax_attention.metrics import bleu
+    from jax_attention.models.metrics import bleu
 
     if translate is None:
-        from jax_attention.bahdanau import translate
+        from jax_attention.models.bahdanau import translate
 
     pairs = list(pairs)
     results = translate(params, [source for source, _ in pairs], src_vocab, tgt_vocab, num_steps)
@@ -168,17 +168,17 @@ def evaluate_translations(params, src_vocab, tgt_vocab, num_steps: int, pairs=BO
 def score_held_out(spec, params, config, split, src_vocab, tgt_vocab, *, batch_size: int = 256,
                    num_examples_shown: int = 5) -> dict:
     """Greedy translations of held-out pairs scored with corpus and sentence BLEU (k = 4), for
-    any registered model (``spec``, its :attr:`~jax_attention.models.ModelSpec.decode` with
-    ``params`` and ``config``): :func:`jax_attention.translation.evaluate_held_out`.
+    any registered model (``spec``, its :attr:`~jax_attention.models.registry.ModelSpec.decode` with
+    ``params`` and ``config``): :func:`jax_attention.models.translation.evaluate_held_out`.
 
     Args:
-      split: a :class:`jax_attention.data.TranslationArrays` (``TranslationData.val``).
+      split: a :class:`jax_attention.data.nmt.TranslationArrays` (``TranslationData.val``).
 
     Returns:
       ``{"num_pairs", "corpus_bleu", "mean_sentence_bleu", "examples": [{"source", "translation",
       "reference", "bleu"}, ...]}``.
     """
-    from jax_attention.translation import evaluate_held_out as evaluate
+    from jax_attention.models.translation import evaluate_held_out as evaluate
 
     spec = get_model(spec)
 
@@ -194,7 +194,7 @@ def evaluate_held_out(params, split, src_vocab, tgt_vocab, *, num_heads: int, nu
                       ) -> dict:
     """:func:`score_held_out` for a Transformer given by its sizes (the signature of earlier
     versions; :func:`score_held_out` serves every registered model)."""
-    from jax_attention.transformer_layers import kv_heads
+    from jax_attention.models.transformer_layers import kv_heads
 
     spec = MODELS["transformer"]
     blocks = params["encoder"]["blocks"]
@@ -212,7 +212,7 @@ def evaluate_held_out(params, split, src_vocab, tgt_vocab, *, num_heads: int, nu
 def setup(spec, model_config, train_config: TrainConfig, *, data=None):
     """The data, the model's config with the vocabulary sizes, the model (training mode) and the
     optimizer of a run, before its first step: ``(nmt, model_config, model, optimizer)``."""
-    from jax_attention.data import load_data_nmt
+    from jax_attention.data.nmt import load_data_nmt
 
     spec = get_model(spec)
     t = train_config
@@ -237,7 +237,7 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
 
 def _run_record(spec: ModelSpec, model_config, train_config: TrainConfig, nmt) -> dict:
     """The run's configuration as checkpoints store it: the model, the training settings and
-    the data's fingerprint (:attr:`jax_attention.data.TranslationData.fingerprint`: the pairs
+    the data's fingerprint (:attr:`jax_attention.data.nmt.TranslationData.fingerprint`: the pairs
     used and the vocabularies), so that a resumption on other data is refused."""
     return {"model": spec.name, **model_config.record(), "training": train_config.record(),
             "data": nmt.fingerprint}
@@ -262,7 +262,7 @@ class _EvaluationCompile(threading.Thread):
     ~2.0 s to ~0.01 s of the run. Any error here is left to the real evaluation to meet.
 
     Attributes:
-      compile_s: the seconds it compiled (:class:`~jax_attention.compilation.CompileTimer`).
+      compile_s: the seconds it compiled (:class:`~jax_attention.runtime.compilation.CompileTimer`).
     """
 
     def __init__(self, spec: ModelSpec, model, model_config, nmt):
@@ -295,9 +295,9 @@ def _trained_params(model) -> dict:
 def _export(checkpoint, spec: ModelSpec, params, nmt, model_config, train_config
             ) -> tuple[Path, str | None]:
     """Export the trained model to ``checkpoint``; where that cannot be written (a full disk, a
-    path that became read-only), to a rescue directory instead (:func:`jax_attention.provenance.
+    path that became read-only), to a rescue directory instead (:func:`jax_attention.runtime.provenance.
     rescue_path`): ``(the directory written, None or the line that says what happened)``."""
-    from jax_attention.export import save_model
+    from jax_attention.runtime.export import save_model
 
     def save(directory):
         return save_model(directory, params, nmt.src_vocab, nmt.tgt_vocab, model_config,
@@ -348,7 +348,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
                   log_every: int = 10) -> Seq2SeqResult:
     """Train a registered seq2seq model on English–French — the book's ``train_seq2seq``.
 
-    The recipe: the first ``num_examples`` pairs (:func:`jax_attention.data.load_data_nmt`),
+    The recipe: the first ``num_examples`` pairs (:func:`jax_attention.data.nmt.load_data_nmt`),
     shuffled mini-batches; decoder inputs ``<bos>`` + target[:-1] (teacher forcing); the
     per-sequence masked cross-entropy summed over the batch; its gradient clipped to global norm
     1, then Adam. Dropout is on during training and off for the final translations. The last,
@@ -357,17 +357,17 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
     translated greedily after training (:func:`score_held_out`).
 
     Args:
-      model: a name of :data:`jax_attention.models.MODELS` (``"bahdanau"``, ``"transformer"``)
-        or its :class:`~jax_attention.models.ModelSpec`.
+      model: a name of :data:`jax_attention.models.registry.MODELS` (``"bahdanau"``, ``"transformer"``)
+        or its :class:`~jax_attention.models.registry.ModelSpec`.
       model_config: the model's config (default: the book's); vocabulary sizes come from the data.
       train_config: the data and optimisation (default: the book's, this model's epochs).
       long_run: training checkpoints, resumption, non-finite steps
-        (:class:`~jax_attention.configs.LongRunConfig`; default: none).
-      devices: the device mesh (:class:`~jax_attention.configs.DeviceConfig`; default: every
+        (:class:`~jax_attention.models.configs.LongRunConfig`; default: none).
+      devices: the device mesh (:class:`~jax_attention.models.configs.DeviceConfig`; default: every
         device, data parallel; in a multi-process run process 0 alone logs and exports).
       data: where the English–French data is (``--data``); ``None`` looks in the usual places.
       checkpoint: a directory to export the trained model into
-        (:func:`jax_attention.export.save_model`), or ``None``.
+        (:func:`jax_attention.runtime.export.save_model`), or ``None``.
       progress: show a progress bar over the epochs (stderr, only on a terminal).
       log: called with ``"epoch {e}, loss {loss:.4f}, {tokens/sec:.1f} tokens/sec"`` every
         ``log_every`` epochs (and after the last), or ``None``.
@@ -379,13 +379,13 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
       NonFiniteLossError: a step was not finite (and ``skip_nonfinite`` is False).
       TrainingInterrupted: SIGINT, with a ``checkpoint_dir`` (without it Ctrl-C raises a plain
         :class:`KeyboardInterrupt`), or under the command line's Ctrl-C handling
-        (:mod:`jax_attention.interrupts`): then also after the last step, once the model is
+        (:mod:`jax_attention.runtime.interrupts`): then also after the last step, once the model is
         exported (the evaluation is skipped).
       FileExistsError: ``checkpoint_dir`` holds training checkpoints and ``resume`` is False.
 
     Example::
 
-        >>> from jax_attention.configs import TrainConfig
+        >>> from jax_attention.models.configs import TrainConfig
         >>> config = TrainConfig(epochs=5, num_examples=600)
         >>> result = train_seq2seq("transformer", train_config=config)  # doctest: +SKIP
         >>> result.losses[-1], result.translations[0]  # doctest: +SKIP
@@ -404,7 +404,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
                          "has no tensor-parallel layout; use 1")
     mesh = training_mesh(devices.devices, train_config.batch_size, long_run.checkpoint_dir,
                          model=devices.model_parallel)
-    spec.check_mesh(model_config, mesh)
+    spec.check_shards(model_config, distributed.model_size(mesh))
     if not distributed.is_main_process():
         progress, log = False, None
 
@@ -482,7 +482,7 @@ class _Phases:
 
 def _train_by_name(name: str, settings: dict) -> Seq2SeqResult:
     """:func:`train_seq2seq` with every setting as a keyword argument (the configs' field names,
-    the :class:`~jax_attention.configs.LongRunConfig` and :class:`~jax_attention.configs.
+    the :class:`~jax_attention.models.configs.LongRunConfig` and :class:`~jax_attention.models.configs.
     DeviceConfig` ones, and :func:`train_seq2seq`'s own keywords)."""
     spec = MODELS[name]
     model_settings, train_settings, rest = spec.split_settings(settings)
@@ -505,11 +505,11 @@ def train_bahdanau(**settings) -> Seq2SeqResult:
 
     :func:`train_seq2seq` of the ``"bahdanau"`` model with every setting a keyword argument:
 
-    - the model (:class:`~jax_attention.configs.BahdanauConfig`): ``embed_size``,
+    - the model (:class:`~jax_attention.models.configs.BahdanauConfig`): ``embed_size``,
       ``num_hiddens``, ``num_layers``, ``dropout``, ``num_steps`` (book: 32, 32, 2, 0.1, 10);
-    - the training (:class:`~jax_attention.configs.TrainConfig`): ``batch_size``, ``lr``,
+    - the training (:class:`~jax_attention.models.configs.TrainConfig`): ``batch_size``, ``lr``,
       ``epochs``, ``num_examples``, ``val_fraction``, ``seed`` (book: 64, 0.005, 250, 600, 0, 0);
-    - long runs (:class:`~jax_attention.configs.LongRunConfig`): ``checkpoint_dir``,
+    - long runs (:class:`~jax_attention.models.configs.LongRunConfig`): ``checkpoint_dir``,
       ``checkpoint_every``, ``keep``, ``resume``, ``skip_nonfinite``; ``devices``;
     - ``data``, ``checkpoint``, ``progress``, ``log``, ``log_every``: as :func:`train_seq2seq`.
 
@@ -529,15 +529,15 @@ def train_transformer(**settings) -> Seq2SeqResult:
 
     :func:`train_seq2seq` of the ``"transformer"`` model with every setting a keyword argument:
 
-    - the model (:class:`~jax_attention.configs.TransformerConfig`): ``num_hiddens``,
+    - the model (:class:`~jax_attention.models.configs.TransformerConfig`): ``num_hiddens``,
       ``ffn_num_hiddens``, ``num_heads``, ``num_layers``, ``dropout``, ``num_steps``,
       ``max_positions`` (book: 32, 64, 4, 2, 0.1, 10, 1000);
-    - the training (:class:`~jax_attention.configs.TrainConfig`): ``batch_size``, ``lr``,
+    - the training (:class:`~jax_attention.models.configs.TrainConfig`): ``batch_size``, ``lr``,
       ``epochs``, ``num_examples``, ``val_fraction``, ``seed`` (book: 64, 0.005, 200, 600, 0, 0);
-    - long runs (:class:`~jax_attention.configs.LongRunConfig`): ``checkpoint_dir``,
+    - long runs (:class:`~jax_attention.models.configs.LongRunConfig`): ``checkpoint_dir``,
       ``checkpoint_every``, ``keep``, ``resume``, ``skip_nonfinite``; ``devices`` and
       ``model_parallel`` (each attention's heads and each FFN's width split over ``M`` devices:
-      :data:`jax_attention.distributed.TENSOR_PARALLEL_SPECS`);
+      :data:`jax_attention.runtime.distributed.TENSOR_PARALLEL_SPECS`);
     - ``data``, ``checkpoint``, ``progress``, ``log``, ``log_every``: as :func:`train_seq2seq`.
 
     Returns:

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import multihead as jax_mh
-from jax_attention.scoring import dot_product_attention
+from jax_attention.nn import multihead as jax_mh
+from jax_attention.nn.scoring import dot_product_attention
 from reference_numpy import multihead as np_mh
 from tests.parity._support import assert_matches
 
@@ -71,7 +71,7 @@ def _to_params(dtype, params):
 
 @functools.cache
 def _jitted(name):
-    """``jax_attention.multihead.<name>`` under jit, its shape-defining Python arguments static."""
+    """``jax_attention.nn.multihead.<name>`` under jit, its shape-defining Python arguments static."""
     function = getattr(jax_mh, name)
     static = [arg for arg in ("num_heads", "is_causal") if arg in inspect.signature(function).parameters]
     return jax.jit(function, static_argnames=static)

@@ -21,7 +21,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from jax_attention import bahdanau, transformer  # noqa: E402
+from jax_attention.models import bahdanau, transformer  # noqa: E402
 from jax_attention.interop import COMPONENTS, from_torch, to_torch  # noqa: E402
 from jax_attention.interop import torch_models as tm  # noqa: E402
 
@@ -174,7 +174,7 @@ def test_dtypes():
 def test_our_nnx_modules_are_read_as_their_params():
     from flax import nnx
 
-    from jax_attention.transformer import AddNorm
+    from jax_attention.models.transformer import AddNorm
 
     module = AddNorm(6, rngs=nnx.Rngs(0))
     module.params["beta"][...] = jnp.arange(6.0)

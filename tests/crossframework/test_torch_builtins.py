@@ -29,7 +29,9 @@ import pytest  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from jax_attention import bahdanau, multihead, scoring, transformer  # noqa: E402
+from jax_attention.models import bahdanau, transformer  # noqa: E402
+
+from jax_attention.nn import multihead, scoring
 from jax_attention.interop import from_torch, to_torch  # noqa: E402
 from tests.crossframework._support import (  # noqa: E402
     as_numpy,

@@ -31,7 +31,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 
-from jax_attention import bahdanau, masking, multihead, scoring, transformer  # noqa: E402
+from jax_attention.models import bahdanau, transformer  # noqa: E402
+
+from jax_attention.nn import masking, multihead, scoring
 from jax_attention.interop import from_torch  # noqa: E402
 from jax_attention.interop import torch_models as tm  # noqa: E402
 from jax_attention.train.loop import clipped_adam  # noqa: E402
@@ -452,9 +454,9 @@ def test_grouped_query_transformer_mirror_matches_the_numpy_reference(num_kv_hea
     """The mirror's grouped-query attention (key/value heads repeated per group, as torch's
     enable_gqa) is ours: logits and every attention weight, float64; the registry builds the
     mirror from the config's num_kv_heads and our parameters load into it (strict)."""
-    from jax_attention.configs import TransformerConfig
+    from jax_attention.models.configs import TransformerConfig
     from jax_attention.interop import to_torch
-    from jax_attention.models import get_model
+    from jax_attention.models.registry import get_model
 
     torch.manual_seed(8)
     model = tm.TransformerSeq2Seq(SRC_VOCAB, TGT_VOCAB, num_hiddens=8, ffn_num_hiddens=12,

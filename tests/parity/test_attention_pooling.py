@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import attention_pooling as jax_pooling
+from jax_attention.nn import attention_pooling as jax_pooling
 from reference_numpy import attention_pooling as np_pooling
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_attention import bahdanau as jax_bahdanau
+from jax_attention.models import bahdanau as jax_bahdanau
 from reference_numpy import bahdanau as np_bahdanau
 from tests.parity._support import assert_matches
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_attention import masking as jax_masking
+from jax_attention.nn import masking as jax_masking
 from reference_numpy import masking as np_masking
 from tests.parity._support import assert_matches as _assert_matches
 from tests.parity._support import together

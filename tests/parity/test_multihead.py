@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import multihead as jax_mh
-from jax_attention import positional as jax_pos
+from jax_attention.nn import multihead as jax_mh
+from jax_attention.nn import positional as jax_pos
 from reference_numpy import multihead as np_mh
 from tests.parity._support import assert_matches as _assert_matches
 

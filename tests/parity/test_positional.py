@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import positional as jax_pos
+from jax_attention.nn import positional as jax_pos
 from reference_numpy import positional as np_pos
 from tests.parity._support import assert_matches as _assert_matches
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import scoring as jax_scoring
+from jax_attention.nn import scoring as jax_scoring
 from reference_numpy import scoring as np_scoring
 from tests.parity._support import assert_matches as _assert_matches
 from tests.parity._support import call, together

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_attention import transformer as jax_transformer
+from jax_attention.models import transformer as jax_transformer
 from reference_numpy import transformer as np_transformer
 from tests.parity._support import assert_matches
 

@@ -376,7 +376,7 @@ def _our_attention_modules(device) -> dict[str, list[Implementation]]:
     """Nadaraya–Watson regression, dot-product, additive and multi-head attention."""
     import jax.numpy as jnp
 
-    from jax_attention import attention_pooling, multihead, scoring
+    from jax_attention.nn import attention_pooling, multihead, scoring
 
     def nw(case, params, dtype):
         module = _without_initialisers(lambda: attention_pooling.NWKernelRegression(
@@ -432,7 +432,7 @@ def _our_positional_modules(device, dtype_name: str) -> dict[str, list[Implement
     import jax.numpy as jnp
     from flax import nnx
 
-    from jax_attention import positional
+    from jax_attention.nn import positional
 
     run_dtype = jnp.dtype(dtype_name)
 
@@ -456,7 +456,7 @@ def _gru_layers(module) -> dict:
 
 def _our_bahdanau_modules(device) -> dict[str, list[Implementation]]:
     """The GRU, the encoder and the Bahdanau seq2seq model (and its loss)."""
-    from jax_attention import bahdanau
+    from jax_attention.models import bahdanau
 
     def gru(case, params, dtype):
         L, I, h = len(params), params["layer_0"]["W_x"].shape[0], params["layer_0"]["W_h"].shape[0]
@@ -510,7 +510,7 @@ def _param_tree(module) -> dict:
 
 def _our_transformer_modules(device) -> dict[str, list[Implementation]]:
     """The Transformer's FFN, add & norm, blocks and model (and its loss)."""
-    from jax_attention import transformer as tf
+    from jax_attention.models import transformer as tf
 
     def ffn(case, params, dtype):
         module = _without_initialisers(lambda: tf.PositionWiseFFN(

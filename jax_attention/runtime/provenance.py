@@ -22,7 +22,8 @@ __all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "json_ready
 #: The distributions whose versions a record carries, in this order (the keys of :func:`versions`).
 DISTRIBUTIONS = ("jax-attention", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+# The package's own folder (jax_attention/), two levels above this file.
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def _distribution_version(name: str) -> str | None:

@@ -55,7 +55,7 @@ _OFF = {"0", "off", "false", "no"}
 
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/jax-attention/compilation`` (else ``~/.cache/jax-attention/...``)."""
-    from jax_attention.data import cache_dir
+    from jax_attention.data.nmt import cache_dir
 
     return cache_dir() / "compilation"
 

@@ -9,7 +9,7 @@ call or later — and its task, collected later, is reported by asyncio's except
 exception was never retrieved"): dozens to hundreds of lines for one damaged checkpoint, whose
 error is raised anyway.
 
-Inside :func:`quiet_orbax` (what :mod:`jax_attention.checkpointing` wraps each of its Orbax calls
+Inside :func:`quiet_orbax` (what :mod:`jax_attention.runtime.checkpointing` wraps each of its Orbax calls
 in), the records logged from Orbax's own files are dropped and the event loops created are made
 quiet once closed (a callback for them is dropped, their tasks' reports too: the coroutine that
 wanted the result is gone, its error is the one raised); after a failed call, Orbax's background

@@ -3,8 +3,8 @@
 Mirror of :mod:`reference_numpy.bahdanau` (same names, argument order, einsum strings and parameter
 dicts); the JAX functions add dropout (``dropout``, ``dropout_rng``) and run their time loops with
 ``lax.scan``. Teacher forcing, the masked cross-entropy and :func:`translate` are shared with the
-Transformer (:mod:`jax_attention.translation`, re-exported here), and so is the NNX plumbing of
-the modules (:mod:`jax_attention.seq2seq_module`).
+Transformer (:mod:`jax_attention.models.translation`, re-exported here), and so is the NNX plumbing of
+the modules (:mod:`jax_attention.models.seq2seq_module`).
 
 The model of the book (0.17 edition, PyTorch): an embedding and a multi-layer GRU encode the
 source; at each target step the decoder's query is the top GRU layer's state, additive attention
@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention import translation
+from jax_attention.models import translation
 from jax_attention._checks import (
     check_dropout,
     check_id,
@@ -61,15 +61,15 @@ from jax_attention._checks import (
     check_size,
     check_tokens,
 )
-from jax_attention.decoding import greedy_search
+from jax_attention.models.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.scoring import (ADDITIVE_KEYS, WEIGHTED_SUM,
+from jax_attention.nn.scoring import (ADDITIVE_KEYS, WEIGHTED_SUM,
                                    additive_attention_weights_of_projected,
                                    additive_key_projection)
-from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
-from jax_attention.dropout import dropout as _dropout
-from jax_attention.dropout import fold, keep_mask
-from jax_attention.translation import (
+from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.nn.dropout import dropout as _dropout
+from jax_attention.nn.dropout import fold, keep_mask
+from jax_attention.models.translation import (
     Decoded,
     Translation,
     masked_cross_entropy,
@@ -326,7 +326,7 @@ def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
       params: ``{"embedding": (V_src, E), "gru": {...}}``.
       src: ``(B, S)`` source token ids in ``[0, V_src)``: checked when concrete; under ``jit``
         they cannot be, and ids outside are clipped to ``[0, V_src - 1]`` (never NaN, never a
-        negative id wrapping around; see :mod:`jax_attention.masking`).
+        negative id wrapping around; see :mod:`jax_attention.nn.masking`).
       dropout, dropout_rng: as in :func:`gru`.
 
     Returns:
@@ -376,7 +376,7 @@ def _check_decoder_state(params, state, enc_outputs):
 def _decoder_step(params, tokens, state, enc_outputs, projected_keys, src_valid_len,
                   dropout: float, keep):
     """:func:`decoder_step` with its dropout given as keep-masks (``None``: no dropout) and the
-    attention's keys already projected (:func:`~jax_attention.scoring.additive_key_projection`
+    attention's keys already projected (:func:`~jax_attention.nn.scoring.additive_key_projection`
     of ``enc_outputs``: the same at every step, so :func:`decoder` projects them once)."""
     embedding = jnp.asarray(params["embedding"])
     state, enc_outputs = _check_decoder_state(params, state, enc_outputs)
@@ -532,7 +532,7 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
     """Batched greedy decoding, compiled once per shape — the book's ``predict_seq2seq`` (d2l §10.7.6).
 
     Every row starts from ``<bos>`` and feeds back its own argmax for a fixed ``max_len`` steps
-    (:func:`jax_attention.decoding.greedy_search`); a row stops at its own ``<eos>``: that step
+    (:func:`jax_attention.models.decoding.greedy_search`); a row stops at its own ``<eos>``: that step
     writes ``<eos>``, the later ones ``<pad>`` with zero attention weights.
 
     The inputs are checked here, eagerly, before the compiled loop: ``src`` ids in
@@ -561,7 +561,7 @@ def greedy_decode(params, src, src_valid_len, *, bos_id: int, eos_id: int, pad_i
 
 
 def _translation_decoder(params):
-    """The decoder that :func:`jax_attention.translation.translate` runs for this model: greedy
+    """The decoder that :func:`jax_attention.models.translation.translate` runs for this model: greedy
     decoding, a row's ``weights`` the additive attention's weights of its steps."""
 
     def decode(src, src_valid_len, *, bos_id: int, eos_id: int, pad_id: int, max_len: int):
@@ -581,11 +581,11 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
               max_len: int | None = None):
     """Translate sentences greedily, all in one batch — d2l §10.7.6 / §11.4.3 ``predict_seq2seq``.
 
-    :func:`jax_attention.translation.translate` with this model's greedy decoder: each sentence
-    is encoded as in training (:func:`jax_attention.data.encode_source`: the book's
+    :func:`jax_attention.models.translation.translate` with this model's greedy decoder: each sentence
+    is encoded as in training (:func:`jax_attention.data.nmt.encode_source`: the book's
     preprocessing, unknown words as ``<unk>``, ``<eos>`` appended, cut or padded to
     ``num_steps``); a sentence longer than ``num_steps`` (with its ``<eos>``) is truncated and
-    its :class:`~jax_attention.translation.Translation` says so in ``truncated`` and ``notes``;
+    its :class:`~jax_attention.models.translation.Translation` says so in ``truncated`` and ``notes``;
     unknown words are listed likewise.
 
     Args:
@@ -596,7 +596,7 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
       max_len: decoding steps (default ``num_steps``, as the book).
 
     Returns:
-      A :class:`~jax_attention.translation.Translation` for a ``str``, else a list of them (in
+      A :class:`~jax_attention.models.translation.Translation` for a ``str``, else a list of them (in
       order); ``weights`` ``(steps, len(source_tokens))`` are the decoder's attention weights.
     """
     if hasattr(params, "params_dict"):
@@ -714,7 +714,7 @@ class BahdanauSeq2Seq(Seq2SeqModule):
     ``sow_weights=True`` the decoder's attention weights ``(B, T, S)`` are sown as
     ``nnx.Intermediate`` ``"attention_weights"`` (read them with ``nnx.capture``). The loss, greedy
     decoding and the rest of the plumbing are those of
-    :class:`jax_attention.seq2seq_module.Seq2SeqModule`.
+    :class:`jax_attention.models.seq2seq_module.Seq2SeqModule`.
 
     Args:
       src_vocab_size, tgt_vocab_size: ``V_src``, ``V_tgt``.
@@ -724,7 +724,7 @@ class BahdanauSeq2Seq(Seq2SeqModule):
       param_dtype: the parameters' dtype.
       rngs: ``nnx.Rngs`` with ``params`` (and ``dropout``) streams; a single seed serves both.
       params: initial values (the nested dict of :func:`param_shapes`, e.g. a trained model's
-        ``load_model(path).params``), as :class:`~jax_attention.transformer.TransformerSeq2Seq`
+        ``load_model(path).params``), as :class:`~jax_attention.models.transformer.TransformerSeq2Seq`
         takes them; ``ValueError`` when their shapes differ; default: fresh ones.
 
     >>> model = BahdanauSeq2Seq(len(src_vocab), len(tgt_vocab), rngs=nnx.Rngs(0))

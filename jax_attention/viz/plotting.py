@@ -275,7 +275,7 @@ def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
     frequency falls with the column index.
 
     Args:
-      P: ``(T, D)``, e.g. :func:`jax_attention.positional.positional_encoding`.
+      P: ``(T, D)``, e.g. :func:`jax_attention.nn.positional.positional_encoding`.
       columns: the column indices to draw, each in ``[0, D)``; one curve each, labelled
         ``"Col c"``.
       path: where to write the PNG, or ``None``.

@@ -1,6 +1,6 @@
 """The lock of a training checkpoint directory opened for writing: one run per directory.
 
-:class:`jax_attention.checkpointing.TrainingCheckpoints` takes it before anything else — before
+:class:`jax_attention.runtime.checkpointing.TrainingCheckpoints` takes it before anything else — before
 Orbax's start-up, which removes temporary directories and so would destroy another run's save in
 progress. The lock is ``DIR/.lock`` (:data:`LOCK_FILE`), locked with ``flock`` (released by the
 kernel when its holder exits, even by SIGKILL) and holding the holder's PID, host name and start

@@ -325,7 +325,7 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
     """The ``(T, S)`` matrix of offsets ``j - (i + offset)``: key position minus query position.
 
     Query ``i`` sits at position ``i + offset`` (``offset = S - T`` when ``T`` new queries attend a
-    cache of ``S`` keys, as in :func:`jax_attention.masking.causal_mask`). Negative entries are
+    cache of ``S`` keys, as in :func:`jax_attention.nn.masking.causal_mask`). Negative entries are
     keys in the past, positive ones keys in the future.
 
     Args:
@@ -464,7 +464,7 @@ def relative_position_bias(table, indices):
     Added to the attention scores ``(B, N, T, S)`` before the softmax (T5 adds it in place of any
     absolute encoding). Indices are range-checked whenever they are concrete (``ValueError``);
     traced indices outside the table are clipped to ``[0, num_buckets - 1]`` — the package's rule
-    (:mod:`jax_attention.masking`), so that ``-1`` never wraps around to the last row.
+    (:mod:`jax_attention.nn.masking`), so that ``-1`` never wraps around to the last row.
 
     Args:
       table: ``(num_buckets, N)``, one scalar per bucket and head.

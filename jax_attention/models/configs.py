@@ -11,7 +11,7 @@ Each is validated once, in ``__post_init__``, with the package's messages (``"em
 be an integer >= 1, got 0"``). One object flows from the command line (whose flags are built
 from the fields' metadata, :mod:`jax_attention.cli.arguments`) through the trainer
 (:func:`jax_attention.train.train_seq2seq`) and the model to the export
-(:func:`jax_attention.export.save_model` stores :meth:`record`; :func:`~jax_attention.export.
+(:func:`jax_attention.runtime.export.save_model` stores :meth:`record`; :func:`~jax_attention.runtime.export.
 load_model` rebuilds the config from it).
 
 A field's ``metadata`` says how it is checked (``check``) and how it appears on the command line
@@ -164,7 +164,7 @@ class TransformerConfig(_Validated):
                              f"{self.max_positions}")
 
 
-#: Any registered model's config (see :data:`jax_attention.models.MODELS`).
+#: Any registered model's config (see :data:`jax_attention.models.registry.MODELS`).
 ModelConfig = BahdanauConfig | TransformerConfig
 
 
@@ -210,7 +210,7 @@ class LongRunConfig(_Validated):
     """Training checkpoints, resumption and non-finite steps (the README's "Long runs").
 
     Attributes:
-      checkpoint_dir: where training checkpoints go (:mod:`jax_attention.checkpointing`), or
+      checkpoint_dir: where training checkpoints go (:mod:`jax_attention.runtime.checkpointing`), or
         ``None`` for none. Not the trained model's export directory.
       checkpoint_every: save every this many steps, counted over the run; ``None``: every epoch.
       keep: how many of the newest training checkpoints to keep.
@@ -239,7 +239,7 @@ class LongRunConfig(_Validated):
 
 @dataclass(frozen=True)
 class DeviceConfig(_Validated):
-    """The device mesh of a run (:func:`jax_attention.distributed.make_mesh`).
+    """The device mesh of a run (:func:`jax_attention.runtime.distributed.make_mesh`).
 
     Attributes:
       devices: train on this many devices (``None``: every device JAX sees), data parallel.

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jax_attention._checks import is_integer_dtype
-from jax_attention.masking import masked_softmax
+from jax_attention.nn.masking import masked_softmax
 
 __all__ = [
     "leave_one_out",

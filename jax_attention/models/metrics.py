@@ -1,7 +1,7 @@
 """BLEU, the translation metric of d2l §10.7.6 (sentence level) and Papineni et al. (corpus level).
 
 Pure Python: sentences are strings of space-separated tokens, as the translation pipeline
-(:mod:`jax_attention.data`) writes them. Neither function raises on degenerate sentences (empty,
+(:mod:`jax_attention.data.nmt`) writes them. Neither function raises on degenerate sentences (empty,
 shorter than the n-gram order, odd spacing): a score is always a float in ``[0, 1]``.
 """
 

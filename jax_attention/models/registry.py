@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_attention.configs import BahdanauConfig, TrainConfig, TransformerConfig
+from jax_attention.models.configs import BahdanauConfig, TrainConfig, TransformerConfig
 
 __all__ = ["ModelSpec", "MODELS", "get_model", "model_of_config"]
 
@@ -28,7 +28,7 @@ class ModelSpec:
       name: the registry key (``train NAME``, ``--model NAME``, exports' ``"model"``).
       title: the model's name in titles and messages (``"Transformer"``).
       summary, description: the ``train NAME`` command's help line and description.
-      config_class: its frozen config dataclass (:mod:`jax_attention.configs`).
+      config_class: its frozen config dataclass (:mod:`jax_attention.models.configs`).
       export_format: the format tag of its exported models (``config.json``'s ``"format"``).
       default_epochs: the book's number of epochs for this model.
       tensor_parallel: whether ``--model-parallel`` (heads and FFN split over devices) applies.
@@ -39,14 +39,14 @@ class ModelSpec:
       decode: ``decode(params, src, src_valid_len, config, *, bos_id, eos_id, pad_id, max_len)
         -> (tokens (B, max_len), lengths (B,), extras)``: batched greedy decoding (compiled).
       translate: ``translate(params, sentences, src_vocab, tgt_vocab, config, *, max_len=None,
-        beam_size=1) -> list`` of translations (:mod:`jax_attention.translation`).
+        beam_size=1) -> list`` of translations (:mod:`jax_attention.models.translation`).
       attention_plots: ``attention_plots(translation, out_dir) -> {name: path}``: the book's
         attention figures of one translation, written as PNG.
       torch_mirror: ``torch_mirror(config) -> torch.nn.Module``: the book's PyTorch model
         mirroring ours (:mod:`jax_attention.interop.torch_models`; weights by
         ``interop.to_torch(params, name)``).
-      check_mesh: ``check_mesh(config, mesh)`` raises ``ValueError`` when the model cannot be
-        laid out on the device mesh (tensor parallelism).
+      check_shards: ``check_shards(config, shards)`` raises ``ValueError`` when the model cannot
+        be split over ``shards`` tensor-parallel devices (the size of the mesh's ``model`` axis).
     """
 
     name: str
@@ -64,7 +64,7 @@ class ModelSpec:
     translate: Callable
     attention_plots: Callable
     torch_mirror: Callable
-    check_mesh: Callable = lambda config, mesh: None
+    check_shards: Callable = lambda config, shards: None
 
     def model_config(self, **settings):
         """This model's config: the book's defaults, with ``settings`` changed."""
@@ -101,7 +101,7 @@ class ModelSpec:
 
 
 def _bahdanau_build(config: BahdanauConfig, rngs, **module_kwargs):
-    from jax_attention.bahdanau import BahdanauSeq2Seq
+    from jax_attention.models.bahdanau import BahdanauSeq2Seq
 
     return BahdanauSeq2Seq(config.src_vocab_size, config.tgt_vocab_size, config.embed_size,
                            config.num_hiddens, config.num_layers, config.dropout, rngs=rngs,
@@ -109,27 +109,27 @@ def _bahdanau_build(config: BahdanauConfig, rngs, **module_kwargs):
 
 
 def _bahdanau_shapes(config: BahdanauConfig) -> dict:
-    from jax_attention.bahdanau import param_shapes
+    from jax_attention.models.bahdanau import param_shapes
 
     return param_shapes(config.src_vocab_size, config.tgt_vocab_size, config.embed_size,
                         config.num_hiddens, config.num_layers)
 
 
 def _bahdanau_decode(params, src, src_valid_len, config: BahdanauConfig, **ids):
-    from jax_attention.bahdanau import greedy_decode
+    from jax_attention.models.bahdanau import greedy_decode
 
     return greedy_decode(params, src, src_valid_len, **ids)
 
 
 def _bahdanau_translate(params, sentences, src_vocab, tgt_vocab, config: BahdanauConfig, *,
                         max_len=None, beam_size=1):
-    from jax_attention.bahdanau import translate
+    from jax_attention.models.bahdanau import translate
 
     return translate(params, sentences, src_vocab, tgt_vocab, config.num_steps, max_len=max_len)
 
 
 def _bahdanau_plots(translation, out_dir: Path) -> dict:
-    from jax_attention.plotting import bahdanau_attention_plots
+    from jax_attention.viz.plotting import bahdanau_attention_plots
 
     return bahdanau_attention_plots(translation, out_dir)
 
@@ -146,7 +146,7 @@ def _bahdanau_torch(config: BahdanauConfig):
 
 
 def _transformer_build(config: TransformerConfig, rngs, **module_kwargs):
-    from jax_attention.transformer import TransformerSeq2Seq
+    from jax_attention.models.transformer import TransformerSeq2Seq
 
     return TransformerSeq2Seq(config.src_vocab_size, config.tgt_vocab_size, config.num_hiddens,
                               config.ffn_num_hiddens, config.num_heads, config.num_layers,
@@ -155,7 +155,7 @@ def _transformer_build(config: TransformerConfig, rngs, **module_kwargs):
 
 
 def _transformer_shapes(config: TransformerConfig) -> dict:
-    from jax_attention.transformer import param_shapes
+    from jax_attention.models.transformer import param_shapes
 
     return param_shapes(config.src_vocab_size, config.tgt_vocab_size, config.num_hiddens,
                         config.ffn_num_hiddens, config.num_layers, num_heads=config.num_heads,
@@ -163,7 +163,7 @@ def _transformer_shapes(config: TransformerConfig) -> dict:
 
 
 def _transformer_decode(params, src, src_valid_len, config: TransformerConfig, **ids):
-    from jax_attention.transformer import greedy_decode
+    from jax_attention.models.transformer import greedy_decode
 
     return greedy_decode(params, src, src_valid_len, num_heads=config.num_heads,
                          max_positions=config.max_positions, **ids)
@@ -171,7 +171,7 @@ def _transformer_decode(params, src, src_valid_len, config: TransformerConfig, *
 
 def _transformer_translate(params, sentences, src_vocab, tgt_vocab, config: TransformerConfig, *,
                            max_len=None, beam_size=1):
-    from jax_attention.transformer import translate
+    from jax_attention.models.transformer import translate
 
     return translate(params, sentences, src_vocab, tgt_vocab, config.num_steps,
                      num_heads=config.num_heads, max_len=max_len, beam_size=beam_size,
@@ -188,18 +188,18 @@ def _transformer_torch(config: TransformerConfig):
                                            num_kv_heads=config.num_kv_heads)
 
 
-def _transformer_check_mesh(config: TransformerConfig, mesh) -> None:
-    from jax_attention.distributed import check_tensor_parallel, model_size
-
-    check_tensor_parallel(config.num_heads, config.ffn_num_hiddens, mesh)
-    # W_k and W_v are split by whole key/value heads too (grouped-query attention).
-    if config.num_kv_heads is not None and config.num_kv_heads % model_size(mesh):
-        raise ValueError(f"num_kv_heads = {config.num_kv_heads} is not divisible by the "
-                         f"{model_size(mesh)} tensor-parallel devices of the mesh's 'model' axis")
+def _transformer_check_shards(config: TransformerConfig, shards: int) -> None:
+    # The heads and the FFN's width split over the devices, and W_k and W_v by whole key/value
+    # heads too (grouped-query attention).
+    for name in ("num_heads", "ffn_num_hiddens", "num_kv_heads"):
+        value = getattr(config, name)
+        if value is not None and value % shards:
+            raise ValueError(f"{name} = {value} is not divisible by the {shards} tensor-parallel "
+                             f"devices of the mesh's 'model' axis")
 
 
 def _transformer_plots(translation, out_dir: Path) -> dict:
-    from jax_attention.plotting import transformer_attention_plots
+    from jax_attention.viz.plotting import transformer_attention_plots
 
     return transformer_attention_plots(translation, out_dir)
 
@@ -238,7 +238,7 @@ MODELS: dict[str, ModelSpec] = {
         default_epochs=200, tensor_parallel=True, beam_search=True,
         build=_transformer_build, param_shapes=_transformer_shapes, decode=_transformer_decode,
         translate=_transformer_translate, attention_plots=_transformer_plots,
-        torch_mirror=_transformer_torch, check_mesh=_transformer_check_mesh),
+        torch_mirror=_transformer_torch, check_shards=_transformer_check_shards),
 }
 
 

@@ -1,6 +1,6 @@
 """Memory-efficient exact attention: query and key chunks, online softmax, recomputing backward.
 
-The same scaled dot-product attention as :func:`jax_attention.scoring.dot_product_attention`
+The same scaled dot-product attention as :func:`jax_attention.nn.scoring.dot_product_attention`
 (d2l §11.3.3), computed without ever holding the ``T x S`` scores: queries are processed in chunks
 of ``query_chunk_size`` rows, and for each query chunk the keys in chunks of ``key_chunk_size``,
 keeping per query only a running maximum ``m``, a running normaliser ``l`` and a running weighted
@@ -17,7 +17,7 @@ Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batc
 Scores: ``s = (Q K^T) * scale`` (``scale`` defaults to ``1 / sqrt(q)``, applied to the queries),
 then, with ``logit_softcap = c``, ``c * tanh(s / c)`` (Gemma 2), then the masks.
 
-Masking is that of :mod:`jax_attention.masking` — ``valid_lens`` ``(B,)`` or ``(B, T)``, a boolean
+Masking is that of :mod:`jax_attention.nn.masking` — ``valid_lens`` ``(B,)`` or ``(B, T)``, a boolean
 ``mask`` (True = attend), ``is_causal`` and a sliding window ``local_window_size = (left, right)``
 (query ``t`` may attend keys ``t - left <= s <= t + right``, ``jax.nn``'s rule), all ANDed — but
 each chunk's mask is built from positions and lengths when the chunk is reached, so no ``T x S``
@@ -26,7 +26,7 @@ leave unattended by every query of a query chunk are skipped (their blocks would
 in the forward pass and in the backward pass alike: a window of ``w`` keys costs ``O(T w)``, not
 ``O(T S)``. A query that may attend no key gets a zero output and finite (zero) gradients, and NaN
 or Inf in masked queries, keys or values never reach valid outputs or gradients, exactly as in
-:mod:`jax_attention.scoring`.
+:mod:`jax_attention.nn.scoring`.
 
 Grouped-query attention (GQA, Ainslie et al. 2023; multi-query attention, Shazeer 2019, is
 ``N_kv = 1``): keys and values may have ``N_kv`` heads (axis -3) dividing the queries' ``N``; query
@@ -69,11 +69,11 @@ from jax_attention._checks import (
     check_valid_lens,
     num_kv_groups,
 )
-from jax_attention.masking import group_heads, masked_fill_value, ungroup_heads
+from jax_attention.nn.masking import group_heads, masked_fill_value, ungroup_heads
 
 __all__ = ["dot_product_attention"]
 
-# The score and pooling strings of jax_attention/scoring.py, and the products of the backward pass
+# The score and pooling strings of jax_attention/nn/scoring.py, and the products of the backward pass
 # (scores, gradients of the values, of the weights and of queries/keys) in the same letters. The
 # backward pass works on transposed blocks, keys as rows ("...st"): XLA:CPU then runs the products
 # for dV and dK as plain row-major matrix products (YNNPACK) instead of Eigen's slower ones that
@@ -312,7 +312,7 @@ def _clean_chunk(keep, q_i, k_j, v_j):
 
     Their weights are exactly zero already, but ``0 * NaN`` is NaN: NaN or Inf stored in padding
     would otherwise reach valid outputs through ``P V`` and valid gradients through ``dS K`` and
-    ``dS^T Q``. This is the per-chunk version of what :func:`jax_attention.scoring._prepare` does
+    ``dS^T Q``. This is the per-chunk version of what :func:`jax_attention.nn.scoring._prepare` does
     once for the whole ``T x S`` mask. Grouped (merged rows), a key is attended if a query of any
     head of its group attends it.
     """
@@ -519,7 +519,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     """Scaled dot-product attention in chunks, in ``O(T + S)`` memory — d2l §11.3.3, exactly.
 
     ``softmax(Q K^T * scale) V`` with masking, equal (to float rounding) to
-    :func:`jax_attention.scoring.dot_product_attention`'s output with the same arguments, but
+    :func:`jax_attention.nn.scoring.dot_product_attention`'s output with the same arguments, but
     computed chunk by chunk with an online softmax: for each query, over the key chunks ``j`` in
     turn,
 
@@ -535,10 +535,10 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     float64 stays float64 (under x64).
 
     Only the output is returned: the weights would be the ``T x S`` array this function avoids.
-    Use :func:`jax_attention.scoring.dot_product_attention_weights` to inspect them. There is no
+    Use :func:`jax_attention.nn.scoring.dot_product_attention_weights` to inspect them. There is no
     score ``bias`` argument (a full bias and its gradient would be ``T x S`` too).
 
-    Masking as in :mod:`jax_attention.masking`: ``valid_lens``, ``mask``, ``is_causal`` and
+    Masking as in :mod:`jax_attention.nn.masking`: ``valid_lens``, ``mask``, ``is_causal`` and
     ``local_window_size`` combine by AND; a query that may attend no key (a window over padding,
     say) gets a zero output and zero gradients, and NaN/Inf in masked positions never reach valid
     outputs or gradients. ``valid_lens``, ``is_causal`` and the window are turned into masks chunk
@@ -580,7 +580,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       fully masked queries.
 
     Raises:
-      ValueError, TypeError: for the inputs :func:`jax_attention.scoring.dot_product_attention`
+      ValueError, TypeError: for the inputs :func:`jax_attention.nn.scoring.dot_product_attention`
         rejects (``TypeError`` for an ``is_causal`` that is not a Python bool, traced included;
         ``ValueError`` naming both shapes when ``N_kv`` does not divide ``N``; the checks of
         ``scale``, ``local_window_size`` and ``logit_softcap`` are

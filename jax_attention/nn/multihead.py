@@ -35,8 +35,8 @@ from jax_attention._checks import (
     check_size,
     check_unbatched,
 )
-from jax_attention.masking import attention_mask
-from jax_attention.scoring import DotProductAttention, dot_product_attention
+from jax_attention.nn.masking import attention_mask
+from jax_attention.nn.scoring import DotProductAttention, dot_product_attention
 
 __all__ = [
     "split_heads",
@@ -151,7 +151,7 @@ def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
 
     Shared by :func:`multi_head_attention`, :class:`MultiHeadAttention` and the Transformer's
-    attention (:mod:`jax_attention.transformer`); not part of the user-facing API (``__all__``).
+    attention (:mod:`jax_attention.models.transformer`); not part of the user-facing API (``__all__``).
 
     Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
     (or ``None``) and the inputs in which the queries that attend no key, and the keys and values
@@ -247,7 +247,7 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
     """Multi-head scaled dot-product attention — d2l §11.5.
 
     ``head_n = softmax(Q_n K_n^T / sqrt(H) + bias_n) V_n`` with ``Q_n = queries W_q[:, n]`` etc.,
-    then ``concat(head_1, ..., head_N) W_o``. Masking as in :mod:`jax_attention.masking`; a
+    then ``concat(head_1, ..., head_N) W_o``. Masking as in :mod:`jax_attention.nn.masking`; a
     fully masked query row gives zero weights, so its output is ``b_o`` (zero without biases).
     Grouped-query attention: query head ``n`` uses key/value head ``n // (N / N_kv)``.
 
@@ -269,7 +269,7 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
       bias: added to the scores before the softmax, ``(T, S)`` or ``(B | 1, N | 1, T, S)``
         (e.g. a relative position bias ``(1, N, T, S)``).
       scale, local_window_size, logit_softcap: as in
-        :func:`jax_attention.scoring.dot_product_attention` (``scale`` defaults to
+        :func:`jax_attention.nn.scoring.dot_product_attention` (``scale`` defaults to
         ``1 / sqrt(H)``).
 
     Returns:
@@ -316,7 +316,7 @@ class MultiHeadAttention(nnx.Module):
     kernels. Self-attention: ``module(X, X, X, valid_lens)``.
 
     With ``sow_weights=True`` the weights ``(B, N, T, S)`` (before dropout) are sown by the inner
-    :class:`~jax_attention.scoring.DotProductAttention` as ``nnx.Intermediate``
+    :class:`~jax_attention.nn.scoring.DotProductAttention` as ``nnx.Intermediate``
     ``"attention_weights"``; read them with ``nnx.capture(module, nnx.Intermediate)``.
 
     Args:

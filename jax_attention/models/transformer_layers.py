@@ -1,12 +1,12 @@
 """The Transformer's layers — d2l §11.7.2–3 (and §11.5's attention with dropout), in JAX.
 
-The sublayers every block of :mod:`jax_attention.transformer` is made of: multi-head attention
+The sublayers every block of :mod:`jax_attention.models.transformer` is made of: multi-head attention
 without biases and with dropout on its weights (:func:`attention`), the position-wise
 feed-forward network (:func:`position_wise_ffn`), layer normalisation and the residual
 connection (:func:`layer_norm`, :func:`add_norm`), and the token embedding with its positions.
 They open :mod:`reference_numpy.transformer`, which holds the same functions with the same names
-and einsum strings; :mod:`jax_attention.transformer` (which re-exports them) continues it with the
-blocks, the encoder and the decoder, and :mod:`jax_attention.transformer_cache` decodes with a
+and einsum strings; :mod:`jax_attention.models.transformer` (which re-exports them) continues it with the
+blocks, the encoder and the decoder, and :mod:`jax_attention.models.transformer_cache` decodes with a
 key/value cache from the same pieces.
 
 Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, ``H = D / N``,
@@ -43,12 +43,12 @@ from jax_attention._checks import (
     check_numbered,
     check_param_keys,
 )
-from jax_attention.multihead import combine_heads, mask_inputs, project_heads
-from jax_attention.positional import positional_encoding
-from jax_attention.scoring import (dot_product_attention_weights, dropout_attention,
+from jax_attention.nn.multihead import combine_heads, mask_inputs, project_heads
+from jax_attention.nn.positional import positional_encoding
+from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
                                    weighted_sum)
-from jax_attention.dropout import dropout as _dropout
-from jax_attention.dropout import fold
+from jax_attention.nn.dropout import dropout as _dropout
+from jax_attention.nn.dropout import fold
 
 __all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "position_wise_ffn", "layer_norm", "add_norm",
            "attention"]
@@ -60,7 +60,7 @@ LAYER_NORM_EPS = 1e-5
 # The same strings as in reference_numpy/transformer.py.
 DENSE = "...i,io->...o"
 
-# The keys of the parameter dicts (the structure of jax_attention.transformer.param_shapes), for
+# The keys of the parameter dicts (the structure of jax_attention.models.transformer.param_shapes), for
 # check_param_keys: a key maps to the keys of the dict under it. Same names in the NumPy file.
 ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
 FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
@@ -76,7 +76,7 @@ MODEL_KEYS = ("encoder", "decoder")
 
 
 def fold_rng(dropout_rng, index: int):
-    """The key of part ``index`` of a layer (:func:`jax_attention.dropout.fold`), or ``None``
+    """The key of part ``index`` of a layer (:func:`jax_attention.nn.dropout.fold`), or ``None``
     without dropout."""
     return None if dropout_rng is None else fold(dropout_rng, index)
 
@@ -203,7 +203,7 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
     never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``.
 
     With dropout active (training) and ``N_kv = N`` in float32/float64 this is
-    :func:`jax_attention.scoring.dropout_attention`: the same forward values, a hand-written
+    :func:`jax_attention.nn.scoring.dropout_attention`: the same forward values, a hand-written
     backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``)."""
     if (dropout_rng is not None and dropout > 0.0 and heads_q.shape[1] == heads_k.shape[1]
             and jnp.finfo(heads_q.dtype).bits >= 32):
@@ -217,7 +217,7 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False, dropout: float = 0.0, dropout_rng=None):
     """Multi-head attention of the Transformer (no biases) with dropout on its weights — d2l §11.5.
 
-    The same computation as :func:`jax_attention.multihead.multi_head_attention` (its masking,
+    The same computation as :func:`jax_attention.nn.multihead.multi_head_attention` (its masking,
     projections and head split), plus the book's dropout on the attention weights.
 
     Args:

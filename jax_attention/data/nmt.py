@@ -1,7 +1,7 @@
 """The English–French data pipeline of d2l §10.5 (machine translation), in NumPy only.
 
 The book trains its seq2seq and attention models on the Tatoeba English–French pairs
-(``fra-eng/fra.txt``: one ``english<TAB>french`` pair a line). :mod:`jax_attention.archive` finds
+(``fra-eng/fra.txt``: one ``english<TAB>french`` pair a line). :mod:`jax_attention.data.archive` finds
 that file (:func:`find_data`), downloads d2l's archive (:func:`download_fra_eng`) and reads its raw
 text (:func:`read_fra_eng`), checking the archive; its public names are re-exported here. This
 module preprocesses (:func:`preprocess`) and tokenises the text (:func:`tokenize`) as the book
@@ -38,8 +38,8 @@ import numpy as np
 
 # Locating, downloading and reading the archive, re-exported: the pipeline's users (the CLI, the
 # trainers, the tests) import them from here. They read DATA_URL and DATA_SHA1 in
-# jax_attention.archive, so that is where to patch them (and checkout_candidates).
-from jax_attention.archive import (
+# jax_attention.data.archive, so that is where to patch them (and checkout_candidates).
+from jax_attention.data.archive import (
     ARCHIVE_NAME,
     DATA_SHA1,
     DATA_URL,

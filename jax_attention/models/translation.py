@@ -12,7 +12,7 @@ Host and JAX code that knows nothing of a model's insides:
   scores it with BLEU;
 * :func:`special_id`: the id of ``<bos>``, ``<eos>`` or ``<pad>`` in a target vocabulary.
 
-``jax_attention.bahdanau.translate`` and ``jax_attention.transformer.translate`` are thin
+``jax_attention.models.bahdanau.translate`` and ``jax_attention.models.transformer.translate`` are thin
 wrappers over :func:`translate`, each with its model's decoder.
 """
 
@@ -32,8 +32,8 @@ from jax_attention._checks import (
     clip_values,
     is_integer_dtype,
 )
-from jax_attention.data import encode_source, preprocess
-from jax_attention.metrics import bleu, corpus_bleu
+from jax_attention.data.nmt import encode_source, preprocess
+from jax_attention.models.metrics import bleu, corpus_bleu
 
 __all__ = [
     "special_id",
@@ -133,7 +133,7 @@ class Decoded:
 
     Attributes:
       tokens: ``(B, max_len)`` integer ids, each row's prediction up to and including its
-        ``<eos>``, then ``<pad>`` (:mod:`jax_attention.decoding`'s conventions).
+        ``<eos>``, then ``<pad>`` (:mod:`jax_attention.models.decoding`'s conventions).
       lengths: ``(B,)`` the number of tokens before ``<eos>`` (``max_len`` without one).
       row_weights: ``row_weights(row, steps, valid) -> {field: array}``: the attention weights
         of batch row ``row`` cut to its ``steps`` decoding steps and ``valid`` source tokens, as
@@ -250,7 +250,7 @@ def translate(decode: Callable, sentences: str | Sequence[str], src_vocab, tgt_v
               num_steps: int, *, max_len: int | None = None):
     """Translate sentences with a model's decoder, all in one batch — d2l §10.7.6 ``predict_seq2seq``.
 
-    Each sentence is encoded as in training (:func:`jax_attention.data.encode_source`): the
+    Each sentence is encoded as in training (:func:`jax_attention.data.nmt.encode_source`): the
     book's preprocessing, unknown words as ``<unk>``, ``<eos>`` appended, cut or padded to
     ``num_steps``. An empty sentence is just ``<eos>``. A sentence longer than ``num_steps`` (with
     its ``<eos>``) is truncated — the model cannot read more — and its :class:`Translation` says so
@@ -323,7 +323,7 @@ def evaluate_held_out(decode: Callable, split, src_vocab, tgt_vocab, *, max_len:
       decode: the model's batched greedy decoder with its parameters bound, ``decode(src,
         src_valid_len, *, bos_id, eos_id, pad_id, max_len) -> (tokens (B, max_len), lengths
         (B,), ...)`` (e.g. ``functools.partial(transformer.greedy_decode, params, num_heads=4)``).
-      split: a :class:`jax_attention.data.TranslationArrays` (``TranslationData.val``).
+      split: a :class:`jax_attention.data.nmt.TranslationArrays` (``TranslationData.val``).
       src_vocab, tgt_vocab: the vocabularies of the training data.
       max_len: decoding steps (the training ``num_steps``).
       batch_size: rows decoded at once; every batch is padded to it (one compilation).

@@ -6,14 +6,14 @@ train commands write one with ``--checkpoint``, default ``runs/<model>``):
 - ``config.json``: ``{"format": <the model's format tag>, "model": <registry name>,
   **asdict(model config), "training": <the training config's record>, "versions": {...}}``;
 - ``params.npz``: the flattened parameters, keyed by paths such as ``encoder/gru/layer_0/W_x``;
-- ``src_vocab.json``, ``tgt_vocab.json``: :meth:`~jax_attention.data.Vocab.to_json`.
+- ``src_vocab.json``, ``tgt_vocab.json``: :meth:`~jax_attention.data.nmt.Vocab.to_json`.
 
 Training checkpoints (``--checkpoint-dir``: parameters *and* optimizer state, dropout stream,
-data position; Orbax) are another thing, in :mod:`jax_attention.checkpointing`.
+data position; Orbax) are another thing, in :mod:`jax_attention.runtime.checkpointing`.
 
 The format is versioned by its tag (``jax-attention.<model>-checkpoint/1``), one per registered
-model (:data:`jax_attention.models.MODELS`); loading dispatches on it and rebuilds the model's
-config (:meth:`~jax_attention.configs.BahdanauConfig.from_record`). Models exported before the
+model (:data:`jax_attention.models.registry.MODELS`); loading dispatches on it and rebuilds the model's
+config (:meth:`~jax_attention.models.configs.BahdanauConfig.from_record`). Models exported before the
 registry existed have exactly this layout (a file without ``"model"`` is a Bahdanau one, as
 written before the Transformer) and load unchanged — tests/fixtures holds two of them.
 """
@@ -31,9 +31,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from jax_attention import provenance
-from jax_attention.configs import TrainConfig
-from jax_attention.models import MODELS, ModelSpec, get_model, model_of_config
+from jax_attention.runtime import provenance
+from jax_attention.models.configs import TrainConfig
+from jax_attention.models.registry import MODELS, ModelSpec, get_model, model_of_config
 from jax_attention.params import flatten_params, unflatten_params
 
 __all__ = ["ExportedModel", "save_model", "load_model", "EXPORT_FILES", "FORMATS", "Checkpoint",
@@ -50,7 +50,7 @@ class ExportedModel:
 
     Attributes:
       params: the nested parameter dict, JAX arrays.
-      src_vocab, tgt_vocab: :class:`jax_attention.data.Vocab`.
+      src_vocab, tgt_vocab: :class:`jax_attention.data.nmt.Vocab`.
       config: ``config.json`` as read (model sizes, ``num_steps``, ``"training"``, versions).
       path: the directory it was read from.
       spec: the model's registry entry.
@@ -82,7 +82,7 @@ class ExportedModel:
         >>> model.translate("go .").weights          # one sentence: one Translation
 
         Args:
-          sentences: one sentence (returns one :class:`~jax_attention.translation.Translation`)
+          sentences: one sentence (returns one :class:`~jax_attention.models.translation.Translation`)
             or a sequence of them (returns a list).
           max_len: decoding steps (default the model's ``num_steps``).
           beam_size: ``1`` greedy, ``k > 1`` beam search (the Transformer only).
@@ -136,7 +136,7 @@ def save_model(directory: str | os.PathLike, params: dict, src_vocab, tgt_vocab,
       params: the nested parameter dict (NumPy or JAX arrays).
       src_vocab, tgt_vocab: the vocabularies of the training data.
       config: the model's config (vocabulary sizes filled in), e.g. a
-        :class:`~jax_attention.configs.TransformerConfig`.
+        :class:`~jax_attention.models.configs.TransformerConfig`.
       training: the training config (or its record) to store beside it, or ``None``.
 
     Returns:
@@ -218,7 +218,7 @@ class _Reader:
         return f"checkpoint {str(self.directory)!r}: {name}"
 
     def vocab(self, side: str, size: int):
-        from jax_attention.data import RESERVED_TOKENS, Vocab
+        from jax_attention.data.nmt import RESERVED_TOKENS, Vocab
 
         name = f"{side}_vocab.json"
         try:

@@ -5,12 +5,12 @@ parameter dicts); the JAX functions add dropout (``dropout``, ``dropout_rng``) a
 decoding with a fixed-size key/value cache.
 
 Files: the sublayers (:func:`attention`, :func:`position_wise_ffn`, :func:`layer_norm`,
-:func:`add_norm`) are in :mod:`jax_attention.transformer_layers` — read it, then this file, beside
+:func:`add_norm`) are in :mod:`jax_attention.models.transformer_layers` — read it, then this file, beside
 the NumPy reference — and the key/value cache (:func:`init_decoder_state`,
-:func:`decoder_step`) in :mod:`jax_attention.transformer_cache`; both are re-exported here, so
-every public name of the model is ``jax_attention.transformer.<name>``. :func:`translate` is
-:func:`jax_attention.translation.translate` with this model's decoder, and the NNX modules share
-their plumbing with the Bahdanau model (:mod:`jax_attention.seq2seq_module`).
+:func:`decoder_step`) in :mod:`jax_attention.models.transformer_cache`; both are re-exported here, so
+every public name of the model is ``jax_attention.models.transformer.<name>``. :func:`translate` is
+:func:`jax_attention.models.translation.translate` with this model's decoder, and the NNX modules share
+their plumbing with the Bahdanau model (:mod:`jax_attention.models.seq2seq_module`).
 
 The model of the book (0.17 edition, PyTorch):
 
@@ -43,7 +43,7 @@ Xavier-uniform dense kernels (attention ``W_q, W_k, W_v, W_o``, the FFN's ``W_1,
 ``W``), PyTorch's default biases ``U(-1/sqrt(in), 1/sqrt(in))``, embeddings ``N(0, 1)``, LayerNorm
 ``gamma = 1``, ``beta = 0``.
 
-Positions: the sinusoidal table ``P`` (:func:`jax_attention.positional.positional_encoding`) has
+Positions: the sinusoidal table ``P`` (:func:`jax_attention.nn.positional.positional_encoding`) has
 ``max_positions`` rows (the book's ``max_len = 1000``); longer inputs are refused. In incremental
 decoding the token of step ``t`` gets ``P[t]``, not the ``P[0]`` the book's 0.17 ``predict_seq2seq``
 adds to every new token (a known bug): the incremental decoder equals the full recomputation of
@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention import decoding, translation
+from jax_attention.models import decoding, translation
 from jax_attention._checks import (
     check_dropout,
     check_lengths,
@@ -72,13 +72,13 @@ from jax_attention._checks import (
     check_size,
     check_tokens,
 )
-from jax_attention.decoding import greedy_search
+from jax_attention.models.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.seq2seq_module import ParamTree, Seq2SeqModule
-from jax_attention.dropout import dropout as _dropout
-from jax_attention.dropout import fold
-from jax_attention.transformer_cache import decoder_step, init_decoder_state
-from jax_attention.transformer_layers import (
+from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.nn.dropout import dropout as _dropout
+from jax_attention.nn.dropout import fold
+from jax_attention.models.transformer_cache import decoder_step, init_decoder_state
+from jax_attention.models.transformer_layers import (
     DECODER_BLOCK_KEYS,
     DECODER_KEYS,
     ENCODER_BLOCK_KEYS,
@@ -91,11 +91,11 @@ from jax_attention.transformer_layers import (
     layer_norm,
     position_wise_ffn,
 )
-from jax_attention.transformer_layers import check_width
-from jax_attention.transformer_layers import dense as _dense
-from jax_attention.transformer_layers import embed
-from jax_attention.transformer_layers import fold_rng, init_flat
-from jax_attention.translation import (
+from jax_attention.models.transformer_layers import check_width
+from jax_attention.models.transformer_layers import dense as _dense
+from jax_attention.models.transformer_layers import embed
+from jax_attention.models.transformer_layers import fold_rng, init_flat
+from jax_attention.models.translation import (
     Decoded,
     Translation,
     masked_cross_entropy,
@@ -263,7 +263,7 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
       params: ``{"embedding": (V_src, D), "blocks": {...}}``, exactly (nested keys too).
       src: ``(B, S)`` token ids in ``[0, V_src)``: checked when concrete; under ``jit`` they
         cannot be, and ids outside are clipped to ``[0, V_src - 1]`` (see
-        :mod:`jax_attention.masking`). The same holds for ``dec_input`` and ``tokens`` below.
+        :mod:`jax_attention.nn.masking`). The same holds for ``dec_input`` and ``tokens`` below.
       src_valid_len: ``(B,)`` in ``[0, S]``, or ``None``.
       num_heads, max_positions, dropout, dropout_rng: see the module docstring.
 
@@ -414,7 +414,7 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
 
 
 def _greedy_step(params, num_heads: int, max_positions: int):
-    """The :func:`~jax_attention.decoding.greedy_search` protocol: weights ``(B, S)`` are the last
+    """The :func:`~jax_attention.models.decoding.greedy_search` protocol: weights ``(B, S)`` are the last
     block's encoder–decoder weights averaged over the heads."""
 
     def step(state, tokens):
@@ -442,7 +442,7 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
                   pad_id: int, max_len: int, max_positions: int = MAX_POSITIONS):
     """Batched greedy decoding under ``jit`` with the key/value cache — d2l §11.7.6.
 
-    Every row stops at its own ``<eos>`` (:func:`jax_attention.decoding.greedy_search`). Token
+    Every row stops at its own ``<eos>`` (:func:`jax_attention.models.decoding.greedy_search`). Token
     ids are checked here (eagerly) before compiling.
 
     Returns:
@@ -477,13 +477,13 @@ def _beam_decode(params, src, src_valid_len, *, num_heads, beam_size, bos_id, eo
 def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, bos_id: int,
                 eos_id: int, pad_id: int, max_len: int, max_positions: int = MAX_POSITIONS,
                 length_penalty: float = 0.75):
-    """Beam search with the key/value cache (:func:`jax_attention.decoding.beam_search`).
+    """Beam search with the key/value cache (:func:`jax_attention.models.decoding.beam_search`).
 
     Returns:
       ``(tokens (B, k, max_len) int32, lengths (B, k) int32, scores (B, k))``, best first.
     """
     if not hasattr(decoding, "beam_search"):
-        raise NotImplementedError("jax_attention.decoding.beam_search is not available yet")
+        raise NotImplementedError("jax_attention.models.decoding.beam_search is not available yet")
     check_model(params)
     src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
     check_positions("src", src.shape[1], max_positions, src.shape)
@@ -497,7 +497,7 @@ def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, b
 
 # --------------------------------------------------------------------------- translation
 
-#: The result type of :func:`translate`: :class:`jax_attention.translation.Translation`, the same
+#: The result type of :func:`translate`: :class:`jax_attention.models.translation.Translation`, the same
 #: for every model, here with its Transformer fields (``encoder_self``, ``decoder_self``,
 #: ``encoder_decoder``; ``score`` with beam search) set.
 TransformerTranslation = Translation
@@ -511,7 +511,7 @@ def _forward_weights(params, src, src_valid_len, dec_input, *, num_heads, max_po
 
 def _translation_decoder(params, *, num_heads: int, beam_size: int = 1,
                          max_positions: int = MAX_POSITIONS, length_penalty: float = 0.75):
-    """The decoder that :func:`jax_attention.translation.translate` runs for this model.
+    """The decoder that :func:`jax_attention.models.translation.translate` runs for this model.
 
     Greedy decoding (``beam_size=1``) or beam search (its best beam, with its score); then the
     attention weights of every block and head from one teacher-forced pass on ``<bos>`` and the
@@ -554,7 +554,7 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
               max_positions: int = MAX_POSITIONS, length_penalty: float = 0.75):
     """Translate sentences, all in one batch — d2l §11.7.6, greedy (``beam_size=1``) or beam search.
 
-    :func:`jax_attention.translation.translate` with this model's decoder: sources encoded as in
+    :func:`jax_attention.models.translation.translate` with this model's decoder: sources encoded as in
     training, a sentence longer than ``num_steps`` truncated, unknown words as ``<unk>`` (both noted).
 
     Args:
@@ -567,7 +567,7 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
       beam_size: ``1`` greedy, ``k > 1`` beam search (best beam) with ``length_penalty``.
 
     Returns:
-      A :class:`~jax_attention.translation.Translation` (Transformer fields set), or a list.
+      A :class:`~jax_attention.models.translation.Translation` (Transformer fields set), or a list.
     """
     if hasattr(params, "params_dict"):
         params = params.params_dict()
@@ -729,7 +729,7 @@ class TransformerSeq2Seq(Seq2SeqModule):
     (L, B, N, S, S)``, ``"decoder_self" (L, B, N, T, T)``, ``"encoder_decoder" (L, B, N, T, S)``) as
     ``nnx.Intermediate`` ``"attention_weights"`` (read with ``nnx.capture``); :meth:`forward`
     returns them directly. The loss, greedy decoding and the rest of the plumbing are those of
-    :class:`jax_attention.seq2seq_module.Seq2SeqModule`.
+    :class:`jax_attention.models.seq2seq_module.Seq2SeqModule`.
 
     Args:
       src_vocab_size, tgt_vocab_size: ``V_src``, ``V_tgt``.

@@ -4,7 +4,7 @@ Mirror of :mod:`reference_numpy.scoring` (same names, argument order and einsum 
 Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batch axes (heads),
 ``q``/``k``/``v`` the query, key and value sizes, ``h`` the additive hidden size.
 
-Masking follows :mod:`jax_attention.masking`: ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean
+Masking follows :mod:`jax_attention.nn.masking`: ``valid_lens`` (``(B,)`` or ``(B, T)``), a boolean
 ``mask`` (True = attend) and ``is_causal`` combine; a fully masked query row gets zero weights and a
 zero output, with finite gradients. ``is_causal`` must be a Python bool (``TypeError`` for a string,
 an int, an array or a traced value). Additive attention's ``params`` must hold exactly
@@ -28,8 +28,8 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention import efficient
-from jax_attention.dropout import keep_mask
+from jax_attention.nn import efficient
+from jax_attention.nn.dropout import keep_mask
 from jax_attention._checks import (
     as_array_like,
     check_attention_inputs,
@@ -45,7 +45,7 @@ from jax_attention._checks import (
     is_integer_dtype,
     num_kv_groups,
 )
-from jax_attention.masking import (
+from jax_attention.nn.masking import (
     attention_mask,
     group_heads,
     masked_fill_value,
@@ -85,7 +85,7 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     With ``groups == 1`` the scores are ``(B, ..., T, S)``. Grouped-query keys and values
     (``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``, ``groups = N / N_kv > 1``) come
     back as ``(B, ..., N_kv, 1, S, d)``, the queries as ``(B, ..., N_kv, G, T, d)`` and the
-    mask as ``(B, ..., N_kv | 1, G | 1, T, S)`` (:func:`~jax_attention.masking.group_heads`):
+    mask as ``(B, ..., N_kv | 1, G | 1, T, S)`` (:func:`~jax_attention.nn.masking.group_heads`):
     ``jnp.einsum`` then contracts each key/value head with its ``G`` query heads without
     repeating it (a size-1 axis is squeezed, not broadcast), and its transpose sums the key and
     value gradients over the group.
@@ -160,7 +160,7 @@ def _half_scores_dtype(dtype):
 
 
 def _softmax(scores, keep):
-    """:func:`~jax_attention.masking.masked_softmax` of ``scores`` under the ready-made boolean
+    """:func:`~jax_attention.nn.masking.masked_softmax` of ``scores`` under the ready-made boolean
     ``keep`` (or ``None``): the same values bit for bit, without its checks and without a
     ``where`` pass over the ``T x S`` scores when nothing is masked. Weights in ``scores``' dtype
     (float32 for half-precision inputs, see :func:`_half_scores_dtype`)."""
@@ -240,9 +240,9 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
     """Scaled dot-product attention with inverted dropout on its weights, as the Transformer
     trains it (d2l §11.5): ``(dropout(W) @ V, W)`` with ``W = masked_softmax(Q K^T / sqrt(d))``.
 
-    Not part of the user-facing API (``__all__``): :func:`jax_attention.transformer_layers.attend`
+    Not part of the user-facing API (``__all__``): :func:`jax_attention.models.transformer_layers.attend`
     calls it when dropout is active. The forward pass computes what
-    :func:`dot_product_attention_weights`, :func:`jax_attention.dropout.dropout` and
+    :func:`dot_product_attention_weights`, :func:`jax_attention.nn.dropout.dropout` and
     :func:`weighted_sum` compute, bit for bit; the backward pass is written by hand
     (:func:`jax.custom_vjp`): it keeps the forward's dropout mask and weights instead of hashing
     again, takes the softmax's gradient in one pass over the ``T x S`` arrays, and hands the two
@@ -275,7 +275,7 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
 
 def _dropout_attention_forward(queries, keys, values, keep, mask, rate):
     weights = _softmax(jnp.einsum(DOT_SCORES, queries, keys), keep).astype(values.dtype)
-    # As jax_attention.dropout.dropout: x / (1 - rate) where kept.
+    # As jax_attention.nn.dropout.dropout: x / (1 - rate) where kept.
     dropped = jnp.where(mask, weights / (1.0 - rate), jnp.zeros((), weights.dtype))
     return jnp.einsum(WEIGHTED_SUM, dropped, values), weights, dropped
 
@@ -377,7 +377,7 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
 # CHUNKED_MIN_SCORES numbers (16 MiB of float32) and S >= CHUNKED_MIN_KEYS, "plain" otherwise
 # (see dot_product_implementation). The plain attention writes several T x S temporaries to fresh
 # memory; the chunked one keeps (B, ..., 128..512, 128..512) blocks in cache
-# (jax_attention.efficient.auto_chunk_size) at the cost of its loops. Measured interleaved, float32,
+# (jax_attention.nn.efficient.auto_chunk_size) at the cost of its loops. Measured interleaved, float32,
 # H = 64, 2 cores, ms plain / chunked, forward and forward+backward:
 #   (1, 1, 1024) 1M scores: 3.3 / 2.9, 10.0 / 10.5     (1, 2, 1024) 2M: 7.1 / 6.9, 28.2 / 29.3
 #   (4, 8, 256)  2M:       12.0 / 14.6, 37.5 / 41.8    (8, 8, 256)  4M: 25.5 / 30.7, 99.6 / 95.2
@@ -417,7 +417,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                           implementation=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
-    ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see :mod:`jax_attention.masking`);
+    ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see :mod:`jax_attention.nn.masking`);
     ``scale = 1 / sqrt(d)`` and no soft-capping by default, which is the book's
     ``softmax(Q K^T / sqrt(d)) V``.
 
@@ -438,7 +438,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       scale: the factor of the dot products, a Python number; ``None``: ``1 / sqrt(d)``.
       local_window_size: a sliding window, ``(left, right)`` or ``w`` for ``(w, w)``: query ``t``
         attends only keys ``t - left <= s <= t + right``
-        (:func:`~jax_attention.masking.local_window_mask`), combined with ``valid_lens``,
+        (:func:`~jax_attention.nn.masking.local_window_mask`), combined with ``valid_lens``,
         ``mask`` and ``is_causal`` by AND, as ``jax.nn.dot_product_attention`` does. A query the
         window leaves without a key gets zero weights and output, like any fully masked row.
       logit_softcap: ``c > 0`` caps the scores smoothly to ``(-c, c)``: ``c * tanh(s / c)``
@@ -447,7 +447,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       implementation: how the output is computed, equal to float rounding:
 
         * ``"plain"``: the scores, weights and weighted sum as whole ``T x S`` arrays;
-        * ``"chunked"``: :func:`jax_attention.efficient.dot_product_attention` (query and key
+        * ``"chunked"``: :func:`jax_attention.nn.efficient.dot_product_attention` (query and key
           chunks, online softmax, a recomputing backward pass); no ``bias``, and reverse-mode
           derivatives only (``jax.jvp``, ``jax.hessian`` need ``"plain"``);
         * ``None`` (default): :func:`dot_product_implementation` chooses by size — ``"chunked"``
@@ -462,7 +462,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``;
       grouped: ``N`` heads); fully masked rows give zero output.
 
-    The plain path's values are those of :func:`~jax_attention.masking.masked_softmax` (to the
+    The plain path's values are those of :func:`~jax_attention.nn.masking.masked_softmax` (to the
     rounding of applying ``1 / sqrt(d)`` to the queries, exact when ``sqrt(d)`` is a power of
     two); its derivatives come from a custom JVP whose transpose needs fewer passes over the
     ``T x S`` scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff
@@ -702,7 +702,7 @@ class DotProductAttention(_Attention):
         arguments (grouped-query keys and values and unbatched inputs included).
 
         ``drop_batch_axis=True``: the inputs' batch axis is one the caller added to unbatched
-        inputs (:class:`~jax_attention.multihead.MultiHeadAttention` does, for ``(T, q)``
+        inputs (:class:`~jax_attention.nn.multihead.MultiHeadAttention` does, for ``(T, q)``
         queries): the output and the sown weights come without it."""
         scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
                                                                   logit_softcap)

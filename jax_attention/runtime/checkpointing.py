@@ -43,7 +43,7 @@ opening ignores such entries (:attr:`TrainingCheckpoints.steps` leaves them out,
 :attr:`TrainingCheckpoints.foreign_entries` lists them).
 
 **One run per directory.** Opening a directory for writing takes its lock first
-(:class:`jax_attention.directory_lock.DirectoryLock`: ``DIR/.lock``, holding the holder's PID,
+(:class:`jax_attention.runtime.directory_lock.DirectoryLock`: ``DIR/.lock``, holding the holder's PID,
 host and start time) — before Orbax's start-up, which removes temporary directories and so would
 destroy another run's save in progress; a second opener gets :class:`CheckpointDirectoryBusy`
 naming the holder, and a lock left by a process that has ended is taken over.
@@ -52,7 +52,7 @@ directory that cannot be created or written (read-only file system, a path under
 permission) fails at once with a one-line :class:`CheckpointDirectoryError`.
 
 **Quiet.** Every Orbax call of this module runs inside
-:func:`jax_attention.orbax_quiet.quiet_orbax`, which keeps the failure reports Orbax and
+:func:`jax_attention.runtime.orbax_quiet.quiet_orbax`, which keeps the failure reports Orbax and
 TensorStore print on their own (log records, "Event loop is closed" tracebacks: dozens to hundreds
 of lines for one damaged checkpoint) off stderr for the duration of the call; what this module
 raises or warns says what went wrong, in one line.
@@ -76,11 +76,11 @@ import numpy as np
 from flax import nnx
 
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.configs import DEFAULT_KEEP
+from jax_attention.models.configs import DEFAULT_KEEP
 from jax_attention._checks import check_int
-from jax_attention.directory_lock import LOCK_FILE, CheckpointDirectoryBusy, DirectoryLock
-from jax_attention.orbax_quiet import quiet_orbax
-from jax_attention.provenance import os_reason, versions
+from jax_attention.runtime.directory_lock import LOCK_FILE, CheckpointDirectoryBusy, DirectoryLock
+from jax_attention.runtime.orbax_quiet import quiet_orbax
+from jax_attention.runtime.provenance import os_reason, versions
 
 __all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "LOCK_FILE", "TrainingCheckpoints",
            "read_training_checkpoint", "CheckpointMismatchError", "CorruptCheckpointWarning",

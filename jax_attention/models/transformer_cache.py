@@ -5,9 +5,9 @@ each block keeps the keys and values of the steps decoded so far in a cache of `
 (fixed shapes, written with ``lax.dynamic_update_slice``, so a decoding loop compiles once), and
 the encoder outputs are projected for the encoder–decoder attention once, before step 0.
 :func:`init_decoder_state` builds that state, :func:`decoder_step` runs one step; the logits equal
-those of :func:`jax_attention.transformer.decoder` on the whole prefix (the tests check it).
-:func:`jax_attention.transformer.greedy_decode` and :func:`~jax_attention.transformer.beam_decode`
-run these steps under ``jit``; both functions are re-exported by :mod:`jax_attention.transformer`.
+those of :func:`jax_attention.models.transformer.decoder` on the whole prefix (the tests check it).
+:func:`jax_attention.models.transformer.greedy_decode` and :func:`~jax_attention.models.transformer.beam_decode`
+run these steps under ``jit``; both functions are re-exported by :mod:`jax_attention.models.transformer`.
 
 Shape letters: ``B`` batch, ``S`` source length, ``L`` blocks, ``N`` heads, ``H = D / N``,
 ``N_kv`` key/value heads (grouped-query attention: ``N_kv`` divides ``N``; the book's ``N_kv =
@@ -15,7 +15,7 @@ N``), ``D`` model width, ``V`` vocabulary, ``M`` the cache length (``max_len`` d
 
 The cache holds the key/value heads only: with grouped-query (``N_kv < N``) or multi-query
 (``N_kv = 1``) attention it is ``N / N_kv`` times smaller, and each key/value head serves its
-``N / N_kv`` query heads without being repeated (:func:`jax_attention.transformer_layers.attend`).
+``N / N_kv`` query heads without being repeated (:func:`jax_attention.models.transformer_layers.attend`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from jax_attention._checks import (
     clip_values,
     is_integer_dtype,
 )
-from jax_attention.multihead import combine_heads
-from jax_attention.transformer_layers import (
+from jax_attention.nn.multihead import combine_heads
+from jax_attention.models.transformer_layers import (
     DECODER_BLOCK_KEYS,
     DECODER_KEYS,
     MAX_POSITIONS,
@@ -55,7 +55,7 @@ __all__ = ["init_decoder_state", "decoder_step"]
 
 def cache_heads(params, L: int, num_heads: int) -> tuple[int, int]:
     """``(N_kv of the self-attention, N_kv of the encoder–decoder attention)`` of a decoder's
-    ``params`` (:func:`~jax_attention.transformer_layers.kv_heads`), the same in each of its
+    ``params`` (:func:`~jax_attention.models.transformer_layers.kv_heads`), the same in each of its
     ``L`` blocks (``ValueError`` naming the first block that differs)."""
     heads = []
     for name in ("self_attention", "cross_attention"):
@@ -179,7 +179,7 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
     one token at a time through ``PositionalEncoding``, which adds ``P[0]`` to every new token —
     a known bug that we do not reproduce.)
 
-    Values follow the package's rule (:mod:`jax_attention.masking`): ``tokens`` outside
+    Values follow the package's rule (:mod:`jax_attention.nn.masking`): ``tokens`` outside
     ``[0, V)`` and positions outside ``[0, M)`` (a step past the cache) raise ``ValueError`` when
     concrete; traced ones are clipped — tokens to ``[0, V - 1]``, positions to ``[0, M - 1]``
     (a step past the cache overwrites its last slot instead of writing nowhere).

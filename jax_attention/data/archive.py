@@ -14,7 +14,7 @@ member fails its CRC-32, raises :class:`DamagedArchiveError` instead of being re
 silently giving corrupted sentences; a ``fra-eng.zip`` that is none of the known archives
 (:data:`KNOWN_ARCHIVE_SHA1S`) is used with one :class:`UnknownArchiveWarning`.
 
-Preprocessing, tokenising, vocabularies and batches are :mod:`jax_attention.data`'s, which
+Preprocessing, tokenising, vocabularies and batches are :mod:`jax_attention.data.nmt`'s, which
 re-exports every public name of this module but :func:`read_text`. Like it, this module imports
 neither JAX nor Flax.
 """
@@ -152,13 +152,14 @@ class DownloadError(OSError):
 def checkout_candidates() -> list[Path]:
     """``shared/data/fra-eng.zip`` beside the checkout, then beside the working directory.
 
-    The first is found from this file (``<checkout>/jax_attention/archive.py`` → ``<checkout>/..``),
+    The first is found from this file (``<checkout>/jax_attention/data/archive.py`` →
+    ``<checkout>/..``),
     which holds for an editable install; the second from the working directory, which holds when
     the tests run from a fresh clone (CI) with ``shared/`` copied beside it but the package
     installed elsewhere. Duplicates are dropped.
     """
     candidates = [
-        Path(__file__).resolve().parents[1].parent / "shared" / "data" / ARCHIVE_NAME,
+        Path(__file__).resolve().parents[3] / "shared" / "data" / ARCHIVE_NAME,
         Path.cwd().parent / "shared" / "data" / ARCHIVE_NAME,
     ]
     unique: list[Path] = []
@@ -489,7 +490,7 @@ def _progress_bar(url: str, size: int | None, directory: Path, progress: bool | 
 # How the file is decoded. "utf-8-sig" drops the byte-order mark a Windows editor may put first
 # (plain UTF-8 otherwise). "surrogateescape" turns each byte that is not valid UTF-8 into one lone
 # surrogate (U+DC80..U+DCFF), which valid UTF-8 never decodes to: such lines are then found and
-# skipped exactly (by jax_attention.data's tokenize) instead of failing the whole read with a
+# skipped exactly (by jax_attention.data.nmt's tokenize) instead of failing the whole read with a
 # UnicodeDecodeError. UTF-8 never uses the byte of "\n" inside a character, so a bad byte cannot
 # join two lines. newline="\n" splits at line feeds only: a lone carriage return stays inside its
 # line, where it is found and skipped, instead of splitting the line in two as universal newlines
@@ -515,7 +516,7 @@ def read_fra_eng(path: str | os.PathLike | None = None, *, download: bool = Fals
     return elsewhere is kept, and each byte that is not valid UTF-8 becomes a lone surrogate
     (Python's ``surrogateescape``: ``text.encode("utf-8", "surrogateescape")`` gives the bytes
     back).
-    :func:`jax_attention.data.tokenize` skips and counts the lines holding either. An archive is
+    :func:`jax_attention.data.nmt.tokenize` skips and counts the lines holding either. An archive is
     checked as :func:`read_text` says.
     """
     return read_text(find_data(path, download=download), stacklevel=3)
@@ -535,7 +536,7 @@ def read_text(location: str | os.PathLike, num_pairs: int | None = None, *,
       location: a zip, a folder or the text file, as :func:`find_data` returns it.
       num_pairs: stop after the line of this pair (>= 1); ``None``: read the whole text.
       is_pair: whether a line (without its line end) counts towards ``num_pairs``; ``None``:
-        every line does. :func:`jax_attention.data.load_data_nmt` passes the test its tokeniser
+        every line does. :func:`jax_attention.data.nmt.load_data_nmt` passes the test its tokeniser
         uses, so that the two agree on what a pair is.
       stacklevel: the warning's, as for :func:`warnings.warn`: 2 points at this function's caller.
 

@@ -1,7 +1,7 @@
 """The NNX plumbing shared by the seq2seq models: a parameter holder, dropout, the model base.
 
-The models (:class:`jax_attention.bahdanau.BahdanauSeq2Seq`,
-:class:`jax_attention.transformer.TransformerSeq2Seq`) are thin NNX shells over their functional
+The models (:class:`jax_attention.models.bahdanau.BahdanauSeq2Seq`,
+:class:`jax_attention.models.transformer.TransformerSeq2Seq`) are thin NNX shells over their functional
 cores, which take the parameters as one nested dict. What the shells have in common lives here:
 
 * :class:`ParamTree`, the one parameter holder: every module says, with
@@ -22,9 +22,9 @@ from __future__ import annotations
 from flax import nnx
 
 from jax_attention._checks import check_dropout
-from jax_attention.dropout import dropout  # noqa: F401 (its earlier home; part of __all__)
+from jax_attention.nn.dropout import dropout  # noqa: F401 (its earlier home; part of __all__)
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.translation import masked_cross_entropy, teacher_forcing_inputs
+from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["dropout", "ParamTree", "Seq2SeqModule"]
 
@@ -126,7 +126,7 @@ class Seq2SeqModule(ParamTree):
         return logits
 
     def loss(self, src, src_valid_len, tgt, tgt_valid_len, *, bos_id: int):
-        """The book's per-sequence loss ``(B,)`` (:func:`~jax_attention.translation.
+        """The book's per-sequence loss ``(B,)`` (:func:`~jax_attention.models.translation.
         masked_cross_entropy` of teacher forcing), dropout as the mode says."""
         logits = self(src, src_valid_len, teacher_forcing_inputs(tgt, bos_id))
         return masked_cross_entropy(logits, tgt, tgt_valid_len)

@@ -45,7 +45,7 @@ from jax_attention._checks import check_int
 
 __all__ = ["DATA_AXIS", "MODEL_AXIS", "COORDINATOR_VARIABLES", "DISTRIBUTED_VARIABLE",
            "TENSOR_PARALLEL_SPECS", "initialize_from_env", "make_mesh", "data_size",
-           "model_size", "check_batch_size", "check_tensor_parallel", "replicate",
+           "model_size", "check_batch_size", "replicate",
            "tensor_parallel_spec", "state_shardings", "place_state", "shard_batches", "to_local",
            "to_host", "is_main_process"]
 
@@ -238,19 +238,6 @@ def check_batch_size(batch_size: int, mesh: Mesh) -> None:
         raise ValueError(f"batch_size = {batch_size} is not divisible by the {replicas} "
                          f"data-parallel devices (--devices); use a multiple of {replicas}, "
                          f"e.g. {lower or replicas} or {lower + replicas}")
-
-
-def check_tensor_parallel(num_heads: int, ffn_num_hiddens: int, mesh: Mesh) -> None:
-    """Raise unless the Transformer's heads and FFN width split evenly over the ``model`` axis.
-
-    Raises:
-      ValueError: naming ``num_heads`` or ``ffn_num_hiddens`` and the ``model`` axis size.
-    """
-    shards = model_size(mesh)
-    for name, value in (("num_heads", num_heads), ("ffn_num_hiddens", ffn_num_hiddens)):
-        if value % shards:
-            raise ValueError(f"{name} = {value} is not divisible by the {shards} tensor-parallel "
-                             f"devices of the mesh's 'model' axis")
 
 
 def replicate(tree, mesh: Mesh):
