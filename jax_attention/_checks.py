@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,23 +33,26 @@ import numpy as np
 # --------------------------------------------------------------------------- static scalars
 
 
-def check_int(name: str, value, minimum: int, *, static: bool = False) -> int:
-    """``value`` as a Python int ``>= minimum``: ``ValueError`` ``"{name} must be an integer >=
-    {minimum}, got {value!r}"`` otherwise (bools refused); ``static`` adds ``" (static)"`` after
-    the bound, for the arguments that fix a compiled shape (decoding steps, beams)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+def check_int(name: str, value, minimum: int, maximum: int | None = None, *,
+              static: bool = False) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]`` (no upper bound when ``maximum`` is
+    ``None``) — the package's one rule for integer arguments (sizes, counts, token ids, seeds).
+
+    A Python or NumPy integer (anything with ``__index__``) is accepted, a bool never (``True``
+    would be taken for 1). Anything else raises ``ValueError`` ``"{name} must be an integer >=
+    {minimum}, got {value!r}"`` (with a maximum: ``"... an integer in [{minimum}, {maximum}]
+    ..."``); ``static`` adds ``" (static)"`` after the bound, for the arguments that fix a
+    compiled shape (decoding steps, beams, token ids).
+    """
+    try:
+        number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         static_text = " (static)" if static else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{static_text}, got {value!r}")
-    return int(value)
-
-
-def check_int_range(name: str, value, minimum: int, maximum: int) -> int:
-    """``value`` as a Python int in ``[minimum, maximum]``: ``ValueError`` naming ``name`` and the
-    range otherwise (a seed must fit JAX's 64-bit key: ``maximum = 2**63 - 1``)."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-            or not minimum <= value <= maximum):
-        raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {value!r}")
-    return int(value)
+        raise ValueError(f"{name} must be an integer {bound}{static_text}, got {value!r}")
+    return number
 
 
 def check_size(name: str, value) -> int:
@@ -73,21 +77,6 @@ def check_numbered(name: str, mapping, prefix: str) -> int:
     return len(names)
 
 
-def check_typed_int(name: str, value, minimum: int) -> int:
-    """``value`` as a Python int ``>= minimum`` (anything with ``__index__``), the positional
-    encodings' rule: ``TypeError`` for a bool, a float or another non-integer, ``ValueError``
-    ``"{name} must be >= {minimum}"`` for a smaller one."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def check_dropout(dropout) -> float:
     """A dropout rate in ``[0, 1)`` (1 would drop everything and divide by zero)."""
     return check_rate("dropout", dropout)
@@ -95,9 +84,7 @@ def check_dropout(dropout) -> float:
 
 def check_id(name: str, value) -> int:
     """A special token id (``bos_id``, ``eos_id``, ``pad_id``): a static integer ``>= 0``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
-    return int(value)
+    return check_int(name, value, 0, static=True)
 
 
 def check_max_len(max_len) -> int:
@@ -166,17 +153,28 @@ def check_static_bool(name: str, value) -> bool:
                     f"{value!r}")
 
 
+class KeySet(NamedTuple):
+    """The keys of a parameter dict nested in a larger one (a value of ``required`` in
+    :func:`check_param_keys`): ``required`` always, ``optional`` (biases) when present."""
+
+    required: tuple
+    optional: tuple = ()
+
+
 def check_param_keys(name: str, params, required, optional=()) -> None:
     """A parameter dict of the functional core must hold exactly the keys ``required`` and any of
     ``optional`` (biases that may be absent), so that a misspelled key (``"B_o"`` for ``"b_o"``)
     is an error rather than a parameter silently left out.
 
     ``required`` may be a mapping from each key to the keys of the dict stored under it
-    (themselves a list or such a mapping; ``None`` for an array), checked in turn as
+    (themselves a list, a :class:`KeySet` with optional keys, or such a mapping; ``None`` for an
+    array), checked in turn as
     ``name['key']``. Raises ``ValueError`` naming ``name`` (or the nested entry), listing the
     unexpected and missing keys and the expected ones. Only the keys are looked at (no array is
     read), so the check costs nothing on the device, and under ``jit`` it runs once, at tracing.
     """
+    if isinstance(required, KeySet):
+        required, optional = required
     expected = list(required) + [key for key in optional if key not in required]
     wanted = f"the keys {expected}" if not optional else (
         f"the keys {list(required)} and optionally {list(optional)}")
@@ -191,8 +189,25 @@ def check_param_keys(name: str, params, required, optional=()) -> None:
                          f"{sorted(params, key=repr)}")
     if hasattr(required, "items"):
         for key, keys in required.items():
-            if keys is not None:
+            if isinstance(keys, KeySet):
+                check_param_keys(f"{name}[{key!r}]", params[key], keys.required, keys.optional)
+            elif keys is not None:
                 check_param_keys(f"{name}[{key!r}]", params[key], keys)
+
+
+def check_param_shapes(name: str, params, expected: dict, context: str = "") -> None:
+    """Each array ``params[key]`` named in ``expected`` (keys ``params`` lacks are skipped: optional
+    biases) has the shape ``expected[key]``, a tuple of ints and letters — a letter (``"D"``)
+    stands for any size, read from another parameter. The package's one parameter-shape check:
+    ``ValueError`` ``"{name}[key] must have shape (D, 8), got (8, 6){context}"``, where
+    ``context`` says where the expected sizes come from. Only shapes are read, never values."""
+    for key, shape in expected.items():
+        if key not in params:
+            continue
+        got = tuple(jnp.shape(params[key]))
+        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
+            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"{name}[{key!r}] must have shape {text}, got {got}{context}")
 
 
 # --------------------------------------------------------------------------- values of arrays
@@ -520,7 +535,7 @@ def check_setting(name: str, value, rule: tuple):
     kind, *arguments = rule
     if kind == "int_or_none":
         return None if value is None else check_int(name, value, *arguments)
-    checks = {"int": check_int, "int_range": check_int_range, "rate": check_rate,
+    checks = {"int": check_int, "int_range": check_int, "rate": check_rate,
               "positive_float": check_positive_float, "bool": check_bool}
     if kind not in checks:
         raise ValueError(f"unknown setting rule {rule!r} for {name}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,14 +22,26 @@ import numpy as np
 # --------------------------------------------------------------------------- static scalars
 
 
-def check_int(name: str, value, minimum: int, *, static: bool = False) -> int:
-    """``value`` as a Python int ``>= minimum``: ``ValueError`` ``"{name} must be an integer >=
-    {minimum}, got {value!r}"`` otherwise (bools refused); ``static`` adds ``" (static)"`` after
-    the bound, as in the JAX twin."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+def check_int(name: str, value, minimum: int, maximum: int | None = None, *,
+              static: bool = False) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]`` (no upper bound when ``maximum`` is
+    ``None``) — the package's one rule for integer arguments (sizes, counts, token ids, seeds).
+
+    A Python or NumPy integer (anything with ``__index__``) is accepted, a bool never (``True``
+    would be taken for 1). Anything else raises ``ValueError`` ``"{name} must be an integer >=
+    {minimum}, got {value!r}"`` (with a maximum: ``"... an integer in [{minimum}, {maximum}]
+    ..."``); ``static`` adds ``" (static)"`` after the bound, for the arguments that fix a
+    compiled shape (decoding steps, beams, token ids).
+    """
+    try:
+        number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         static_text = " (static)" if static else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{static_text}, got {value!r}")
-    return int(value)
+        raise ValueError(f"{name} must be an integer {bound}{static_text}, got {value!r}")
+    return number
 
 
 def check_count(name: str, value) -> int:
@@ -48,26 +61,9 @@ def check_numbered(name: str, mapping, prefix: str) -> int:
     return len(names)
 
 
-def check_typed_int(name: str, value, minimum: int) -> int:
-    """``value`` as a Python int ``>= minimum`` (anything with ``__index__``), the positional
-    encodings' rule: ``TypeError`` for a bool, a float or another non-integer, ``ValueError``
-    ``"{name} must be >= {minimum}"`` for a smaller one."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def check_id(name: str, value) -> int:
     """A special token id (``bos_id``, ``eos_id``, ``pad_id``): a static integer ``>= 0``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer (a static token id), got {value!r}")
-    return int(value)
+    return check_int(name, value, 0, static=True)
 
 
 def check_max_len(max_len) -> int:
@@ -129,11 +125,22 @@ def check_static_bool(name: str, value) -> bool:
                     f"{value!r}")
 
 
+class KeySet(NamedTuple):
+    """The keys of a parameter dict nested in a larger one (a value of ``required`` in
+    :func:`check_param_keys`): ``required`` always, ``optional`` (biases) when present."""
+
+    required: tuple
+    optional: tuple = ()
+
+
 def check_param_keys(name: str, params, required, optional=()) -> None:
     """A parameter dict must hold exactly the keys ``required`` and any of ``optional``;
-    ``required`` may map each key to the keys of the dict under it (``None`` for an array).
+    ``required`` may map each key to the keys of the dict under it (a :class:`KeySet` with
+    optional keys; ``None`` for an array).
     ``ValueError`` naming ``name`` (or the nested entry) and listing the unexpected, missing and
     expected keys otherwise, as in the JAX twin."""
+    if isinstance(required, KeySet):
+        required, optional = required
     expected = list(required) + [key for key in optional if key not in required]
     wanted = f"the keys {expected}" if not optional else (
         f"the keys {list(required)} and optionally {list(optional)}")
@@ -148,8 +155,25 @@ def check_param_keys(name: str, params, required, optional=()) -> None:
                          f"{sorted(params, key=repr)}")
     if hasattr(required, "items"):
         for key, keys in required.items():
-            if keys is not None:
+            if isinstance(keys, KeySet):
+                check_param_keys(f"{name}[{key!r}]", params[key], keys.required, keys.optional)
+            elif keys is not None:
                 check_param_keys(f"{name}[{key!r}]", params[key], keys)
+
+
+def check_param_shapes(name: str, params, expected: dict, context: str = "") -> None:
+    """Each array ``params[key]`` named in ``expected`` (keys ``params`` lacks are skipped: optional
+    biases) has the shape ``expected[key]``, a tuple of ints and letters — a letter (``"D"``)
+    stands for any size, read from another parameter. The package's one parameter-shape check:
+    ``ValueError`` ``"{name}[key] must have shape (D, 8), got (8, 6){context}"``, where
+    ``context`` says where the expected sizes come from. Only shapes are read, never values."""
+    for key, shape in expected.items():
+        if key not in params:
+            continue
+        got = tuple(np.shape(params[key]))
+        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
+            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"{name}[{key!r}] must have shape {text}, got {got}{context}")
 
 
 # --------------------------------------------------------------------------- values of arrays

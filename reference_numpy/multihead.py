@@ -26,6 +26,7 @@ from reference_numpy._checks import (
     check_num_heads,
     check_num_kv_heads,
     check_param_keys,
+    check_param_shapes,
     check_unbatched,
 )
 from reference_numpy.masking import attention_mask
@@ -79,13 +80,6 @@ def transpose_output(X, num_heads: int):
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
 
 
-def _param(params, name, shape, context=""):
-    array = np.asarray(params[name])
-    if array.shape != shape:
-        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}{context}")
-    return array
-
-
 #: The keys of the parameter dict: the kernels, always, and the biases, which may be absent.
 KERNEL_KEYS = ("W_q", "W_k", "W_v", "W_o")
 BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
@@ -118,8 +112,8 @@ def _check_params(params, queries, keys, values, num_heads: int, num_kv_heads=No
                f"D = {D} from params['W_q'], N = {num_heads} heads of H = {H}, "
                f"N_kv = {num_kv_heads} key/value heads, H_v = {D_v // num_kv_heads} from "
                f"params['W_v'], E = {E} from params['W_o'])")
-    return {name: _param(params, name, shape, context)
-            for name, shape in shapes.items() if name in params}, num_kv_heads
+    check_param_shapes("params", params, shapes, context)
+    return {name: np.asarray(params[name]) for name in shapes if name in params}, num_kv_heads
 
 
 def _check_inputs(queries, keys, values):
@@ -201,9 +195,10 @@ def combine_heads(params, heads):
     # W_q, W_k and W_v are not used here, but may be present: the dict of multi_head_attention.
     check_param_keys("params", params, ("W_o",), KERNEL_KEYS[:3] + BIAS_KEYS)
     merged = merge_heads(heads)
-    W_o = _param(params, "W_o", (merged.shape[-1], np.shape(params["W_o"])[-1]))
-    out = np.einsum(PROJECT, merged, W_o)
-    return out + _param(params, "b_o", (W_o.shape[-1],)).reshape(1, 1, -1) if "b_o" in params else out
+    E = np.shape(params["W_o"])[-1]
+    check_param_shapes("params", params, {"W_o": (merged.shape[-1], E), "b_o": (E,)})
+    out = np.einsum(PROJECT, merged, np.asarray(params["W_o"]))
+    return out + np.asarray(params["b_o"]).reshape(1, 1, -1) if "b_o" in params else out
 
 
 def _per_head(name, array):

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from reference_numpy._checks import check_typed_int, check_values_in
+from reference_numpy._checks import check_int, check_values_in
 
 __all__ = [
     "positional_encoding",
@@ -83,8 +83,8 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0)
     Returns:
       float64 ``P`` of shape ``(T, D)``.
     """
-    num_steps = check_typed_int("num_steps", num_steps, 1)
-    num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
+    num_steps = check_int("num_steps", num_steps, 1)
+    num_hiddens = check_int("num_hiddens", num_hiddens, 1)
     base = _check_base(base)
     positions = np.arange(num_steps, dtype=np.float64)
     angles = positions[:, None] * _inverse_frequencies(num_hiddens, base)[None, :]
@@ -167,7 +167,7 @@ def rotary_angles(positions, head_dim: int, base: float = 10000.0):
     Returns:
       float64 angles ``(..., H / 2)``.
     """
-    head_dim = check_typed_int("head_dim", head_dim, 2)
+    head_dim = check_int("head_dim", head_dim, 2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (features are rotated in pairs), got {head_dim}")
     base = _check_base(base)
@@ -262,8 +262,8 @@ def relative_positions(num_queries: int, num_keys: int, offset: int = 0):
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = check_typed_int("num_queries", num_queries, 0)
-    num_keys = check_typed_int("num_keys", num_keys, 0)
+    num_queries = check_int("num_queries", num_queries, 0)
+    num_keys = check_int("num_keys", num_keys, 0)
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
         raise TypeError(f"offset must be an integer scalar, got {type(offset).__name__} {offset!r}")
     queries = np.arange(num_queries, dtype=np.int64)[:, None] + offset
@@ -283,14 +283,14 @@ def _check_relative_positions(relative_positions):
 
 def _check_bucket_arguments(num_buckets, max_distance, bidirectional: bool):
     """Validates T5's arguments; returns ``(buckets per direction, max_distance)``."""
-    num_buckets = check_typed_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+    num_buckets = check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     if bidirectional and num_buckets % 2:
         raise ValueError(
             f"num_buckets must be even when bidirectional (half for each direction), got {num_buckets}"
         )
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
-    max_distance = check_typed_int("max_distance", max_distance, max_exact + 1)
+    max_distance = check_int("max_distance", max_distance, max_exact + 1)
     return per_direction, max_distance
 
 
@@ -371,7 +371,7 @@ def clipped_relative_positions(relative_positions, max_distance: int):
       int32 indices in ``[0, 2k]``, of the shape of ``relative_positions``.
     """
     relative_positions = _check_relative_positions(relative_positions)
-    max_distance = check_typed_int("max_distance", max_distance, 1)
+    max_distance = check_int("max_distance", max_distance, 1)
     return (np.clip(relative_positions, -max_distance, max_distance) + max_distance).astype(np.int32)
 
 

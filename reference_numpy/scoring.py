@@ -20,6 +20,7 @@ from reference_numpy._checks import (
     check_local_window_size,
     check_logit_softcap,
     check_param_keys,
+    check_param_shapes,
     check_scale,
     check_unbatched,
     is_integer_dtype,
@@ -193,15 +194,10 @@ def _check_additive_params(params, queries, keys):
     check_param_keys("params", params, ADDITIVE_KEYS)
     W_q, W_k, w_v = (np.asarray(params[name]) for name in ADDITIVE_KEYS)
     h = W_q.shape[-1] if W_q.ndim == 2 else "h"
-    expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
-    for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):
-        if array.shape != expected[name]:
-            shape = "(" + ", ".join(str(n) for n in expected[name]) + ")"
-            raise ValueError(
-                f"params[{name!r}] must have shape {shape} (q = query size, k = key size, "
-                f"h = hidden size), got {array.shape}, for queries {queries.shape} and keys "
-                f"{keys.shape}"
-            )
+    check_param_shapes("params", params, {"W_q": (queries.shape[-1], h),
+                                          "W_k": (keys.shape[-1], h), "w_v": (h, 1)},
+                       f" (q = query size, k = key size, h = hidden size; queries "
+                       f"{queries.shape}, keys {keys.shape})")
     return W_q, W_k, w_v
 
 

@@ -24,17 +24,19 @@ import math
 import numpy as np
 
 from reference_numpy._checks import (
+    KeySet,
     check_lengths,
     check_max_len,
     check_num_heads,
     check_numbered,
     check_param_keys,
+    check_param_shapes,
     check_positions,
     check_special_ids,
     check_tokens,
 )
 from reference_numpy.bahdanau import masked_cross_entropy, teacher_forcing_inputs
-from reference_numpy.multihead import multi_head_attention
+from reference_numpy.multihead import BIAS_KEYS, KERNEL_KEYS, multi_head_attention
 from reference_numpy.positional import positional_encoding
 
 __all__ = [
@@ -60,7 +62,7 @@ DENSE = "...i,io->...o"
 
 # The keys of the parameter dicts, for check_param_keys (as in jax_attention/models/transformer_layers.py):
 # a key maps to the keys of the dict under it.
-ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
+ATTENTION_KEYS = KeySet(KERNEL_KEYS, BIAS_KEYS)  # the book's bias=False: no biases
 FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
 NORM_KEYS = ("gamma", "beta")
 ENCODER_BLOCK_KEYS = {"attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS, "ffn": FFN_KEYS,
@@ -91,15 +93,6 @@ def _check_model(params) -> None:
     _check_stack(params["decoder"], DECODER_KEYS, DECODER_BLOCK_KEYS, "params['decoder']")
 
 
-def _check_params(params, expected: dict) -> None:
-    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
-    for name, shape in expected.items():
-        got = np.shape(params[name])
-        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
-            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
-            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
-
-
 def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
     """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
     the model width ``D``."""
@@ -120,9 +113,9 @@ def position_wise_ffn(params, X):
     """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``; ``params``
     holds exactly ``W_1, b_1, W_2, b_2`` (``ValueError`` naming a missing or unexpected key)."""
     check_param_keys("params", params, FFN_KEYS)
-    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
+    check_param_shapes("params", params, {"W_1": ("D", "F")})
     D, F = np.shape(params["W_1"])
-    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    check_param_shapes("params", params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
     X = _check_width("X", X, D, "(..., D)")
     return _dense(params, np.maximum(_dense(params, X, "W_1", "b_1"), 0.0), "W_2", "b_2")
 
@@ -131,9 +124,9 @@ def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
     """LayerNorm over the last axis (biased variance, eps ``1e-5``); ``X (..., D)``, ``D >= 1``;
     ``params`` holds exactly ``gamma, beta``."""
     check_param_keys("params", params, NORM_KEYS)
-    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
+    check_param_shapes("params", params, {"gamma": ("D",)})
     D = np.shape(params["gamma"])[0]
-    _check_params(params, {"beta": (D,)})
+    check_param_shapes("params", params, {"beta": (D,)})
     X = _check_width("X", X, D, "(..., D)")
     if D == 0:
         raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
@@ -153,10 +146,12 @@ def add_norm(params, X, Y):
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False):
-    """Multi-head attention without biases — d2l §11.5. Returns ``(output, weights (B, N, T, S))``.
+    """Multi-head attention — d2l §11.5. Returns ``(output, weights (B, N, T, S))``.
 
-    ``params`` holds exactly ``W_q, W_k, W_v, W_o`` (``W_k``, ``W_v`` ``(D, N_kv H)``: ``N_kv``
-    key/value heads, read from ``W_k``'s width); ``is_causal`` is a Python bool."""
+    ``params`` holds ``W_q, W_k, W_v, W_o`` and optionally the biases ``b_q, b_k, b_v, b_o``
+    (the book has none; PyTorch's layers do): those of :func:`reference_numpy.multihead.
+    multi_head_attention`, whose sizes are read from their shapes (``W_k (D, N_kv H)``: ``N_kv``
+    key/value heads; ``W_v (D, N_kv H_v)``); ``is_causal`` is a Python bool."""
     check_param_keys("params", params, ATTENTION_KEYS)
     D = np.shape(params["W_q"])[0]
     queries = _check_width("queries", queries, D)

@@ -80,8 +80,8 @@ def test_each_row_feeds_back_its_own_prediction():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"max_len": 0}, "max_len must be an integer >= 1"),
     ({"max_len": 2.5}, "max_len must be an integer >= 1"),
-    ({"eos_id": -1}, "eos_id must be a non-negative integer"),
-    ({"bos_id": True}, "bos_id must be a non-negative integer"),
+    ({"eos_id": -1}, r"eos_id must be an integer >= 0 \(static\), got -1"),
+    ({"bos_id": True}, r"bos_id must be an integer >= 0 \(static\), got True"),
 ])
 def test_greedy_search_bad_arguments(kwargs, message):
     arguments = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_len": 3, **kwargs}

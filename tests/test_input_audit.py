@@ -529,7 +529,7 @@ custom("multihead.MultiHeadAttention", "depth", "queries of size 4 for D = 8", V
 
 case("positional.positional_encoding", "sizes", "num_steps 0", ValueError, "num_steps", [],
      kwargs={"num_steps": 0, "num_hiddens": 4}, jit=False)
-case("positional.positional_encoding", "dtype", "float width", TypeError, "num_hiddens", [],
+case("positional.positional_encoding", "dtype", "float width", ValueError, "num_hiddens", [],
      kwargs={"num_steps": 4, "num_hiddens": 4.0}, jit=False)
 for func, table_first in (("positional.add_positional_encoding", False),
                           ("positional.learned_positional_encoding", True)):

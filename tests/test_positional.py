@@ -385,26 +385,26 @@ def test_bad_input_raises_naming_the_argument(module):
         module.add_positional_encoding(np.ones((2, 5, 3)), np.ones((5, 4)))
     with pytest.raises(ValueError, match=r"X has width D = 3 but .* table has 4 columns"):
         module.learned_positional_encoding(np.ones((5, 4)), np.ones((2, 5, 3)))
-    with pytest.raises(ValueError, match=r"num_steps must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"num_steps must be an integer >= 1, got 0"):
         module.positional_encoding(0, 4)
-    with pytest.raises(ValueError, match=r"num_hiddens must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"num_hiddens must be an integer >= 1, got 0"):
         module.positional_encoding(4, 0)
     with pytest.raises(ValueError, match=r"base must be a finite number > 0, got -1"):
         module.positional_encoding(4, 4, -1.0)
-    with pytest.raises(TypeError, match=r"num_hiddens must be an integer"):
+    with pytest.raises(ValueError, match=r"num_hiddens must be an integer >= 1, got 4.0"):
         module.positional_encoding(4, 4.0)
     rp = np.arange(-3, 4)
     with pytest.raises(ValueError, match=r"num_buckets must be even when bidirectional.*got 7"):
         module.relative_position_buckets(rp, 7, 10)
-    with pytest.raises(ValueError, match=r"num_buckets must be >= 4, got 2"):
+    with pytest.raises(ValueError, match=r"num_buckets must be an integer >= 4, got 2"):
         module.relative_position_buckets(rp, 2, 10)
-    with pytest.raises(ValueError, match=r"num_buckets must be >= 2, got 1"):
+    with pytest.raises(ValueError, match=r"num_buckets must be an integer >= 2, got 1"):
         module.relative_position_buckets(rp, 1, 10, bidirectional=False)
-    with pytest.raises(ValueError, match=r"max_distance must be >= 9, got 8"):
+    with pytest.raises(ValueError, match=r"max_distance must be an integer >= 9, got 8"):
         module.relative_position_buckets(rp, 32, 8)  # 8 exact buckets per direction: 8 is no log range
     with pytest.raises(TypeError, match=r"relative_positions must hold integers"):
         module.relative_position_buckets(rp.astype(float))
-    with pytest.raises(ValueError, match=r"max_distance must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"max_distance must be an integer >= 1, got 0"):
         module.clipped_relative_positions(rp, 0)
     with pytest.raises(ValueError, match=r"indices must lie in \[0, num_buckets\) = \[0, 4\).*from 0 to 4"):
         module.relative_position_bias(np.ones((4, 2)), np.arange(5).reshape(1, 5))
@@ -419,7 +419,7 @@ def test_bad_module_arguments():
         jax_pos.RelativePositionBias(2, mode="nearest", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"num_buckets must be even when bidirectional.*got 31"):
         jax_pos.RelativePositionBias(2, 31, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"num_hiddens must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"num_hiddens must be an integer >= 1, got 0"):
         jax_pos.PositionalEncoding(0, 0.1)
 
 

@@ -676,20 +676,20 @@ def test_bad_masks(kind):
     [
         (
             {"W_k": np.zeros((5, HIDDENS), np.float32)},
-            r"params\['W_k'\] must have shape \(6, 7\) "
-            r"\(q = query size, k = key size, h = hidden size\), got \(5, 7\)",
+            r"params\['W_k'\] must have shape \(6, 7\), got \(5, 7\) "
+            r"\(q = query size, k = key size, h = hidden size; queries ",
         ),
         (
             {"W_q": np.zeros((DIMS.H, 2), np.float32)},
-            r"params\['W_k'\] must have shape \(6, 2\) .*got \(6, 7\)",
+            r"params\['W_k'\] must have shape \(6, 2\), got \(6, 7\) ",
         ),
         (
             {"w_v": np.zeros((1, HIDDENS), np.float32)},
-            r"params\['w_v'\] must have shape \(7, 1\) .*got \(1, 7\)",
+            r"params\['w_v'\] must have shape \(7, 1\), got \(1, 7\) ",
         ),
         (
             {"W_q": np.zeros((DIMS.H,), np.float32)},
-            r"params\['W_q'\] must have shape \(4, h\) .*got \(4,\)",
+            r"params\['W_q'\] must have shape \(4, h\), got \(4,\) ",
         ),
         (
             {"w_v": None},

@@ -491,7 +491,7 @@ def test_grouped_query_weights_that_are_not_whole_heads_are_named():
     attention["W_v"] = attention["W_v"][:, :3]
     X = np.zeros((B, T, D), np.float32)
     with pytest.raises(ValueError, match=r"params\['W_k'\] and params\['W_v'\] must be \(D, N_kv "
-                                         r"\* H\) with H = D / N = 4"):
+                                         r"\* H\) and \(D, N_kv \* H_v\) with H = D / N = 4"):
         transformer.attention(attention, X, X, num_heads=N)
     with pytest.raises(ValueError, match=r"params\['blocks'\]\['block_0'\]\['self_attention'\]"
                                          r"\['W_k'\] and"):

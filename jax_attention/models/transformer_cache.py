@@ -53,19 +53,25 @@ from jax_attention.models.transformer_layers import (
 __all__ = ["init_decoder_state", "decoder_step"]
 
 
-def cache_heads(params, L: int, num_heads: int) -> tuple[int, int]:
-    """``(N_kv of the self-attention, N_kv of the encoder–decoder attention)`` of a decoder's
-    ``params`` (:func:`~jax_attention.models.transformer_layers.kv_heads`), the same in each of its
-    ``L`` blocks (``ValueError`` naming the first block that differs)."""
+def cache_heads(params, L: int, num_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((N_kv, H_v) of the self-attention, (N_kv, H_v) of the encoder–decoder attention)`` of
+    a decoder's ``params`` — the key/value heads
+    (:func:`~jax_attention.models.transformer_layers.kv_heads`) and the size of a value head
+    (``W_v``'s width over ``N_kv``: ``H`` in the book) — the same in each of its ``L`` blocks
+    (``ValueError`` naming the first block that differs)."""
     heads = []
     for name in ("self_attention", "cross_attention"):
-        found = [kv_heads(params["blocks"][f"block_{i}"][name], num_heads,
-                          f"params['blocks']['block_{i}']['{name}']") for i in range(L)]
-        for i, n in enumerate(found):
-            if n != found[0]:
-                raise ValueError(f"params['blocks']['block_{i}']['{name}'] has {n} key/value "
-                                 f"heads, block_0 {found[0]}: the cache needs the same in every "
-                                 f"block")
+        found = []
+        for i in range(L):
+            attention = params["blocks"][f"block_{i}"][name]
+            n = kv_heads(attention, num_heads, f"params['blocks']['block_{i}']['{name}']")
+            found.append((n, jnp.shape(attention["W_v"])[-1] // n))
+        for i, heads_i in enumerate(found):
+            if heads_i != found[0]:
+                raise ValueError(f"params['blocks']['block_{i}']['{name}'] has {heads_i[0]} "
+                                 f"key/value heads with values of {heads_i[1]}, block_0 "
+                                 f"{found[0][0]} with {found[0][1]}: the cache needs the same in "
+                                 f"every block")
         heads.append(found[0])
     return heads[0], heads[1]
 
@@ -78,9 +84,10 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
 
     * ``position (B,) int32``: the step about to be decoded (its position in ``P`` and the cache
       slot it writes);
-    * ``self_keys``, ``self_values`` ``(B, L, N_kv, M, H)``: the self-attention cache, zeros;
-    * ``cross_keys``, ``cross_values`` ``(B, L, N_kv, S, H)``: the encoder outputs projected once
-      by each block's ``W_k`` and ``W_v``;
+    * ``self_keys`` ``(B, L, N_kv, M, H)``, ``self_values`` ``(B, L, N_kv, M, H_v)``: the
+      self-attention cache, zeros (``H_v = H`` in the book);
+    * ``cross_keys`` ``(B, L, N_kv, S, H)``, ``cross_values`` ``(B, L, N_kv, S, H_v)``: the
+      encoder outputs projected once by each block's ``W_k`` and ``W_v`` (and their biases);
     * ``src_valid_len (B,) int32``.
 
     Only the key/value heads are stored (``N_kv``, read from the parameters' ``W_k``): a cached
@@ -102,7 +109,7 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
                                "(B, S, D)")
     B, S, D = enc_outputs.shape
     check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
-    self_heads, cross_heads = cache_heads(params, L, num_heads)
+    (self_heads, self_value_size), (cross_heads, _) = cache_heads(params, L, num_heads)
     max_len = check_size("max_len", max_len)
     H = D // num_heads
 
@@ -114,20 +121,21 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
         src_valid_len = jnp.full((B,), S, jnp.int32)
     src_valid_len = check_lengths("src_valid_len", src_valid_len, B, S, "S")
     zeros = jnp.zeros((B, L, self_heads, max_len, H), enc_outputs.dtype)
-    return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": zeros,
+    values = jnp.zeros((B, L, self_heads, max_len, self_value_size), enc_outputs.dtype)
+    return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": values,
             "cross_keys": cross("W_k"), "cross_values": cross("W_v"),
             "src_valid_len": src_valid_len.astype(jnp.int32)}
 
 
 _STATE_SHAPES = {"position": "(B,)", "self_keys": "(B, L, N_kv, M, H)",
-                 "self_values": "(B, L, N_kv, M, H)", "cross_keys": "(B, L, N_kv, S, H)",
-                 "cross_values": "(B, L, N_kv, S, H)", "src_valid_len": "(B,)"}
+                 "self_values": "(B, L, N_kv, M, H_v)", "cross_keys": "(B, L, N_kv, S, H)",
+                 "cross_values": "(B, L, N_kv, S, H_v)", "src_valid_len": "(B,)"}
 
 
-def _check_decoder_state(state, L: int, N: int, heads: tuple[int, int], H: int):
-    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads, ``heads = (N_kv of
-    the self-, N_kv of the cross-attention)`` key/value heads of size ``H``; returns
-    ``(B, M, S)``."""
+def _check_decoder_state(state, L: int, N: int, heads: tuple, H: int):
+    """The state of :func:`init_decoder_state` for ``L`` blocks, ``N`` heads, ``heads = ((N_kv,
+    H_v) of the self-, (N_kv, H_v) of the cross-attention)`` (:func:`cache_heads`) and keys of
+    size ``H``; returns ``(B, M, S)``."""
     if not hasattr(state, "keys") or set(state) != set(_STATE_SHAPES):
         raise ValueError(f"state must be the dict of init_decoder_state with keys "
                          f"{sorted(_STATE_SHAPES)}, got "
@@ -138,18 +146,18 @@ def _check_decoder_state(state, L: int, N: int, heads: tuple[int, int], H: int):
     M = self_shape[3] if len(self_shape) == 5 else None
     cross_shape = shapes["cross_keys"]
     S = cross_shape[3] if len(cross_shape) == 5 else None
-    N_self, N_cross = heads
+    (N_self, H_self), (N_cross, H_cross) = heads
     expected = {"position": (B,), "self_keys": (B, L, N_self, M, H),
-                "self_values": (B, L, N_self, M, H), "cross_keys": (B, L, N_cross, S, H),
-                "cross_values": (B, L, N_cross, S, H), "src_valid_len": (B,)}
+                "self_values": (B, L, N_self, M, H_self), "cross_keys": (B, L, N_cross, S, H),
+                "cross_values": (B, L, N_cross, S, H_cross), "src_valid_len": (B,)}
     for name, shape in expected.items():
         if None in shape or shapes[name] != shape:
             letters = _STATE_SHAPES[name]
-            N_kv = N_cross if name.startswith("cross") else N_self
+            N_kv, H_v = heads[1] if name.startswith("cross") else heads[0]
             raise ValueError(
                 f"state[{name!r}] must have shape {letters} with L = {L} blocks, N_kv = {N_kv} "
                 f"key/value heads and H = {H} (N = {N} heads (num_heads), N_kv read from the "
-                f"parameters' W_k), got {shapes[name]} "
+                f"parameters' W_k, H_v = {H_v} from W_v), got {shapes[name]} "
                 f"(state['position'] {shapes['position']}, state['self_keys'] {self_shape}, "
                 f"state['cross_keys'] {cross_shape})")
     for name in ("position", "src_valid_len"):
@@ -195,9 +203,9 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
     L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
     embedding_rows, D = jnp.shape(params["embedding"])
     check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
-    self_heads, cross_heads = cache_heads(params, L, num_heads)
-    B, M, S = _check_decoder_state(state, L, num_heads, (self_heads, cross_heads),
-                                   D // num_heads)
+    heads = cache_heads(params, L, num_heads)
+    self_heads = heads[0][0]
+    B, M, S = _check_decoder_state(state, L, num_heads, heads, D // num_heads)
     tokens = check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
     check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
                      jnp.shape(state["self_keys"]))

@@ -1,7 +1,8 @@
 """The Transformer's layers — d2l §11.7.2–3 (and §11.5's attention with dropout), in JAX.
 
 The sublayers every block of :mod:`jax_attention.models.transformer` is made of: multi-head attention
-without biases and with dropout on its weights (:func:`attention`), the position-wise
+with dropout on its weights (:func:`attention`; the book's has no biases, optional ones as
+PyTorch's layers have), the position-wise
 feed-forward network (:func:`position_wise_ffn`), layer normalisation and the residual
 connection (:func:`layer_norm`, :func:`add_norm`), and the token embedding with its positions.
 They open :mod:`reference_numpy.transformer`, which holds the same functions with the same names
@@ -13,11 +14,13 @@ Shape letters: ``B`` batch, ``T`` query length, ``S`` key length, ``N`` heads, `
 ``N_kv`` key/value heads (grouped-query attention; ``N`` in the book), ``D`` model width, ``F``
 the FFN's hidden width.
 
-Grouped-query attention (Ainslie et al. 2023; ``N_kv = 1``: multi-query attention, Shazeer 2019):
-each attention's ``W_k`` and ``W_v`` are ``(D, N_kv H)`` instead of ``(D, D)``, and query head
-``n`` attends with key/value head ``n // (N / N_kv)``. ``N_kv`` is read from ``W_k``'s width
-(:func:`kv_heads`), so the functions take no argument for it; the book's parameters give
-``N_kv = N`` and the computation of the book, unchanged.
+Each attention's parameters are those :func:`jax_attention.nn.multihead.multi_head_attention`
+takes, read from their shapes, so the functions take no argument for them: ``W_q``, ``W_o``
+``(D, D)`` and ``W_k``, ``W_v`` ``(D, D)`` in the book; optional biases ``b_q, b_k, b_v, b_o``
+(PyTorch's ``nn.TransformerEncoderLayer`` has them); grouped-query attention (Ainslie et al. 2023;
+``N_kv = 1``: multi-query attention, Shazeer 2019) with ``W_k (D, N_kv H)``, ``N_kv`` read from
+``W_k``'s width (:func:`kv_heads`), query head ``n`` attending with key/value head
+``n // (N / N_kv)``; and a value head size of its own, ``W_v (D, N_kv H_v)``, ``W_o (N H_v, D)``.
 
 The helpers without an underscore (:func:`dense`, :func:`check_width`, :func:`project_one`,
 :func:`kv_heads`, :func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`,
@@ -37,13 +40,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_attention._checks import (
+    KeySet,
     check_dropout,
     check_num_heads,
     check_num_kv_heads,
     check_numbered,
     check_param_keys,
+    check_param_shapes,
 )
-from jax_attention.nn.multihead import combine_heads, mask_inputs, project_heads
+from jax_attention.nn.multihead import BIAS_KEYS, KERNEL_KEYS, attend_heads
 from jax_attention.nn.positional import positional_encoding
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
                                    weighted_sum)
@@ -62,7 +67,7 @@ DENSE = "...i,io->...o"
 
 # The keys of the parameter dicts (the structure of jax_attention.models.transformer.param_shapes), for
 # check_param_keys: a key maps to the keys of the dict under it. Same names in the NumPy file.
-ATTENTION_KEYS = ("W_q", "W_k", "W_v", "W_o")  # no biases: the book's bias=False
+ATTENTION_KEYS = KeySet(KERNEL_KEYS, BIAS_KEYS)  # the book's bias=False: no biases
 FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
 NORM_KEYS = ("gamma", "beta")
 ENCODER_BLOCK_KEYS = {"attention": ATTENTION_KEYS, "addnorm_1": NORM_KEYS, "ffn": FFN_KEYS,
@@ -91,15 +96,6 @@ def dense(params, X, kernel: str, bias: str | None):
     return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
 
 
-def _check_params(params, expected: dict) -> None:
-    """``params[name]`` must have the shape ``expected[name]`` (a tuple of ints or letters)."""
-    for name, shape in expected.items():
-        got = jnp.shape(params[name])
-        if len(got) != len(shape) or any(isinstance(n, int) and n != g for n, g in zip(shape, got)):
-            text = "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
-            raise ValueError(f"params[{name!r}] must have shape {text}, got {got}")
-
-
 def check_width(name: str, X, D: int, what: str = "(B, T, D)"):
     """``X`` as an array of shape ``what`` (``"(..., D)"``: any rank ``>= 1``) whose last axis is
     the model width ``D``."""
@@ -122,9 +118,9 @@ def position_wise_ffn(params, X):
       ``(B, T, D)``.
     """
     check_param_keys("params", params, FFN_KEYS)
-    _check_params(params, {"W_1": ("D", "F"), "b_1": ("F",), "W_2": ("F", "D"), "b_2": ("D",)})
+    check_param_shapes("params", params, {"W_1": ("D", "F")})
     D, F = jnp.shape(params["W_1"])
-    _check_params(params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    check_param_shapes("params", params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
     X = check_width("X", X, D, "(..., D)")
     return dense(params, jax.nn.relu(dense(params, X, "W_1", "b_1")), "W_2", "b_2")
 
@@ -137,9 +133,9 @@ def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
         ``D >= 1``.
     """
     check_param_keys("params", params, NORM_KEYS)
-    _check_params(params, {"gamma": ("D",), "beta": ("D",)})
+    check_param_shapes("params", params, {"gamma": ("D",)})
     D = jnp.shape(params["gamma"])[0]
-    _check_params(params, {"beta": (D,)})
+    check_param_shapes("params", params, {"beta": (D,)})
     X = check_width("X", X, D, "(..., D)")
     if D == 0:
         # The mean and variance of no feature are 0 / 0.
@@ -168,26 +164,28 @@ def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
 
 
 def project_one(params, X, name: str, num_heads: int):
-    """``X W_name`` split into heads: ``(B, T, D) -> (B, N, T, H)`` (``num_heads`` = ``N_kv``
-    for ``W_k`` and ``W_v``: ``(B, N_kv, T, H)``)."""
+    """``X W_name + b_name`` (no bias when ``params`` has none) split into heads:
+    ``(B, T, D) -> (B, N, T, H)`` (``num_heads`` = ``N_kv`` for ``W_k`` and ``W_v``:
+    ``(B, N_kv, T, H)``, ``H_v`` for ``W_v``)."""
     B, T, _ = X.shape
-    out = jnp.einsum(DENSE, X, jnp.asarray(params[name]).astype(X.dtype))
+    bias = "b" + name[1:]
+    out = dense(params, X, name, bias if bias in params else None)
     # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
     return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
 
 
 def kv_heads(params, num_heads: int, name: str = "params") -> int:
     """``N_kv``, the key/value heads of an attention's ``params``: ``W_k``'s width over
-    ``H = D / N`` (``D`` = ``W_q``'s width), a divisor of ``num_heads``; ``W_v`` must have
-    ``W_k``'s width (the Transformer's value heads have the size ``H`` of its query heads).
+    ``H = D / N`` (``D`` = ``W_q``'s width), a divisor of ``num_heads``; ``W_v`` must hold
+    ``N_kv`` value heads (of ``H`` in the book, or a size ``H_v`` of their own).
     ``ValueError`` naming ``name`` and the shapes otherwise."""
     D = jnp.shape(params["W_q"])[-1]
     check_num_heads(D, num_heads, f"D from {name}['W_q'] of shape {jnp.shape(params['W_q'])}")
     H, width = D // num_heads, jnp.shape(params["W_k"])[-1]
-    if width % H or jnp.shape(params["W_v"])[-1] != width:
-        raise ValueError(f"{name}['W_k'] and {name}['W_v'] must be (D, N_kv * H) with H = D / N "
-                         f"= {H} (N = {num_heads} heads), got {jnp.shape(params['W_k'])} and "
-                         f"{jnp.shape(params['W_v'])}")
+    if width % H or not width or jnp.shape(params["W_v"])[-1] % (width // H):
+        raise ValueError(f"{name}['W_k'] and {name}['W_v'] must be (D, N_kv * H) and "
+                         f"(D, N_kv * H_v) with H = D / N = {H} (N = {num_heads} heads), got "
+                         f"{jnp.shape(params['W_k'])} and {jnp.shape(params['W_v'])}")
     try:
         return check_num_kv_heads(num_heads, width // H)
     except ValueError as error:
@@ -215,14 +213,16 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
               is_causal: bool = False, dropout: float = 0.0, dropout_rng=None):
-    """Multi-head attention of the Transformer (no biases) with dropout on its weights — d2l §11.5.
+    """Multi-head attention of the Transformer with dropout on its weights — d2l §11.5.
 
-    The same computation as :func:`jax_attention.nn.multihead.multi_head_attention` (its masking,
-    projections and head split), plus the book's dropout on the attention weights.
+    :func:`jax_attention.nn.multihead.multi_head_attention` on ``(queries, keys_values,
+    keys_values)`` — the same assembly (:func:`~jax_attention.nn.multihead.attend_heads`) and
+    parameters — plus the book's dropout on the attention weights (:func:`attend`).
 
     Args:
-      params: ``{"W_q", "W_k", "W_v", "W_o"}``, these keys exactly (no biases): ``W_q``, ``W_o``
-        ``(D, D)``, ``W_k``, ``W_v`` ``(D, N_kv H)`` (the book: ``(D, D)``, ``N_kv = N``).
+      params: ``{"W_q", "W_k", "W_v", "W_o"}`` and optionally ``{"b_q", "b_k", "b_v", "b_o"}``:
+        ``W_q (D, D)``, ``W_k (D, N_kv H)``, ``W_v (D, N_kv H_v)``, ``W_o (N H_v, D)``, biases of
+        those widths (the book: all ``(D, D)``, no biases).
       queries: ``(B, T, D)``. keys_values: ``(B, S, D)``.
       valid_lens: ``None``, ``(B,)`` or ``(B, T)``.
       num_heads: ``N``. is_causal: add the causal mask (a Python bool).
@@ -235,13 +235,14 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     D = jnp.shape(params["W_q"])[0]
     queries = check_width("queries", queries, D)
     keys_values = check_width("keys_values", keys_values, D, "(B, S, D)")
-    check_dropout(dropout)
-    keep, queries, keys, values = mask_inputs(queries, keys_values, keys_values, valid_lens,
-                                               None, is_causal, num_heads)
-    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads,
-                                              num_kv_heads=kv_heads(params, num_heads))
-    heads, weights = attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
-    return combine_heads(params, heads), weights
+    dropout = check_dropout(dropout)
+
+    def with_dropout(heads_q, heads_k, heads_v, keep, bias):  # the Transformer takes no bias
+        return attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
+
+    return attend_heads(params, queries, keys_values, keys_values, valid_lens, with_dropout,
+                        num_heads=num_heads, num_kv_heads=kv_heads(params, num_heads),
+                        is_causal=is_causal)
 
 
 def num_blocks(blocks) -> int:

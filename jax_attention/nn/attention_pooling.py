@@ -22,6 +22,7 @@ from flax import nnx
 
 from jax_attention._checks import is_integer_dtype
 from jax_attention.nn.masking import masked_softmax
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = [
     "leave_one_out",
@@ -158,7 +159,7 @@ def nadaraya_watson_weights(queries, keys, w=1.0):
     dtype = _float_dtype(queries)
     # float16/bfloat16: the logits are formed in float32 (a float16 squared distance overflows
     # beyond 256, which made every weight of a row 0); only the weights are rounded back.
-    compute = jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype
+    compute = compute_dtype(dtype)
     queries, keys = queries.astype(compute), keys.astype(compute)
     w = _check_width(w, keys.shape).astype(compute)
     distances = (queries[..., None] - keys) * w.reshape((1,) * (keys.ndim - w.ndim) + w.shape)

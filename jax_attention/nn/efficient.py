@@ -69,7 +69,13 @@ from jax_attention._checks import (
     check_valid_lens,
     num_kv_groups,
 )
-from jax_attention.nn.masking import group_heads, masked_fill_value, ungroup_heads
+from jax_attention.nn.masking import (
+    group_heads,
+    masked_fill_value,
+    ungroup_heads,
+    zero_unattended,
+)
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = ["dot_product_attention"]
 
@@ -307,22 +313,6 @@ def _chunk_keep(cfg: _Chunking, limits, mask, i, j, rank: int):
     return functools.reduce(jnp.logical_and, parts)
 
 
-def _clean_chunk(keep, q_i, k_j, v_j):
-    """Zero the queries of the chunk that attend no key of it, and the keys/values no query attends.
-
-    Their weights are exactly zero already, but ``0 * NaN`` is NaN: NaN or Inf stored in padding
-    would otherwise reach valid outputs through ``P V`` and valid gradients through ``dS K`` and
-    ``dS^T Q``. This is the per-chunk version of what :func:`jax_attention.nn.scoring._prepare` does
-    once for the whole ``T x S`` mask. Grouped (merged rows), a key is attended if a query of any
-    head of its group attends it.
-    """
-    zero = jnp.zeros((), q_i.dtype)
-    query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., Cq, 1)
-    key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)  # (B, ..., Ck, 1)
-    return (jnp.where(query_attends, q_i, zero), jnp.where(key_attended, k_j, zero),
-            jnp.where(key_attended, v_j, zero))
-
-
 def _merge_group_rows(x):
     """``(..., G, C, X) -> (..., G * C, X)``: a grouped chunk as one block of rows."""
     return x.reshape(x.shape[:-3] + (-1, x.shape[-1]))
@@ -377,7 +367,7 @@ def _forward(cfg: _Chunking, queries, keys, values, limits, mask):
             if keep is not None:
                 if cfg.grouped:
                     keep = _merge_group_mask(keep, queries.shape[-3], Cq)
-                q, k_j, v_j = _clean_chunk(keep, q, k_j, v_j)
+                q, k_j, v_j = zero_unattended(keep, q, k_j, v_j)
             scores = jnp.einsum(DOT_SCORES, q, k_j)
             if cfg.logit_softcap is not None:
                 scores = _softcap(scores, cfg.logit_softcap)[0]
@@ -455,7 +445,7 @@ def _backward(cfg: _Chunking, residuals, output_grad):
                     keep = _merge_group_mask(keep, queries.shape[-3], Cq)
             q, k, v = q_i, k_j, v_j
             if keep is not None:
-                q, k, v = _clean_chunk(keep, q, k, v)
+                q, k, v = zero_unattended(keep, q, k, v)
                 keep = jnp.swapaxes(keep, -1, -2)  # (B, ..., Ck, Cq), as the blocks below
             scores = jnp.einsum(KEY_SCORES, k, q)
             if cfg.logit_softcap is not None:
@@ -638,18 +628,18 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
 
     # Half precision is computed in float32 (scores, exponentials and sums alike); the casts'
     # transposes bring the gradients back to the inputs' dtype.
-    compute_dtype = jnp.float32 if jnp.finfo(dtype).bits < 32 else dtype
+    compute = compute_dtype(dtype)
     if scale is None:
-        scaled_queries = queries.astype(compute_dtype) / math.sqrt(queries.shape[-1])
+        scaled_queries = queries.astype(compute) / math.sqrt(queries.shape[-1])
     else:
-        scaled_queries = queries.astype(compute_dtype) * jnp.asarray(scale, compute_dtype)
+        scaled_queries = queries.astype(compute) * jnp.asarray(scale, compute)
     if grouped:
         scaled_queries = group_heads(scaled_queries, groups)  # (B, ..., N_kv, G, T, q)
     output = _chunked_attention(
         cfg,
         _pad_axis(scaled_queries, scaled_queries.ndim - 2, cfg.padded_queries),
-        _pad_axis(keys.astype(compute_dtype), rank - 2, cfg.padded_keys),
-        _pad_axis(values.astype(compute_dtype), rank - 2, cfg.padded_keys),
+        _pad_axis(keys.astype(compute), rank - 2, cfg.padded_keys),
+        _pad_axis(values.astype(compute), rank - 2, cfg.padded_keys),
         limits, mask)
     if grouped:
         output = ungroup_heads(output)  # (B, ..., N, Tp, v)

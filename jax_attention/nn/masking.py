@@ -38,6 +38,7 @@ from jax_attention._checks import (
     check_values_in,
     is_integer_dtype,
 )
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = [
     "sequence_mask",
@@ -357,20 +358,75 @@ def masked_softmax(X, valid_lens=None, *, mask=None):
         raise TypeError(f"X must hold real numbers (scores), got dtype {X.dtype} with shape {X.shape}")
     if not jnp.issubdtype(X.dtype, jnp.floating):
         X = X.astype(jnp.result_type(float))
-    keep = attention_mask(X.shape, valid_lens, mask=mask)
-    if X.shape[-1] == 0:
-        # No key at all: every row is fully masked, and its (empty) weights need no softmax.
-        return jnp.zeros(X.shape, X.dtype)
-    compute_dtype = jnp.float32 if jnp.finfo(X.dtype).bits < 32 else X.dtype
-    logits = X.astype(compute_dtype)
-    if keep is None:
-        keep = jnp.ones((), dtype=bool)
-    logits = jnp.where(keep, logits, masked_fill_value(compute_dtype))
-    # Softmax is shift-invariant, so the shift carries no gradient; a fully masked row's shift is
-    # the fill value itself, which keeps every exponent finite.
+    return softmax_where(X, attention_mask(X.shape, valid_lens, mask=mask))
+
+
+def softmax_where(scores, keep):
+    """The softmax over the last axis of ``scores`` restricted to the entries where ``keep`` is
+    True — the one masked softmax of the package, which :func:`masked_softmax` and the attention
+    functions call once their inputs are checked (as ``jax.nn.softmax(where=)``, zero rows aside).
+
+    Masked logits get :func:`masked_fill_value`, so they lose every ``max``; the shift is the
+    row's maximum, which carries no gradient (softmax is shift-invariant) and is finite even for a
+    fully masked row; masked exponentials are zeroed with ``where`` (not multiplied), so NaN or Inf
+    there never reaches a weight; a row that keeps nothing sums to 0 and gets all-zero weights.
+    Half precision is normalised in float32 (:mod:`jax_attention.nn.precision`).
+
+    Args:
+      scores: float ``(..., T, S)``.
+      keep: ``None`` (every entry kept: no ``where`` pass over the scores) or a boolean mask
+        broadcastable to ``scores``.
+
+    Returns:
+      Weights of ``scores``' shape and dtype; rows sum to 1, or to 0 when fully masked.
+    """
+    if scores.shape[-1] == 0:
+        return jnp.zeros(scores.shape, scores.dtype)  # no key: every row is fully masked
+    dtype = compute_dtype(scores.dtype)
+    logits = scores.astype(dtype)
+    if keep is not None:
+        logits = jnp.where(keep, logits, masked_fill_value(dtype))
     shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), compute_dtype))
-    exps = jnp.where(keep, jnp.exp(logits - shift), jnp.zeros((), compute_dtype))
+    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), dtype))
+    exps = jnp.exp(logits - shift)
+    if keep is not None:
+        exps = jnp.where(keep, exps, jnp.zeros((), dtype))
     total = jnp.sum(exps, axis=-1, keepdims=True)
-    weights = exps / jnp.where(total == 0, jnp.ones((), compute_dtype), total)
-    return weights.astype(X.dtype)
+    weights = exps / jnp.where(total == 0, jnp.ones((), dtype), total)
+    return weights.astype(scores.dtype)
+
+
+def zero_unattended(keep, queries=None, *keys_values, heads: str = "own"):
+    """The inputs with the queries that attend no key, and the keys and values that no query
+    attends, set to zero — the package's one guard against NaN and Inf in padding.
+
+    Their weights are exactly zero already, but ``0 * NaN`` and ``0 * Inf`` are NaN: NaN or Inf
+    stored in padding would otherwise reach valid outputs through the weighted sum, and valid
+    gradients through the backward pass of the score products and the projections.
+
+    Args:
+      keep: the boolean attention mask, broadcastable to the scores ``(B, ..., T, S)``.
+      queries: ``(B, ..., T, d)`` or ``None`` (none to zero).
+      keys_values: any number of ``(B, ..., S, d)`` arrays (keys, values).
+      heads: how the inputs meet the mask's head axis (``-3``): ``"own"``, each has its own
+        (or there is none); ``"grouped"``, the keys and values ``(B, ..., N_kv, 1, S, d)`` serve
+        the ``G`` query heads of a mask ``(B, ..., N_kv, G, T, S)``
+        (:func:`group_heads`): a key is attended when any head of its group attends it;
+        ``"shared"``, the inputs ``(B, T, d)`` come before the head split of a mask
+        ``(B, N, T, S)`` (multi-head attention): attended by any head.
+
+    Returns:
+      ``(queries, *keys_values)`` (``queries`` ``None`` if given so), each in its own dtype.
+    """
+    query_attends = jnp.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
+    key_attended = jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2)  # (B, ..., S, 1)
+    if heads == "grouped":
+        key_attended = jnp.any(key_attended, axis=-3, keepdims=True)
+    elif heads == "shared":
+        query_attends, key_attended = jnp.any(query_attends, -3), jnp.any(key_attended, -3)
+    elif heads != "own":
+        raise ValueError(f"heads must be 'own', 'grouped' or 'shared', got {heads!r}")
+    zeroed = [None if queries is None else
+              jnp.where(query_attends, queries, jnp.zeros((), queries.dtype))]
+    zeroed += [jnp.where(key_attended, x, jnp.zeros((), x.dtype)) for x in keys_values]
+    return tuple(zeroed)

@@ -32,10 +32,11 @@ from jax_attention._checks import (
     check_num_heads,
     check_num_kv_heads,
     check_param_keys,
+    check_param_shapes,
     check_size,
     check_unbatched,
 )
-from jax_attention.nn.masking import attention_mask
+from jax_attention.nn.masking import attention_mask, zero_unattended
 from jax_attention.nn.scoring import DotProductAttention, dot_product_attention
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "transpose_output",
     "project_heads",
     "combine_heads",
+    "attend_heads",
     "multi_head_attention",
     "MultiHeadAttention",
 ]
@@ -87,13 +89,6 @@ def transpose_output(X, num_heads: int):
     return merge_heads(X.reshape((-1, num_heads) + X.shape[1:]))
 
 
-def _param(params, name, shape, context=""):
-    array = jnp.asarray(params[name])
-    if array.shape != shape:
-        raise ValueError(f"params[{name!r}] must have shape {shape}, got {array.shape}{context}")
-    return array
-
-
 #: The keys of the parameter dict: the kernels, always, and the biases, which may be absent.
 KERNEL_KEYS = ("W_q", "W_k", "W_v", "W_o")
 BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
@@ -126,8 +121,9 @@ def _check_params(params, queries, keys, values, num_heads: int, num_kv_heads=No
                f"D = {D} from params['W_q'], N = {num_heads} heads of H = {H}, "
                f"N_kv = {num_kv_heads} key/value heads, H_v = {D_v // num_kv_heads} from "
                f"params['W_v'], E = {E} from params['W_o'])")
-    return {name: _param(params, name, shape, context).astype(queries.dtype)
-            for name, shape in shapes.items() if name in params}, num_kv_heads
+    check_param_shapes("params", params, shapes, context)
+    return {name: jnp.asarray(params[name]).astype(queries.dtype)
+            for name in shapes if name in params}, num_kv_heads
 
 
 def _check_inputs(queries, keys, values):
@@ -146,35 +142,23 @@ def _check_inputs(queries, keys, values):
     return tuple(check_attention_inputs(q, k, v, same_depth=False))
 
 
-def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *,
-                local_window_size=None):
-    """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
-
-    Shared by :func:`multi_head_attention`, :class:`MultiHeadAttention` and the Transformer's
-    attention (:mod:`jax_attention.models.transformer`); not part of the user-facing API (``__all__``).
-
-    Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
-    (or ``None``) and the inputs in which the queries that attend no key, and the keys and values
-    that no query of any head attends, are zero. Their weights are zero already, but NaN or Inf
-    stored there (padding) would reach the gradients of ``W_q``, ``W_k`` and ``W_v`` through
-    the projections (``0 * NaN`` is NaN).
-    """
-    queries, keys, values = _check_inputs(queries, keys, values)
-    check_num_heads(None, num_heads)
-    keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]), valid_lens,
-                          mask=mask, is_causal=is_causal, local_window_size=local_window_size)
-    if keep is None:
-        return keep, queries, keys, values
-    query_attends = jnp.any(keep, axis=(1, 3))[..., None]  # (B | 1, T, 1)
-    key_attended = jnp.any(keep, axis=(1, 2))[..., None]  # (B | 1, S, 1)
-    zero = jnp.zeros((), queries.dtype)
-    return (keep, jnp.where(query_attends, queries, zero), jnp.where(key_attended, keys, zero),
-            jnp.where(key_attended, values, zero))
-
-
 def _dense(X, params, kernel, bias):
     out = jnp.einsum(PROJECT, X, params[kernel])
     return out + params[bias].reshape(1, 1, -1) if bias in params else out
+
+
+def _project(params, queries, keys, values, num_heads: int, num_kv_heads: int):
+    """:func:`project_heads` on checked inputs and parameters (cast to the inputs' dtype)."""
+    return tuple(
+        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), heads)
+        for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
+                               (values, "v", num_kv_heads))
+    )
+
+
+def _combine(params, heads):
+    """:func:`combine_heads` with checked parameters: ``(B, N, T, H_v) -> (B, T, E)``."""
+    return _dense(merge_heads(heads), params, "W_o", "b_o")
 
 
 def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads=None):
@@ -194,11 +178,7 @@ def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads
     """
     queries, keys, values = _check_inputs(queries, keys, values)
     params, num_kv_heads = _check_params(params, queries, keys, values, num_heads, num_kv_heads)
-    return tuple(
-        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), heads)
-        for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
-                               (values, "v", num_kv_heads))
-    )
+    return _project(params, queries, keys, values, num_heads, num_kv_heads)
 
 
 def combine_heads(params, heads):
@@ -208,12 +188,48 @@ def combine_heads(params, heads):
         raise ValueError(f"heads must have shape (B, N, T, H), got {jnp.shape(heads)}")
     # W_q, W_k and W_v are not used here, but may be present: the dict of multi_head_attention.
     check_param_keys("params", params, ("W_o",), KERNEL_KEYS[:3] + BIAS_KEYS)
-    merged = merge_heads(heads)
-    W_o = _param(params, "W_o", (merged.shape[-1], jnp.shape(params["W_o"])[-1])).astype(merged.dtype)
-    out = jnp.einsum(PROJECT, merged, W_o)
-    if "b_o" not in params:
-        return out
-    return out + _param(params, "b_o", (W_o.shape[-1],)).astype(merged.dtype).reshape(1, 1, -1)
+    B, N, T, H_v = jnp.shape(heads)
+    E = jnp.shape(params["W_o"])[-1]
+    check_param_shapes("params", params, {"W_o": (N * H_v, E), "b_o": (E,)})
+    dtype = jnp.result_type(heads)
+    return _combine({name: jnp.asarray(params[name]).astype(dtype)
+                     for name in ("W_o", "b_o") if name in params}, heads)
+
+
+def attend_heads(params, queries, keys, values, valid_lens, attend, *, num_heads: int,
+                 num_kv_heads=None, mask=None, is_causal=False, bias=None,
+                 local_window_size=None):
+    """The multi-head assembly of the package: :func:`multi_head_attention`,
+    :class:`MultiHeadAttention` and the Transformer's layers
+    (:func:`jax_attention.models.transformer_layers.attention`) all run it, each with its own
+    ``attend``.
+
+    It checks the inputs and the parameters once, builds the mask of every head once
+    (:func:`~jax_attention.nn.masking.attention_mask`), zeroes the queries that attend no key and
+    the keys and values no head attends (so NaN or Inf in padding never reaches the gradients of
+    ``W_q``, ``W_k``, ``W_v`` through the projections), projects and splits the heads, calls
+    ``attend(heads_q (B, N, T, H), heads_k (B, N_kv, S, H), heads_v (B, N_kv, S, H_v), keep,
+    bias) -> (heads (B, N, T, H_v), weights (B, N, T, S))`` and merges and projects the heads.
+    Arguments as :func:`multi_head_attention`; returns ``(output (B, T, E), weights)``
+    (unbatched: ``(T, E)`` and ``weights[0]``), ``weights`` as ``attend`` returns them.
+    """
+    unbatched, queries, keys, values, valid_lens, mask, bias = _batched_inputs(
+        queries, keys, values, valid_lens, mask, bias)
+    mask, bias = _per_head("mask", mask), _per_head("bias", bias)
+    queries, keys, values = _check_inputs(queries, keys, values)
+    check_num_heads(None, num_heads)
+    keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys.shape[1]),
+                          valid_lens, mask=mask, is_causal=is_causal,
+                          local_window_size=local_window_size)
+    params, num_kv_heads = _check_params(params, queries, keys, values, num_heads, num_kv_heads)
+    if keep is not None:
+        queries, keys, values = zero_unattended(keep, queries, keys, values, heads="shared")
+    heads, weights = attend(*_project(params, queries, keys, values, num_heads, num_kv_heads),
+                            keep, bias)
+    output = _combine(params, heads)
+    if unbatched:  # an attend that returns no weights (the module sows them) gives None back
+        return output[0], None if weights is None else weights[0]
+    return output, weights
 
 
 def _per_head(name, array):
@@ -289,17 +305,13 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
         ...                      local_window_size=(1, 0))[1].shape
         (2, 4, 4, 4)
     """
-    unbatched, queries, keys, values, valid_lens, mask, bias = _batched_inputs(
-        queries, keys, values, valid_lens, mask, bias)
-    mask, bias = _per_head("mask", mask), _per_head("bias", bias)
-    keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                              num_heads, local_window_size=local_window_size)
-    heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads,
-                                              num_kv_heads=num_kv_heads)
-    output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
-                                            scale=scale, logit_softcap=logit_softcap)
-    output = combine_heads(params, output)
-    return (output[0], weights[0]) if unbatched else (output, weights)
+    def attend(heads_q, heads_k, heads_v, keep, bias):
+        return dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
+                                     scale=scale, logit_softcap=logit_softcap)
+
+    return attend_heads(params, queries, keys, values, valid_lens, attend, num_heads=num_heads,
+                        num_kv_heads=num_kv_heads, mask=mask, is_causal=is_causal, bias=bias,
+                        local_window_size=local_window_size)
 
 
 # --------------------------------------------------------------------------- NNX module
@@ -400,18 +412,18 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError(f"{name} must have shape (B, len, {letter}) or unbatched "
                                  f"(len, {letter}) with {letter} = {size} (the module's "
                                  f"{size_name}), got {jnp.shape(X)}")
-        unbatched, queries, keys, values, valid_lens, mask, bias = _batched_inputs(
-            queries, keys, values, valid_lens, mask, bias)
-        mask, bias = _per_head("mask", mask), _per_head("bias", bias)
-        keep, queries, keys, values = mask_inputs(queries, keys, values, valid_lens, mask, is_causal,
-                                                  self.num_heads, local_window_size=local_window_size)
-        heads_q, heads_k, heads_v = project_heads(params, queries, keys, values,
-                                                  num_heads=self.num_heads,
-                                                  num_kv_heads=self.num_kv_heads)
-        # Unbatched: the heads (N, T, H) and the sown weights (N, T, S) drop the batch axis.
-        heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias, scale=scale,
-                               logit_softcap=logit_softcap, deterministic=deterministic, rngs=rngs,
-                               drop_batch_axis=unbatched)
-        if unbatched:
-            return combine_heads(params, heads[None])[0]
-        return combine_heads(params, heads)
+        unbatched = jnp.ndim(queries) == 2
+
+        def attend(heads_q, heads_k, heads_v, keep, bias):
+            # Dropout acts on the weights; unbatched, the sown weights (N, T, S) drop the batch
+            # axis, and so do the heads, which get it back for the output projection.
+            heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias, scale=scale,
+                                   logit_softcap=logit_softcap, deterministic=deterministic,
+                                   rngs=rngs, drop_batch_axis=unbatched)
+            return (heads[None] if unbatched else heads), None
+
+        output, _ = attend_heads(params, queries, keys, values, valid_lens, attend,
+                                 num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                 mask=mask, is_causal=is_causal, bias=bias,
+                                 local_window_size=local_window_size)
+        return output

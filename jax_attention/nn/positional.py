@@ -38,12 +38,13 @@ from flax import nnx
 from jax_attention._checks import (
     as_array_like,
     check_dropout,
-    check_typed_int,
+    check_int,
     check_values_fit,
     check_values_in,
     clip_values,
     is_integer_dtype,
 )
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = [
     "positional_encoding",
@@ -118,8 +119,8 @@ def positional_encoding(num_steps: int, num_hiddens: int, base: float = 10000.0,
         >>> P[0].tolist()                       # position 0: sin 0 = 0, cos 0 = 1
         [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     """
-    num_steps = check_typed_int("num_steps", num_steps, 1)
-    num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
+    num_steps = check_int("num_steps", num_steps, 1)
+    num_hiddens = check_int("num_hiddens", num_hiddens, 1)
     base = _check_base(base)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"dtype must be a float dtype, got {dtype}")
@@ -223,7 +224,7 @@ def rotary_angles(positions, head_dim: int, base: float = 10000.0, *, dtype=jnp.
     Returns:
       angles ``(..., H / 2)`` of dtype ``dtype``.
     """
-    head_dim = check_typed_int("head_dim", head_dim, 2)
+    head_dim = check_int("head_dim", head_dim, 2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (features are rotated in pairs), got {head_dim}")
     base = _check_base(base)
@@ -309,10 +310,10 @@ def rotary_embedding(X, positions=None, base: float = 10000.0):
         raise ValueError(
             f"X must have an even last axis H (features are rotated in pairs), got shape {X.shape}"
         )
-    compute_dtype = jnp.float32 if jnp.finfo(X.dtype).bits < 32 else X.dtype
-    angles = rotary_angles(_check_positions(positions, X), H, base, dtype=compute_dtype)  # (..., T, H/2)
+    compute = compute_dtype(X.dtype)  # half precision rotates in float32
+    angles = rotary_angles(_check_positions(positions, X), H, base, dtype=compute)  # (..., T, H/2)
     cos, sin = jnp.cos(angles), jnp.sin(angles)
-    pairs = X.astype(compute_dtype).reshape(X.shape[:-1] + (H // 2, 2))
+    pairs = X.astype(compute).reshape(X.shape[:-1] + (H // 2, 2))
     x_even, x_odd = pairs[..., 0], pairs[..., 1]
     rotated = jnp.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], axis=-1)
     return rotated.reshape(X.shape).astype(X.dtype)
@@ -338,8 +339,8 @@ def relative_positions(num_queries: int, num_keys: int, offset=0):
     Returns:
       int32 ``(T, S)``.
     """
-    num_queries = check_typed_int("num_queries", num_queries, 0)
-    num_keys = check_typed_int("num_keys", num_keys, 0)
+    num_queries = check_int("num_queries", num_queries, 0)
+    num_keys = check_int("num_keys", num_keys, 0)
     offset = as_array_like(offset)
     if jnp.shape(offset) != () or not is_integer_dtype(jnp.result_type(offset)):
         raise TypeError(
@@ -361,14 +362,14 @@ def _check_relative_positions(relative_positions) -> jax.Array:
 
 def _check_bucket_arguments(num_buckets, max_distance, bidirectional: bool):
     """Validates T5's arguments; returns ``(buckets per direction, max_distance)``."""
-    num_buckets = check_typed_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+    num_buckets = check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     if bidirectional and num_buckets % 2:
         raise ValueError(
             f"num_buckets must be even when bidirectional (half for each direction), got {num_buckets}"
         )
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
-    max_distance = check_typed_int("max_distance", max_distance, max_exact + 1)
+    max_distance = check_int("max_distance", max_distance, max_exact + 1)
     return per_direction, max_distance
 
 
@@ -453,7 +454,7 @@ def clipped_relative_positions(relative_positions, max_distance: int):
       int32 indices in ``[0, 2k]``, of the shape of ``relative_positions``.
     """
     relative_positions = _check_relative_positions(relative_positions)
-    max_distance = check_typed_int("max_distance", max_distance, 1)
+    max_distance = check_int("max_distance", max_distance, 1)
     k = jnp.asarray(max_distance, jnp.int32)
     return jnp.clip(relative_positions, -k, k) + k
 
@@ -555,8 +556,8 @@ class LearnedPositionalEmbedding(nnx.Module):
 
     def __init__(self, max_len: int, num_hiddens: int, dropout: float = 0.0, *, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
-        max_len = check_typed_int("max_len", max_len, 1)
-        num_hiddens = check_typed_int("num_hiddens", num_hiddens, 1)
+        max_len = check_int("max_len", max_len, 1)
+        num_hiddens = check_int("num_hiddens", num_hiddens, 1)
         init = nnx.initializers.normal(stddev=0.02)
         self.table = nnx.Param(init(rngs.params(), (max_len, num_hiddens), param_dtype))
         dropout = check_dropout(dropout)
@@ -601,12 +602,12 @@ class RelativePositionBias(nnx.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, *,
                  bidirectional: bool = True, mode: str = "bucket", param_dtype=jnp.float32, rngs: nnx.Rngs):
-        num_heads = check_typed_int("num_heads", num_heads, 1)
+        num_heads = check_int("num_heads", num_heads, 1)
         if mode == "bucket":
             _check_bucket_arguments(num_buckets, max_distance, bidirectional)
             rows = num_buckets
         elif mode == "clip":
-            rows = 2 * check_typed_int("max_distance", max_distance, 1) + 1
+            rows = 2 * check_int("max_distance", max_distance, 1) + 1
         else:
             raise ValueError(f'mode must be "bucket" or "clip", got {mode!r}')
         self.num_buckets = num_buckets

@@ -38,6 +38,7 @@ from jax_attention._checks import (
     check_local_window_size,
     check_logit_softcap,
     check_param_keys,
+    check_param_shapes,
     check_scale,
     check_size,
     check_static_bool,
@@ -48,10 +49,11 @@ from jax_attention._checks import (
 from jax_attention.nn.masking import (
     attention_mask,
     group_heads,
-    masked_fill_value,
-    masked_softmax,
+    softmax_where,
     ungroup_heads,
+    zero_unattended,
 )
+from jax_attention.nn.precision import compute_dtype, is_half
 
 __all__ = [
     "dot_product_attention_weights",
@@ -76,11 +78,9 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
 
     Returns ``(keep, arrays, groups)``: the boolean mask broadcastable to the scores (or
     ``None``), the checked ``[queries, keys(, values)]`` in which the queries that attend no key
-    and the keys and values that no query attends are zero, and ``groups``, the query heads per
-    key/value head. Zeroing: their weights are exactly zero already, but ``0 * NaN`` and
-    ``0 * Inf`` are NaN: NaN or Inf stored in padding would otherwise reach valid outputs through
-    the weighted sum, and valid gradients through the backward pass of the score einsum (and, in
-    additive attention, through ``tanh'`` of a NaN feature).
+    and the keys and values that no query attends are zero
+    (:func:`~jax_attention.nn.masking.zero_unattended`; in additive attention this also keeps a
+    NaN feature's ``tanh'`` away), and ``groups``, the query heads per key/value head.
 
     With ``groups == 1`` the scores are ``(B, ..., T, S)``. Grouped-query keys and values
     (``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``, ``groups = N / N_kv > 1``) come
@@ -101,21 +101,8 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
         keep = None if keep is None else group_heads(keep, groups)
     if keep is None:
         return keep, arrays, groups
-    query_attends, key_attended = _attending(keep)
-    if groups > 1:  # a key/value head is attended when any query head of its group attends it
-        key_attended = jnp.any(key_attended, axis=-3, keepdims=True)
-    zero = jnp.zeros((), queries.dtype)
-    arrays = [jnp.where(query_attends, arrays[0], zero)] + [
-        jnp.where(key_attended, a, zero) for a in arrays[1:]
-    ]
+    arrays = list(zero_unattended(keep, *arrays, heads="grouped" if groups > 1 else "own"))
     return keep, arrays, groups
-
-
-def _attending(keep):
-    """``(query_attends (B, ..., T, 1), key_attended (B, ..., S, 1))`` of a mask ``keep``
-    ``(B, ..., T, S)``: the queries that attend some key, the keys some query attends."""
-    return (jnp.any(keep, axis=-1, keepdims=True),
-            jnp.swapaxes(jnp.any(keep, axis=-2, keepdims=True), -1, -2))
 
 
 def _add_bias(scores, bias, groups: int = 1):
@@ -147,40 +134,6 @@ def _ungrouped_shape(shape):
     return shape[:-4] + (shape[-4] * shape[-3],) + shape[-2:]
 
 
-def _half_scores_dtype(dtype):
-    """``float32`` for float16/bfloat16 inputs, whose scores are formed in float32; else ``None``.
-
-    A float16 score overflows to Inf beyond 65504 (``q . k`` of entries of a few hundred; the
-    weights are then NaN) and is rounded to a spacing of 8 near 1e4, which moves a weight by a
-    factor up to e**4: the score products are accumulated and kept in float32, and only the
-    weights are rounded to the inputs' dtype. ``None`` (the einsum's default) leaves float32 and
-    float64 inputs on their unchanged path.
-    """
-    return jnp.float32 if jnp.finfo(dtype).bits < 32 else None
-
-
-def _softmax(scores, keep):
-    """:func:`~jax_attention.nn.masking.masked_softmax` of ``scores`` under the ready-made boolean
-    ``keep`` (or ``None``): the same values bit for bit, without its checks and without a
-    ``where`` pass over the ``T x S`` scores when nothing is masked. Weights in ``scores``' dtype
-    (float32 for half-precision inputs, see :func:`_half_scores_dtype`)."""
-    if scores.shape[-1] == 0:
-        return jnp.zeros(scores.shape, scores.dtype)  # no key: every row is fully masked
-    compute_dtype = jnp.float32 if jnp.finfo(scores.dtype).bits < 32 else scores.dtype
-    logits = scores.astype(compute_dtype)
-    if keep is not None:
-        logits = jnp.where(keep, logits, masked_fill_value(compute_dtype))
-    # As in masked_softmax: the shift carries no gradient, and a fully masked row's is finite.
-    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shift = jnp.where(jnp.isfinite(shift), shift, jnp.zeros((), compute_dtype))
-    exps = jnp.exp(logits - shift)
-    if keep is not None:
-        exps = jnp.where(keep, exps, jnp.zeros((), compute_dtype))
-    total = jnp.sum(exps, axis=-1, keepdims=True)
-    weights = exps / jnp.where(total == 0, jnp.ones((), compute_dtype), total)
-    return weights.astype(scores.dtype)
-
-
 def _scaled(x, scale, d: int):
     """``x * scale``, or ``x / sqrt(d)`` for the default ``scale=None``."""
     return x * scale if scale is not None else x / math.sqrt(d)
@@ -190,17 +143,15 @@ def _dot_product_scores(queries, keys, bias, groups=1, scale=None, logit_softcap
     """``softcap(scale * Q K^T) + bias``, ``scale`` = ``1 / sqrt(d)`` by default and
     ``softcap(s) = c * tanh(s / c)`` with ``c = logit_softcap`` (none by default).
 
-    In float32 and float64 the scale is applied to the ``T x d`` queries instead of the ``T x S``
-    scores: XLA:CPU runs it as a pass of its own over the scores (and its transpose as another in
-    the backward pass, with a ``T x S`` array of the constant), which cost ~25% of a
-    forward+backward at ``T = S = 512``. Both are exact when ``sqrt(d)`` is a power of two
-    (``d`` = 4, 16, 64, 256) and within one rounding otherwise. float16/bfloat16 scale the
-    float32 scores, so that no extra rounding to the inputs' dtype comes in."""
-    if _half_scores_dtype(queries.dtype) is None:
+    float32 and float64 scale the ``T x d`` queries rather than the ``T x S`` scores (faster on
+    XLA:CPU: docs/implementation-notes.md; exact when ``sqrt(d)`` is a power of two, within one
+    rounding otherwise). float16/bfloat16 form the scores in float32
+    (:mod:`jax_attention.nn.precision`) and scale them there, adding no rounding to their dtype."""
+    if not is_half(queries.dtype):
         scores = jnp.einsum(DOT_SCORES, _scaled(queries, scale, queries.shape[-1]), keys)
     else:
         scores = jnp.einsum(DOT_SCORES, queries, keys,
-                            preferred_element_type=_half_scores_dtype(queries.dtype))
+                            preferred_element_type=compute_dtype(queries.dtype))
         scores = _scaled(scores, scale, queries.shape[-1])
     if logit_softcap is not None:
         scores = logit_softcap * jnp.tanh(scores / logit_softcap)
@@ -209,7 +160,7 @@ def _dot_product_scores(queries, keys, bias, groups=1, scale=None, logit_softcap
 
 def _dot_product_weights(queries, keys, keep, bias, groups=1, scale=None, logit_softcap=None):
     scores = _dot_product_scores(queries, keys, bias, groups, scale, logit_softcap)
-    return _softmax(scores, keep).astype(queries.dtype)
+    return softmax_where(scores, keep).astype(queries.dtype)
 
 
 def _check_variants(scale, local_window_size, logit_softcap):
@@ -262,7 +213,7 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``, the weights before dropout.
     """
-    if _half_scores_dtype(queries.dtype) is not None:
+    if is_half(queries.dtype):
         raise TypeError(f"dropout_attention takes float32 or float64 queries, got "
                         f"{queries.dtype}")
     if queries.shape[:-2] != keys.shape[:-2]:
@@ -274,7 +225,7 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
 
 
 def _dropout_attention_forward(queries, keys, values, keep, mask, rate):
-    weights = _softmax(jnp.einsum(DOT_SCORES, queries, keys), keep).astype(values.dtype)
+    weights = softmax_where(jnp.einsum(DOT_SCORES, queries, keys), keep).astype(values.dtype)
     # As jax_attention.nn.dropout.dropout: x / (1 - rate) where kept.
     dropped = jnp.where(mask, weights / (1.0 - rate), jnp.zeros((), weights.dtype))
     return jnp.einsum(WEIGHTED_SUM, dropped, values), weights, dropped
@@ -315,8 +266,8 @@ def _ungrouped(groups, *arrays):
 
 @jax.custom_jvp
 def _softmax_pool(scores, values, keep):
-    """``(weights @ values, weights)`` with ``weights = _softmax(scores, keep)`` in ``values``'
-    dtype.
+    """``(weights @ values, weights)`` with ``weights = softmax_where(scores, keep)`` in
+    ``values``' dtype.
 
     A custom JVP written so that its transpose — the backward pass — uses the identity
     ``rowsum(P * (dO V^T)) = rowsum(dO * O)`` (FlashAttention, Dao et al. 2022): with
@@ -326,7 +277,7 @@ def _softmax_pool(scores, values, keep):
     instead of several, while forward mode (``jax.jvp``, ``jax.hessian``) keeps working.
     Masked entries and fully masked rows have ``P = 0``, hence zero tangents.
     """
-    weights = _softmax(scores, keep).astype(values.dtype)
+    weights = softmax_where(scores, keep).astype(values.dtype)
     return jnp.einsum(WEIGHTED_SUM, weights, values), weights
 
 
@@ -334,15 +285,15 @@ def _softmax_pool(scores, values, keep):
 def _softmax_pool_jvp(primals, tangents):
     scores, values, keep = primals
     d_scores, d_values, _ = tangents  # keep is boolean: its tangent is float0
-    weights = _softmax(scores, keep).astype(values.dtype)
+    weights = softmax_where(scores, keep).astype(values.dtype)
     output = jnp.einsum(WEIGHTED_SUM, weights, values)
-    compute_dtype = jnp.float32 if jnp.finfo(weights.dtype).bits < 32 else weights.dtype
-    P = weights.astype(compute_dtype)
-    P_dS = P * d_scores.astype(compute_dtype)
+    dtype = compute_dtype(weights.dtype)
+    P = weights.astype(dtype)
+    P_dS = P * d_scores.astype(dtype)
     r = jnp.sum(P_dS, axis=-1, keepdims=True)
     d_weights = (P_dS - P * r).astype(weights.dtype)
-    d_output = (jnp.einsum(WEIGHTED_SUM, P_dS, values.astype(compute_dtype))
-                - r * output.astype(compute_dtype)).astype(output.dtype)
+    d_output = (jnp.einsum(WEIGHTED_SUM, P_dS, values.astype(dtype))
+                - r * output.astype(dtype)).astype(output.dtype)
     d_output = d_output + jnp.einsum(WEIGHTED_SUM, weights, d_values)
     return (output, weights), (d_output, d_weights)
 
@@ -405,7 +356,7 @@ def dot_product_implementation(queries, keys, bias=None) -> str:
     queries, keys = (x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x)
                      for x in (queries, keys))
     if (bias is None and jnp.issubdtype(queries.dtype, jnp.floating)
-            and jnp.finfo(queries.dtype).bits >= 32 and len(keys.shape) >= 2
+            and not is_half(queries.dtype) and len(keys.shape) >= 2
             and keys.shape[-2] >= CHUNKED_MIN_KEYS
             and math.prod(queries.shape[:-1]) * keys.shape[-2] >= CHUNKED_MIN_SCORES):
         return "chunked"
@@ -516,15 +467,10 @@ def _check_additive_params(params, queries, keys):
     check_param_keys("params", params, ADDITIVE_KEYS)
     W_q, W_k, w_v = (jnp.asarray(params[name]) for name in ADDITIVE_KEYS)
     h = W_q.shape[-1] if W_q.ndim == 2 else "h"
-    expected = {"W_q": (queries.shape[-1], h), "W_k": (keys.shape[-1], h), "w_v": (h, 1)}
-    for name, array in (("W_q", W_q), ("W_k", W_k), ("w_v", w_v)):
-        if array.shape != expected[name]:
-            shape = "(" + ", ".join(str(n) for n in expected[name]) + ")"
-            raise ValueError(
-                f"params[{name!r}] must have shape {shape} (q = query size, k = key size, "
-                f"h = hidden size), got {array.shape}, for queries {queries.shape} and keys "
-                f"{keys.shape}"
-            )
+    check_param_shapes("params", params, {"W_q": (queries.shape[-1], h),
+                                          "W_k": (keys.shape[-1], h), "w_v": (h, 1)},
+                       f" (q = query size, k = key size, h = hidden size; queries "
+                       f"{queries.shape}, keys {keys.shape})")
     return (p.astype(queries.dtype) for p in (W_q, W_k, w_v))
 
 
@@ -557,7 +503,7 @@ def additive_key_projection(params, keys, valid_lens=None):
                          f"{W_k.shape} and keys {keys.shape}")
     keep = attention_mask(keys.shape[:-2] + (1,) + keys.shape[-2:-1], valid_lens)
     if keep is not None:  # as _prepare: a key no query attends is zero
-        keys = jnp.where(_attending(keep)[1], keys, jnp.zeros((), keys.dtype))
+        _, keys = zero_unattended(keep, None, keys)
     return jnp.einsum(PROJECT_KEYS, keys, W_k.astype(keys.dtype))
 
 
@@ -583,7 +529,7 @@ def additive_attention_weights_of_projected(params, queries, projected_keys, val
                          f"{w_v.shape} for queries {queries.shape}")
     keep = attention_mask(queries.shape[:-1] + projected_keys.shape[-2:-1], valid_lens)
     if keep is not None:  # as _prepare: a query that attends no key is zero
-        queries = jnp.where(_attending(keep)[0], queries, jnp.zeros((), queries.dtype))
+        queries, = zero_unattended(keep, queries)
     return _additive_softmax(W_q.astype(queries.dtype), w_v.astype(queries.dtype), queries,
                              projected_keys, keep)
 
@@ -594,12 +540,12 @@ def _additive_softmax(W_q, w_v, queries, projected_keys, keep):
     # float16/bfloat16: features and scores in float32. The features lie in [-1, 1], but their
     # w_v-weighted sums can overflow float16, and so can the backward's dS w_v, which a saturated
     # feature's tanh' = 0 would then turn into 0 * Inf = NaN.
-    compute = _half_scores_dtype(queries.dtype) or queries.dtype
+    compute = compute_dtype(queries.dtype)
     # Every query meets every key: (B, ..., T, 1, h) + (B, ..., 1, S, h) -> (B, ..., T, S, h).
     features = jnp.tanh((projected_queries[..., :, None, :]
                          + projected_keys[..., None, :, :]).astype(compute))
     scores = jnp.einsum(ADDITIVE_SCORES, features, w_v.astype(compute))[..., 0]
-    return masked_softmax(scores, mask=keep).astype(queries.dtype)
+    return softmax_where(scores, keep).astype(queries.dtype)
 
 
 def additive_attention_weights(params, queries, keys, valid_lens=None, *, mask=None, is_causal=False):
