@@ -4,6 +4,9 @@ evaluate_held_out gives the same figures, and bad settings are refused before an
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 
 from jax_attention.data.nmt import load_data_nmt
@@ -79,3 +82,37 @@ def test_model_parallel_needs_a_tensor_parallel_model():
         train_bahdanau(model_parallel=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'widht'"):
         train_bahdanau(widht=2)
+
+
+def test_a_failed_background_compile_is_logged_and_the_run_goes_on(monkeypatch, caplog,
+                                                                   data_path):
+    """The evaluation's programs compile in a background thread while the epochs run; made to
+    fail there (and only there), the run still ends with its evaluation, and the thread's error
+    is logged once: a warning naming the exception's type and message, with its traceback."""
+    from jax_attention.train import seq2seq
+
+    translate_book_pairs = seq2seq._book_translations
+
+    def fails_in_the_background(*args):
+        if isinstance(threading.current_thread(), seq2seq._EvaluationCompile):
+            raise RuntimeError("planted compile failure")
+        return translate_book_pairs(*args)
+
+    monkeypatch.setattr(seq2seq, "_book_translations", fails_in_the_background)
+    spec = MODELS["bahdanau"]
+    with caplog.at_level(logging.DEBUG, logger=seq2seq.__name__):
+        result = train_seq2seq(spec, spec.model_config(**TINY[spec.name]),
+                               spec.train_config(**TRAINING[spec.name]), data=data_path,
+                               progress=False, log=None)
+    assert len(result.losses) == EPOCHS and len(result.translations) == 4
+    assert result.validation["num_pairs"] == 16
+    records = [record for record in caplog.records if record.name == seq2seq.__name__]
+    assert [record.levelno for record in records] == [logging.WARNING, logging.DEBUG]
+    warning, debug = records
+    assert {warning.threadName, debug.threadName} == {"jax-attention-compile-evaluation"}
+    # The warning is one line (no traceback where logging is not configured) ...
+    assert "RuntimeError: planted compile failure" in warning.getMessage()
+    assert warning.exc_info is None and "\n" not in warning.getMessage()
+    # ... and the debug record carries the exception for a user who asks for it.
+    assert debug.exc_info is not None and debug.exc_info[0] is RuntimeError
+    assert str(debug.exc_info[1]) == "planted compile failure"

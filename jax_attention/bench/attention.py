@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -187,6 +188,12 @@ def _jax_peer(attend, inputs, *, heads_last: bool, standard_promotion: bool, not
                  output=to_bnth, grads=lambda gs: [to_bnth(g) for g in gs], note=note)
 
 
+def _window_note(window) -> str:
+    """What a peer's note says of the ``window``: ``", local_window_size=(left, right)"``, or
+    ``""`` without one."""
+    return "" if window is None else f", local_window_size={window}"
+
+
 def _keep_mask(lens, T: int, S: int, window) -> np.ndarray | None:
     """The boolean mask of a case, True = attend: the key padding ``(B, 1, 1, S)``, AND the
     window's band ``(1, 1, T, S)`` when there is one (``(B or 1, 1, T, S)``); ``None`` for
@@ -196,6 +203,69 @@ def _keep_mask(lens, T: int, S: int, window) -> np.ndarray | None:
         band = window_band(T, S, window)[None, None]
         keep = band if keep is None else keep & band
     return keep
+
+
+def _our_peer(name: str, inputs, window, efficient_chunks: dict) -> _Peer:
+    """One of our peers (``ours``, ``ours_plain``, ``ours_efficient``) on heads-first ``inputs``
+    ``(q, k, v, lens, cotangent)``, ``(B, N, T, H)`` with ``lens (B,)`` or ``None``, and the
+    ``window`` (``(left, right)`` or ``None``)."""
+    window_note = _window_note(window)
+    if name == "ours":
+        from jax_attention.nn import scoring
+
+        def attend(q, k, v, lens):
+            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window)[0]
+
+        note = ("jax_attention.nn.scoring.dot_product_attention (implementation=None: "
+                f"{scoring.dot_product_implementation(inputs[0], inputs[1])} here), "
+                "(B, N, T, H), valid_lens" + window_note)
+    elif name == "ours_plain":
+        from jax_attention.nn import scoring
+
+        def attend(q, k, v, lens):
+            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window,
+                                                 implementation="plain")[0]
+
+        note = ("jax_attention.nn.scoring.dot_product_attention(implementation='plain'), "
+                "(B, N, T, H), valid_lens" + window_note)
+    else:
+        from jax_attention.nn import efficient
+
+        def attend(q, k, v, lens):
+            return efficient.dot_product_attention(q, k, v, lens, local_window_size=window,
+                                                   **efficient_chunks)
+
+        note = ("jax_attention.nn.efficient.dot_product_attention, (B, N, T, H), valid_lens"
+                + window_note
+                + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
+    return _jax_peer(attend, inputs, heads_last=False, standard_promotion=False, note=note)
+
+
+def _builtin_jax_peer(name: str, btnh, jax_lens, key_mask, window, mask_shape: str) -> _Peer:
+    """``jax.nn`` or ``flax.nnx`` on ``btnh`` (q, k, v, cotangent in their ``(B, T, N, H)``):
+    jax.nn with the valid lengths ``jax_lens`` and the ``window`` as its own arguments, Flax
+    with the boolean ``key_mask`` (:func:`_keep_mask`, the window's band included; its shape
+    as ``mask_shape`` says it)."""
+    import jax.numpy as jnp
+
+    window_note = _window_note(window)
+    if name == "jax.nn":
+        import jax
+
+        return _jax_peer(
+            lambda q, k, v, lens: jax.nn.dot_product_attention(
+                q, k, v, key_value_seq_lengths=lens, local_window_size=window),
+            (*btnh[:3], jax_lens, btnh[3]), heads_last=True, standard_promotion=True,
+            note="jax.nn.dot_product_attention (implementation=None), (B, T, N, H), "
+                 "key_value_seq_lengths" + window_note)
+    from flax import nnx
+
+    flax_mask = None if key_mask is None else jnp.asarray(key_mask)
+    return _jax_peer(
+        lambda q, k, v, mask: nnx.dot_product_attention(q, k, v, mask=mask),
+        (*btnh[:3], flax_mask, btnh[3]), heads_last=True, standard_promotion=True,
+        note=f"flax.nnx.dot_product_attention, (B, T, N, H), mask {mask_shape}"
+             + ("" if window is None else " (padding AND the window's band)"))
 
 
 def _build_peers(names, arrays, lens, dtype_name, efficient_chunks, window=None):
@@ -216,58 +286,14 @@ def _build_peers(names, arrays, lens, dtype_name, efficient_chunks, window=None)
     # (B, 1, 1, S): True where the key is real, broadcast over heads and queries; with a window,
     # AND the (T, S) band: (B or 1, 1, T, S).
     key_mask = _keep_mask(lens, T, S, window)
-    window_note = "" if window is None else f", local_window_size={window}"
     mask_shape = ("None" if key_mask is None else "(B, 1, 1, S)" if window is None
                   else f"({B if lens is not None else 1}, 1, T, S)")
 
     for name in names:
-        if name == "ours":
-            from jax_attention.nn import scoring
-
-            peers[name] = _jax_peer(
-                lambda q, k, v, lens: scoring.dot_product_attention(
-                    q, k, v, lens, local_window_size=window)[0],
-                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.nn.scoring.dot_product_attention (implementation=None: "
-                     f"{scoring.dot_product_implementation(bnth[0], bnth[1])} here), "
-                     "(B, N, T, H), valid_lens" + window_note)
-        elif name == "ours_plain":
-            from jax_attention.nn import scoring
-
-            peers[name] = _jax_peer(
-                lambda q, k, v, lens: scoring.dot_product_attention(
-                    q, k, v, lens, local_window_size=window, implementation="plain")[0],
-                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.nn.scoring.dot_product_attention(implementation='plain'), "
-                     "(B, N, T, H), valid_lens" + window_note)
-        elif name == "ours_efficient":
-            from jax_attention.nn import efficient
-
-            peers[name] = _jax_peer(
-                lambda q, k, v, lens: efficient.dot_product_attention(
-                    q, k, v, lens, local_window_size=window, **efficient_chunks),
-                (*bnth, jax_lens, ct_bnth), heads_last=False, standard_promotion=False,
-                note="jax_attention.nn.efficient.dot_product_attention, (B, N, T, H), valid_lens"
-                     + window_note
-                     + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
-        elif name == "jax.nn":
-            import jax
-
-            peers[name] = _jax_peer(
-                lambda q, k, v, lens: jax.nn.dot_product_attention(
-                    q, k, v, key_value_seq_lengths=lens, local_window_size=window),
-                (*btnh[:3], jax_lens, btnh[3]), heads_last=True, standard_promotion=True,
-                note="jax.nn.dot_product_attention (implementation=None), (B, T, N, H), "
-                     "key_value_seq_lengths" + window_note)
-        elif name == "flax.nnx":
-            from flax import nnx
-
-            flax_mask = None if key_mask is None else jnp.asarray(key_mask)
-            peers[name] = _jax_peer(
-                lambda q, k, v, mask: nnx.dot_product_attention(q, k, v, mask=mask),
-                (*btnh[:3], flax_mask, btnh[3]), heads_last=True, standard_promotion=True,
-                note=f"flax.nnx.dot_product_attention, (B, T, N, H), mask {mask_shape}"
-                     + ("" if window is None else " (padding AND the window's band)"))
+        if name in ("ours", "ours_plain", "ours_efficient"):
+            peers[name] = _our_peer(name, (*bnth, jax_lens, ct_bnth), window, efficient_chunks)
+        elif name in ("jax.nn", "flax.nnx"):
+            peers[name] = _builtin_jax_peer(name, btnh, jax_lens, key_mask, window, mask_shape)
         elif name == "torch":
             peers[name] = _torch_peer(q, k, v, cotangent, key_mask, dtype_name, mask_shape)
         elif name == "numpy":
@@ -314,8 +340,7 @@ def _numpy_peer(q, k, v, lens, dtype, window=None) -> _Peer:
                                                          local_window_size=window)[0], None,
                  output=lambda x: x,
                  note="reference_numpy.scoring.dot_product_attention in float64, forward only "
-                      "(the forward reference itself)"
-                      + ("" if window is None else f", local_window_size={window}"))
+                      "(the forward reference itself)" + _window_note(window))
 
 
 def _float64_grads(q, k, v, cotangent, lens, window=None):
@@ -383,6 +408,48 @@ def _check_shapes(shapes) -> list[tuple[int, int, int, int]]:
     return checked
 
 
+def _check_arguments(shapes, peers, masks, dtype, repeats, warmup, budget_s,
+                     local_window_sizes) -> tuple[list, list, list, list]:
+    """:func:`bench_attention`'s arguments checked (``ValueError`` naming the bad one), before
+    any work: ``(shapes, peers, masks, windows)``, the last three without repeats."""
+    shapes = _check_shapes(shapes)
+    peers = list(dict.fromkeys(peers))
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown or not peers:
+        raise ValueError(f"peers must be a non-empty subset of {', '.join(PEERS)}, got {peers}")
+    masks = list(dict.fromkeys(masks))
+    if not masks or any(m not in MASKS for m in masks):
+        raise ValueError(f"masks must be a non-empty subset of {', '.join(MASKS)}, got {masks}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if repeats < 5:
+        raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
+    if warmup < 0 or not budget_s > 0:
+        raise ValueError(f"need warmup >= 0 and budget_s > 0, got {warmup} and {budget_s}")
+    if (isinstance(local_window_sizes, (str, bytes))
+            or not isinstance(local_window_sizes, Iterable)):
+        raise ValueError(f"local_window_sizes must be a sequence of windows (None, w or (left, "
+                         f"right)), got {local_window_sizes!r}")
+    windows = list(dict.fromkeys(check_window(w) for w in local_window_sizes))
+    if not windows:
+        raise ValueError("local_window_sizes must name at least one window (None: no window)")
+    return shapes, peers, masks, windows
+
+
+#: What the figures of a record mean, in its ``settings``.
+SETTINGS_NOTES = {
+    "interleaving": "each round calls every timed function once, in a new random order (seeded)",
+    "flops": "4·B·N·T·S·H forward, 3× that forward+backward: the dense count (effective: the "
+             "same whatever the mask or the window skips; GFLOP/s and % of ceiling use it); "
+             "window_flops: 4·B·N·H·(the (t, s) pairs inside the window) forward, 3× that "
+             "forward+backward, padding not subtracted",
+    "ratios": "this peer's median time / the baseline's (> 1: slower)",
+    "errors": "max |peer - float64 reference| over the output (forward) and over dq, dk, dv "
+              "(forward_backward); the query rows that the padding and the window leave no key "
+              "(queries_without_keys) are left out of the output's and get a zero cotangent",
+}
+
+
 def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
                     peers: Sequence[str] = PEERS, masks: Sequence[str] = MASKS,
                     dtype: str = "float32", repeats: int = 7, warmup: int = 1,
@@ -424,27 +491,8 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
       ``percent_of_ceiling``, ``ratio_to_<baseline>`` (time / the baseline's time) and
       ``max_abs_error`` in each pass.
     """
-    shapes = _check_shapes(shapes)
-    peers = list(dict.fromkeys(peers))
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown or not peers:
-        raise ValueError(f"peers must be a non-empty subset of {', '.join(PEERS)}, got {peers}")
-    masks = list(dict.fromkeys(masks))
-    if not masks or any(m not in MASKS for m in masks):
-        raise ValueError(f"masks must be a non-empty subset of {', '.join(MASKS)}, got {masks}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if repeats < 5:
-        raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
-    if warmup < 0 or not budget_s > 0:
-        raise ValueError(f"need warmup >= 0 and budget_s > 0, got {warmup} and {budget_s}")
-    if (isinstance(local_window_sizes, (str, bytes))
-            or not isinstance(local_window_sizes, Iterable)):
-        raise ValueError(f"local_window_sizes must be a sequence of windows (None, w or (left, "
-                         f"right)), got {local_window_sizes!r}")
-    windows = list(dict.fromkeys(check_window(w) for w in local_window_sizes))
-    if not windows:
-        raise ValueError("local_window_sizes must name at least one window (None: no window)")
+    shapes, peers, masks, windows = _check_arguments(
+        shapes, peers, masks, dtype, repeats, warmup, budget_s, local_window_sizes)
     efficient_chunks = dict(efficient_chunks or {})
     log = log or (lambda line: None)
 
@@ -473,18 +521,7 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
                          "local_window_sizes": [None if w is None else list(w) for w in windows],
                          "dtype": dtype, "repeats": repeats, "warmup": warmup,
                          "budget_s": budget_s, "seed": seed, "efficient_chunks": efficient_chunks,
-                         "interleaving": "each round calls every timed function once, in a new "
-                                         "random order (seeded)",
-                         "flops": "4·B·N·T·S·H forward, 3× that forward+backward: the dense "
-                                  "count (effective: the same whatever the mask or the window "
-                                  "skips; GFLOP/s and % of ceiling use it); window_flops: "
-                                  "4·B·N·H·(the (t, s) pairs inside the window) forward, 3× that "
-                                  "forward+backward, padding not subtracted",
-                         "ratios": "this peer's median time / the baseline's (> 1: slower)",
-                         "errors": "max |peer - float64 reference| over the output (forward) and "
-                                   "over dq, dk, dv (forward_backward); the query rows that the "
-                                   "padding and the window leave no key (queries_without_keys) "
-                                   "are left out of the output's and get a zero cotangent"},
+                         **SETTINGS_NOTES},
             "gemm": gemm, "results": results, "sources": sources,
             "sources_changed_during_run":
                 source_fingerprint(*SOURCES)["modules"] != sources["modules"],
@@ -533,8 +570,81 @@ def _add_timings(record_peers: dict, medians: dict, flops: dict, ceiling: float)
                                                   timing["median_s"] / other["median_s"])
 
 
+class _References(NamedTuple):
+    """A case's float64 references: the ``output (B, N, T, H)`` and the ``seconds`` it took, the
+    ``grads`` ``[dq, dk, dv]`` and what made them (``grads_source``)."""
+
+    output: np.ndarray
+    seconds: float
+    grads: list
+    grads_source: str
+
+
+def _float64_references(arrays, built: dict, lens, dtype: str, window) -> _References:
+    """The float64 references of a case, from the inputs each peer actually sees (rounded to
+    ``dtype``); the output is the ``numpy`` peer's (built here when the case does not run it)."""
+    import jax.numpy as jnp
+
+    q, k, v, _ = arrays
+    seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
+    numpy_peer = built.get("numpy") if isinstance(built.get("numpy"), _Peer) else \
+        _numpy_peer(q, k, v, lens, jnp.dtype(dtype), window)
+    start = time.perf_counter()
+    output = numpy_peer.forward()
+    seconds = time.perf_counter() - start
+    grads, grads_source = _float64_grads(*seen, lens, window)
+    return _References(output, seconds, grads, grads_source)
+
+
+def _round_seconds(peer: _Peer) -> float:
+    """The seconds one timed round of ``peer`` (compiled by now) will take: the faster of two
+    calls of each of its functions."""
+    # The faster, because one call on a busy machine can stall (PyTorch's backward at
+    # T = 8192 took 20 s instead of 0.4 s now and then with a load average of 4).
+    estimate = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        peer.forward()
+        if peer.forward_backward is not None:
+            peer.forward_backward()
+        estimate = min(estimate, time.perf_counter() - start)
+    return estimate
+
+
+def _measure_peer(name: str, peer: _Peer, references: _References, rows, timed: dict, *,
+                  repeats: int, warmup: int, budget_s: float) -> dict:
+    """A peer's entry of a case: the errors of its first calls (which compile) against the
+    float64 ``references`` (:func:`_float64_references`; ``rows``: the query rows that count,
+    or ``None``) and its estimated seconds per round. Its functions join ``timed`` (``{"name/
+    pass": call}``) unless ``warmup + repeats`` rounds would take longer than ``budget_s``: then
+    it is recorded as skipped, with the estimate."""
+    reference_output, reference_seconds, reference_grads, _ = references
+    entry = {"status": "ok", "note": peer.note, "forward": {}, "forward_backward": None}
+    # First calls: compilation, and the results whose errors are reported.
+    output = reference_output if name == "numpy" else peer.output(peer.forward())
+    entry["forward"]["max_abs_error"] = _max_error(output, reference_output, rows)
+    if peer.forward_backward is not None:
+        entry["forward_backward"] = {"max_abs_error": max(
+            _max_error(g, e) for g, e in zip(peer.grads(peer.forward_backward()),
+                                             reference_grads))}
+    estimate = reference_seconds if name == "numpy" else _round_seconds(peer)
+    projected = estimate * (warmup + repeats)
+    entry["estimated_s_per_round"] = estimate
+    if projected > budget_s:
+        entry["status"] = "skipped"
+        entry["reason"] = (f"{warmup + repeats} rounds would take about {projected:.0f} s "
+                           f"(> budget {budget_s:g} s); errors measured from one call")
+    else:
+        timed[f"{name}/forward"] = peer.forward
+        if peer.forward_backward is not None:
+            timed[f"{name}/forward_backward"] = peer.forward_backward
+    return entry
+
+
 def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s, ceiling,
                 efficient_chunks, window=None) -> dict:
+    """One (shape, mask, window) case: every peer built, checked against the float64
+    references and, within the budget, timed in interleaved rounds; its record."""
     q, k, v, cotangent = arrays
     B, N, T, H = q.shape
     S = k.shape[2]
@@ -543,56 +653,15 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
     if rows is not None:
         arrays = [q, k, v, np.where(rows, cotangent, np.float32(0))]
     built = _build_peers(peer_names, arrays, lens, dtype, efficient_chunks, window)
-
-    # float64 references, from the inputs each peer actually sees (rounded to its dtype).
-    import jax.numpy as jnp
-
-    seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
-    numpy_peer = built.get("numpy") if isinstance(built.get("numpy"), _Peer) else \
-        _numpy_peer(q, k, v, lens, jnp.dtype(dtype), window)
-    start = time.perf_counter()
-    reference_output = numpy_peer.forward()
-    reference_seconds = time.perf_counter() - start
-    reference_grads, grads_source = _float64_grads(*seen, lens, window)
+    references = _float64_references(arrays, built, lens, dtype, window)
 
     record_peers: dict[str, dict] = {}
     timed: dict[str, Callable[[], object]] = {}
     for name in peer_names:
         peer = built[name]
-        if isinstance(peer, str):
-            record_peers[name] = {"status": "skipped", "reason": peer}
-            continue
-        entry = {"status": "ok", "note": peer.note, "forward": {}, "forward_backward": None}
-        # First calls: compilation, and the results whose errors are reported.
-        output = reference_output if name == "numpy" else peer.output(peer.forward())
-        entry["forward"]["max_abs_error"] = _max_error(output, reference_output, rows)
-        estimate = reference_seconds if name == "numpy" else None
-        if peer.forward_backward is not None:
-            entry["forward_backward"] = {"max_abs_error": max(
-                _max_error(g, e) for g, e in zip(peer.grads(peer.forward_backward()),
-                                                 reference_grads))}
-        if estimate is None:
-            # Two more calls of each, compiled by now, estimate the time a round will take; the
-            # faster, because one call on a busy machine can stall (PyTorch's backward at
-            # T = 8192 took 20 s instead of 0.4 s now and then with a load average of 4).
-            estimate = math.inf
-            for _ in range(2):
-                start = time.perf_counter()
-                peer.forward()
-                if peer.forward_backward is not None:
-                    peer.forward_backward()
-                estimate = min(estimate, time.perf_counter() - start)
-        projected = estimate * (warmup + repeats)
-        entry["estimated_s_per_round"] = estimate
-        if projected > budget_s:
-            entry["status"] = "skipped"
-            entry["reason"] = (f"{warmup + repeats} rounds would take about {projected:.0f} s "
-                               f"(> budget {budget_s:g} s); errors measured from one call")
-        else:
-            timed[f"{name}/forward"] = peer.forward
-            if peer.forward_backward is not None:
-                timed[f"{name}/forward_backward"] = peer.forward_backward
-        record_peers[name] = entry
+        record_peers[name] = ({"status": "skipped", "reason": peer} if isinstance(peer, str) else
+                              _measure_peer(name, peer, references, rows, timed, repeats=repeats,
+                                            warmup=warmup, budget_s=budget_s))
 
     samples = (time_interleaved(timed, repeats=repeats, warmup=warmup, shuffle_seed=0)
                if timed else {})
@@ -605,9 +674,9 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
             "queries_without_keys": without_keys,
             "flops": flops, "window_flops": window_flops,
             "reference": {"forward": "reference_numpy.scoring.dot_product_attention, float64"
-                                     + ("" if window is None else
-                                        f", local_window_size={window}"),
-                          "forward_s": reference_seconds, "gradients": grads_source},
+                                     + _window_note(window),
+                          "forward_s": references.seconds,
+                          "gradients": references.grads_source},
             "peers": record_peers}
 
 

@@ -1,7 +1,7 @@
 """Where a training step's time goes: XLA:CPU's kernels of the compiled step, timed one by one.
 
 ``jax-attention bench profile [--model transformer] [--json FILE]`` builds the model and the
-batches exactly as ``bench train`` does (:func:`jax_attention.bench.train.our_model`,
+batches exactly as ``bench train`` does (:func:`jax_attention.bench.train.our_training`,
 :func:`~jax_attention.bench.train.training_batches`: the book's settings and data), compiles
 :func:`jax_attention.train.loop.train_steps` for ``steps`` steps (the code path of ``jax-attention
 train``), then runs it ``calls`` times under ``jax.profiler`` and reads the trace back. XLA:CPU's
@@ -157,6 +157,46 @@ def _tally(events: list[tuple[str, float]], table: dict, total_steps: int) -> di
     return {**tally, "total": total}
 
 
+def _check_arguments(model: str, steps: int, calls: int, top: int) -> None:
+    """:func:`profile_train_step`'s arguments checked before any work: a registered ``model``;
+    ``steps``, ``calls`` and ``top`` integers >= 1 (``ValueError`` naming the bad one)."""
+    from jax_attention.bench.train import MODELS
+
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    check_int("steps", steps, 1)
+    check_int("calls", calls, 1)
+    check_int("top", top, 1)
+
+
+def _timed_calls(call, calls: int) -> list[float]:
+    """The wall seconds of ``calls`` calls of ``call``, after two untimed ones (the buffers)."""
+    for _ in range(2):  # warm-up: the buffers
+        call()
+    walls = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        walls.append(time.perf_counter() - started)
+    return walls
+
+
+def _profiled_kernels(call, calls: int, table: dict) -> list[tuple[str, float]]:
+    """``calls`` calls of ``call`` under ``jax.profiler``: the kernels they ran, as
+    :func:`kernel_events` reads them from the trace (in a temporary folder, removed after)."""
+    import jax
+
+    _remove_stale_traces()
+    with tempfile.TemporaryDirectory(prefix=f"{_TRACE_PREFIX}{os.getpid()}-") as directory:
+        jax.profiler.start_trace(directory, create_perfetto_trace=True)
+        try:
+            for _ in range(calls):
+                call()
+        finally:
+            jax.profiler.stop_trace()
+        return kernel_events(_read_trace(Path(directory)), table)
+
+
 def profile_train_step(model: str = "transformer", *, steps: int = 10, calls: int = 10,
                        seed: int = 0, sizes: dict | None = None, batch_size: int = 64,
                        num_steps: int = 10, num_examples: int = 600, lr: float = 0.005,
@@ -173,26 +213,18 @@ def profile_train_step(model: str = "transformer", *, steps: int = 10, calls: in
       top: how many of the slowest kernels and output shapes to list.
       log: called with progress lines, or ``None``.
     """
-    import jax
-    from flax import nnx
+    from jax_attention.bench.train import BOOK_MODELS, our_training, stack_batches, \
+        training_batches
+    from jax_attention.train.loop import train_steps
 
-    from jax_attention.bench.train import BOOK_MODELS, MODELS, our_model, training_batches
-    from jax_attention.train.loop import clipped_adam, train_steps
-
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    check_int("steps", steps, 1)
-    check_int("calls", calls, 1)
-    check_int("top", top, 1)
+    _check_arguments(model, steps, calls, top)
     say = log or (lambda line: None)
     settings = {**BOOK_MODELS[model], **(sizes or {})}
     load_before = load_average()
     nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                               steps)
-    net = our_model(model, settings, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
-    optimizer = nnx.Optimizer(net, clipped_adam(float(lr)), wrt=nnx.Param)
-    graphdef, state = nnx.split((net, optimizer))
-    batches = tuple(np.stack(arrays) for arrays in zip(*padded))
+    _, _, graphdef, state = our_training(model, settings, nmt, seed, lr)
+    batches = stack_batches(padded)
     bos_id = nmt.tgt_vocab["<bos>"]
 
     say(f"{model}: compiling {steps} training steps")
@@ -206,24 +238,9 @@ def profile_train_step(model: str = "transformer", *, steps: int = 10, calls: in
         state, losses = compiled(state, batches)  # the dynamic arguments of train_steps
         np.asarray(losses)  # the call's one device sync
 
-    for _ in range(2):  # warm-up: the buffers
-        call()
-    walls = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        call()
-        walls.append(time.perf_counter() - started)
+    walls = _timed_calls(call, calls)
     say(f"{model}: profiling {calls} calls")
-    _remove_stale_traces()
-    with tempfile.TemporaryDirectory(prefix=f"{_TRACE_PREFIX}{os.getpid()}-") as directory:
-        jax.profiler.start_trace(directory, create_perfetto_trace=True)
-        try:
-            for _ in range(calls):
-                call()
-        finally:
-            jax.profiler.stop_trace()
-        events = kernel_events(_read_trace(Path(directory)), table)
-
+    events = _profiled_kernels(call, calls, table)
     tally = _tally(events, table, steps * calls)
     return {
         "benchmark": "step_profile",

@@ -60,9 +60,10 @@ from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, gemm_ceiling,
                                         load_average, summarize, time_interleaved)
 from jax_attention.bench.torch_support import ThreadChoice, torch_model, torch_num_threads
+from jax_attention.runtime import distributed
 
 __all__ = ["MODELS", "BOOK_MODELS", "bench_train", "format_train", "bench_train_devices",
-           "format_train_devices", "child_main"]
+           "format_train_devices", "child_main", "our_training", "stack_batches", "OurRounds"]
 
 MODELS = tuple(registry.MODELS)
 
@@ -129,6 +130,98 @@ def training_batches(batch_size: int, num_steps: int, num_examples: int, data, s
     return nmt, plain, padded, tokens
 
 
+def our_training(kind: str, sizes: dict, nmt, seed: int, lr: float):
+    """Our model for the vocabularies of ``nmt`` (:func:`our_model`: training mode, seeded as
+    ``jax-attention train`` seeds it), its optimizer (Adam with the gradients clipped to global
+    norm 1, :func:`jax_attention.train.loop.clipped_adam`) and the two split for the compiled
+    steps: ``(model, optimizer, graphdef, state)``."""
+    from flax import nnx
+
+    from jax_attention.train.loop import clipped_adam
+
+    model = our_model(kind, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
+    optimizer = nnx.Optimizer(model, clipped_adam(float(lr)), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+    return model, optimizer, graphdef, state
+
+
+def stack_batches(padded) -> tuple:
+    """Padded batches ``[(src, src_valid_len, tgt, tgt_valid_len), ...]`` stacked as one compiled
+    call of :func:`jax_attention.train.loop.train_steps` takes them: four arrays, each with a
+    leading axis of the steps."""
+    return tuple(np.stack(arrays) for arrays in zip(*padded))
+
+
+class OurRounds:
+    """Rounds of our training on the same batches, the code path of ``jax-attention train``
+    (:func:`jax_attention.train.loop.train_epochs`): each call stacks the round's ``padded``
+    batches on the host (:func:`stack_batches`; with a ``mesh``, split over its ``data`` axis, the
+    state replicated), trains them in one compiled call of
+    :func:`~jax_attention.train.loop.train_steps` and syncs once, on the losses.
+
+    Attributes:
+      graphdef, state: the split model and optimizer; ``state`` as the rounds so far left it.
+      losses: each round's summed loss per target token (``tokens`` a round).
+      steps_trained: the steps of the rounds so far.
+    """
+
+    def __init__(self, graphdef, state, padded: list, bos_id: int, tokens: int, mesh=None):
+        from jax_attention.train.loop import train_steps
+
+        self.graphdef = graphdef
+        self.state = state if mesh is None else distributed.replicate(state, mesh)
+        self.losses: list[float] = []
+        self.steps_trained = 0
+        self._train_steps, self._padded, self._bos_id = train_steps, padded, bos_id
+        self._tokens, self._mesh = tokens, mesh
+
+    def __call__(self) -> None:
+        batches = stack_batches(self._padded)
+        if self._mesh is not None:
+            batches = distributed.shard_batches(batches, self._mesh)
+        self.state, losses = self._train_steps(self.graphdef, self.state, batches, self._bos_id)
+        self.losses.append(sum(float(loss) for loss in distributed.to_host(losses))
+                           / self._tokens)
+        self.steps_trained += len(self._padded)
+
+
+class _TorchRounds:
+    """Rounds of the book's PyTorch training (``train_seq2seq``) of the mirror of our model,
+    started from our initial weights: each call runs one eager
+    :func:`jax_attention.interop.torch_models.train_step` per batch, on the unpadded batches as
+    the book's ``DataLoader`` gives them.
+
+    Attributes:
+      losses: each round's summed loss per target token (``tokens`` a round).
+      steps_trained: the steps of the rounds so far.
+    """
+
+    def __init__(self, kind: str, sizes: dict, nmt, initial: dict, plain: list, *, tokens: int,
+                 seed: int, lr: float):
+        import torch
+
+        from jax_attention.interop import torch_models as tm
+
+        torch.manual_seed(seed)
+        self.net = torch_model(kind, model_config(kind, sizes, len(nmt.src_vocab),
+                                                  len(nmt.tgt_vocab)), initial)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=lr)
+        self._batches = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in batch)
+                         for batch in plain]
+        self._train_step, self._bos_id = tm.train_step, nmt.tgt_vocab["<bos>"]
+        self._tokens = tokens
+        self.losses: list[float] = []
+        self.steps_trained = 0
+
+    def __call__(self) -> None:
+        total = 0.0
+        for src, src_valid_len, tgt, tgt_valid_len in self._batches:
+            total += self._train_step(self.net, self.optimizer, src, src_valid_len, tgt,
+                                      tgt_valid_len, self._bos_id)
+        self.losses.append(total / self._tokens)
+        self.steps_trained += len(self._batches)
+
+
 def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
               seed: int, steps: int, repeats: int, warmup: int, *, devices) -> dict:
     """The ``settings`` of a training benchmark's record."""
@@ -165,9 +258,9 @@ def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
     return float(analysis.get("flops", 0.0))
 
 
-def _timed_rounds(model: str, ours: Callable[[], None], torch_round: Callable[[], None],
-                  trained: dict, *, torch_threads: int | None, repeats: int, warmup: int,
-                  steps: int, say) -> tuple[dict, float, int, dict]:
+def _timed_rounds(model: str, ours: OurRounds, torch_round: _TorchRounds, *,
+                  torch_threads: int | None, repeats: int, warmup: int, steps: int,
+                  say) -> tuple[dict, float, int, dict]:
     """Compile ours, settle PyTorch's threads, even out the steps trained, then time the rounds.
 
     Returns:
@@ -189,9 +282,9 @@ def _timed_rounds(model: str, ours: Callable[[], None], torch_round: Callable[[]
         say(f"{model}: torch threads {torch_threads} (fastest probe round of each: "
             + ", ".join(f"{t}: {s:.3f} s" for t, s in probes.items()) + ")")
     # The same number of steps for both before the timed rounds: catch ours up on the probes.
-    while trained["ours"] < trained["torch"]:
+    while ours.steps_trained < torch_round.steps_trained:
         ours()
-    while trained["torch"] < trained["ours"]:
+    while torch_round.steps_trained < ours.steps_trained:
         with torch_num_threads(torch_threads):
             torch_round()
 
@@ -202,11 +295,11 @@ def _timed_rounds(model: str, ours: Callable[[], None], torch_round: Callable[[]
     return samples, first_call_s, torch_threads, probes
 
 
-def _train_peers(samples: dict, losses: dict, trained: dict, *, steps: int, tokens: int,
-                 flops: float, ceiling: float, first_call_s: float, torch_threads: int,
-                 probes: dict) -> dict:
+def _train_peers(samples: dict, rounds: dict, *, steps: int, tokens: int, flops: float,
+                 ceiling: float, first_call_s: float, torch_threads: int, probes: dict) -> dict:
     """Each peer's record: the timings, tokens/s, GFLOP/s and share of the GEMM ceiling (in
-    FLOP/s) and its losses; our compilation time, PyTorch's threads and thread probes."""
+    FLOP/s) and its losses (``rounds``: ``{"ours": OurRounds, "torch": _TorchRounds}``); our
+    compilation time, PyTorch's threads and thread probes."""
     peers = {}
     for name in ("ours", "torch"):
         summary = summarize(samples[name])
@@ -217,9 +310,9 @@ def _train_peers(samples: dict, losses: dict, trained: dict, *, steps: int, toke
             "tokens_per_s": tokens / summary["median_s"],
             "gflops": flops / step_s / 1e9,
             "gemm_fraction": flops / step_s / ceiling,
-            "final_loss": losses[name][-1],
-            "round_losses": list(losses[name]),
-            "steps_trained": trained[name],
+            "final_loss": rounds[name].losses[-1],
+            "round_losses": list(rounds[name].losses),
+            "steps_trained": rounds[name].steps_trained,
         }
     peers["ours"]["first_call_s"] = first_call_s
     peers["ours"]["compile_s"] = max(first_call_s - statistics.median(samples["ours"]), 0.0)
@@ -254,11 +347,7 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
       A JSON-ready dict; see :func:`format_train` for the table it prints as.
     """
     import jax
-    import torch
     from flax import nnx
-
-    from jax_attention.interop import torch_models as tm
-    from jax_attention.train.loop import clipped_adam, train_steps
 
     _check_model_and_steps(model, steps)
     say = log or (lambda line: None)
@@ -268,49 +357,23 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
 
     nmt, plain, padded, tokens = training_batches(batch_size, num_steps, num_examples, data,
                                                    seed, steps)
-    V_src, V_tgt = len(nmt.src_vocab), len(nmt.tgt_vocab)
-    bos_id = nmt.tgt_vocab["<bos>"]
-
-    ours_model = our_model(model, settings, V_src, V_tgt, seed)
-    optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
+    ours_model, optimizer, graphdef, state = our_training(model, settings, nmt, seed, lr)
     initial = jax.tree.map(np.asarray, ours_model.params_dict())
-    torch.manual_seed(seed)
-    torch_net = torch_model(model, model_config(model, settings, V_src, V_tgt), initial)
-    torch_optimizer = torch.optim.Adam(torch_net.parameters(), lr=lr)
-    torch_batches = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in batch)
-                     for batch in plain]
-
-    graphdef, state = nnx.split((ours_model, optimizer))
+    torch_round = _TorchRounds(model, settings, nmt, initial, plain, tokens=tokens, seed=seed,
+                               lr=lr)
     say(f"{model}: cost analysis of one step")
-    flops = _flops_per_step(graphdef, state, padded[0], bos_id)
-    losses: dict[str, list[float]] = {"ours": [], "torch": []}
-    trained = {"ours": 0, "torch": 0}
-
-    def ours() -> None:
-        nonlocal state
-        # As train.loop.train_epochs: stack on the host, one compiled call, one sync on the losses.
-        batches = tuple(np.stack(arrays) for arrays in zip(*padded))
-        state, step_losses = train_steps(graphdef, state, batches, bos_id)
-        losses["ours"].append(float(sum(float(loss) for loss in np.asarray(step_losses))) / tokens)
-        trained["ours"] += steps
-
-    def torch_round() -> None:
-        total = 0.0
-        for src, src_valid_len, tgt, tgt_valid_len in torch_batches:
-            total += tm.train_step(torch_net, torch_optimizer, src, src_valid_len, tgt,
-                                   tgt_valid_len, bos_id)
-        losses["torch"].append(total / tokens)
-        trained["torch"] += steps
+    flops = _flops_per_step(graphdef, state, padded[0], nmt.tgt_vocab["<bos>"])
+    ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens)
 
     samples, first_call_s, torch_threads, probes = _timed_rounds(
-        model, ours, torch_round, trained, torch_threads=torch_threads, repeats=repeats,
+        model, ours, torch_round, torch_threads=torch_threads, repeats=repeats,
         warmup=warmup, steps=steps, say=say)
-    nnx.update((ours_model, optimizer), state)
+    nnx.update((ours_model, optimizer), ours.state)
     say(f"{model}: GEMM ceiling")
     gemm = gemm_ceiling(gemm_size)
-    peers = _train_peers(samples, losses, trained, steps=steps, tokens=tokens, flops=flops,
-                         ceiling=gemm["ceiling_gflops"] * 1e9, first_call_s=first_call_s,
-                         torch_threads=torch_threads, probes=probes)
+    peers = _train_peers(samples, {"ours": ours, "torch": torch_round}, steps=steps,
+                         tokens=tokens, flops=flops, ceiling=gemm["ceiling_gflops"] * 1e9,
+                         first_call_s=first_call_s, torch_threads=torch_threads, probes=probes)
     final_ours, final_torch = peers["ours"]["final_loss"], peers["torch"]["final_loss"]
     return {
         "benchmark": "train",
@@ -383,31 +446,13 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     """One device count, in this (fresh) process: ``steps`` training steps per round on a mesh of
     ``devices`` devices, timed after the compiling call and ``warmup`` rounds."""
     import jax
-    from flax import nnx
-
-    from jax_attention.runtime import distributed
-    from jax_attention.train.loop import clipped_adam, train_steps
 
     mesh = distributed.make_mesh(devices)
     distributed.check_batch_size(batch_size, mesh)
     nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                                steps)
-    bos_id = nmt.tgt_vocab["<bos>"]
-    ours_model = our_model(model, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
-    optimizer = nnx.Optimizer(ours_model, clipped_adam(float(lr)), wrt=nnx.Param)
-    graphdef, state = nnx.split((ours_model, optimizer))
-    state = distributed.replicate(state, mesh)
-    round_losses: list[float] = []
-
-    def ours() -> None:
-        nonlocal state
-        # As the training loop: stack on the host, split over the devices, one compiled call,
-        # one sync on the losses.
-        batches = distributed.shard_batches(tuple(np.stack(arrays) for arrays in zip(*padded)),
-                                            mesh)
-        state, losses = train_steps(graphdef, state, batches, bos_id)
-        round_losses.append(float(sum(float(loss) for loss in distributed.to_host(losses)))
-                            / tokens)
+    _, _, graphdef, state = our_training(model, sizes, nmt, seed, lr)
+    ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens, mesh)
 
     start = time.perf_counter()
     ours()
@@ -428,9 +473,9 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
         "tokens_per_s": tokens / summary["median_s"],
         "first_call_s": first_call_s,
         "compile_s": max(first_call_s - statistics.median(samples), 0.0),
-        "final_loss": round_losses[-1],
-        "round_losses": round_losses,
-        "steps_trained": steps * len(round_losses),
+        "final_loss": ours.losses[-1],
+        "round_losses": ours.losses,
+        "steps_trained": ours.steps_trained,
     }
 
 

@@ -102,6 +102,60 @@ def _score_dtype(dtype):
     return jnp.dtype(jnp.float32)
 
 
+def _check_beam_arguments(state, batch_size, *, beam_size, bos_id, eos_id, pad_id, max_len,
+                          length_penalty):
+    """:func:`beam_search`'s static arguments checked, and every leaf of ``state`` checked for a
+    leading batch axis ``B``: ``(bos_id, eos_id, pad_id, max_len, k, B, alpha)`` as Python
+    numbers. The vocabulary-dependent checks wait for the step's logits (:func:`_check_logits`).
+    """
+    bos_id, eos_id, pad_id = (check_id(n, v) for n, v in
+                              (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)))
+    max_len = check_max_len(max_len)
+    k = check_int("beam_size", beam_size, 1, static=True)
+    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real)
+            or not length_penalty >= 0 or length_penalty == float("inf")):
+        raise ValueError(f"length_penalty must be a finite number >= 0 (static), got "
+                         f"{length_penalty!r}")
+    B, alpha = check_int("batch_size", batch_size, 1), float(length_penalty)
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        shape = jnp.shape(leaf)
+        if len(shape) == 0 or shape[0] != B:
+            raise ValueError(f"state leaf {jax.tree_util.keystr(path) or '(root)'} must have a "
+                             f"leading batch axis of size B = {B} (shape (B, ...)), got {shape}")
+    return bos_id, eos_id, pad_id, max_len, k, B, alpha
+
+
+def _beam_candidates(logits, done, pad, finished_scores):
+    """Stage 1 of a beam search step: each beam's ``k`` best next tokens and their
+    log-probabilities, ``(candidates (B, k, k) int32, candidate_scores (B, k, k))``.
+
+    ``logits (B, k, V)`` in the score dtype; the tokens are ordered by ``logits`` as ``argmax``
+    orders them (so that ``k = 1`` is greedy search). A finished beam (``done (B, k)``) proposes
+    ``pad`` at zero cost and ``k - 1`` impossible candidates (``finished_scores (1, 1, k)``).
+    """
+    k = done.shape[-1]
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    _, candidates = lax.top_k(logits, k)  # (B, k, k)
+    candidate_scores = jnp.take_along_axis(log_probs, candidates, axis=-1)
+    candidates = jnp.where(done[..., None], pad, candidates.astype(jnp.int32))
+    candidate_scores = jnp.where(done[..., None], finished_scores, candidate_scores)
+    return candidates, candidate_scores
+
+
+def _rank_beams(history, lengths, log_p, *, max_len: int, alpha: float):
+    """The final beams ranked by the length-normalised score ``log_p / L ** alpha``, best first:
+    ``(tokens (B, k, max_len), lengths (B, k), scores (B, k))`` from ``history (B, k, max_len)``,
+    ``lengths (B, k)`` and the cumulative log-probabilities ``log_p (B, k)``."""
+    dtype, k = log_p.dtype, log_p.shape[-1]
+    # L: the generated tokens including <eos> (max_len when there was none).
+    L = jnp.minimum(lengths + 1, max_len).astype(dtype)
+    scores = log_p / L ** jnp.asarray(alpha, dtype)
+    scores, order = lax.top_k(scores, k)
+    return (jnp.take_along_axis(history, order[..., None], axis=1),
+            jnp.take_along_axis(lengths, order, axis=-1), scores)
+
+
 def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_id: int,
                 eos_id: int, pad_id: int, max_len: int, length_penalty: float = 0.75):
     """Beam search for a fixed ``max_len`` steps, ``k = beam_size`` beams per row — d2l §10.8.3.
@@ -160,21 +214,9 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
       ``k`` hypotheses have a finite log-probability (logits of ``-inf``), the rest score ``-inf``
       and their tokens are meaningless.
     """
-    bos_id, eos_id, pad_id = (check_id(n, v) for n, v in
-                              (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)))
-    max_len = check_max_len(max_len)
-    k = check_int("beam_size", beam_size, 1, static=True)
-    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real)
-            or not length_penalty >= 0 or length_penalty == float("inf")):
-        raise ValueError(f"length_penalty must be a finite number >= 0 (static), got "
-                         f"{length_penalty!r}")
-    B, alpha = check_int("batch_size", batch_size, 1), float(length_penalty)
-
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        shape = jnp.shape(leaf)
-        if len(shape) == 0 or shape[0] != B:
-            raise ValueError(f"state leaf {jax.tree_util.keystr(path) or '(root)'} must have a "
-                             f"leading batch axis of size B = {B} (shape (B, ...)), got {shape}")
+    bos_id, eos_id, pad_id, max_len, k, B, alpha = _check_beam_arguments(
+        state, batch_size, beam_size=beam_size, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+        max_len=max_len, length_penalty=length_penalty)
     state = jax.tree.map(lambda leaf: jnp.repeat(jnp.asarray(leaf), k, axis=0), state)
     start = jnp.full((B * k,), bos_id, dtype=jnp.int32)
 
@@ -194,13 +236,8 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
     def body(carry, t):
         state, inputs, log_p, done, lengths, history = carry
         logits, state, _ = step(state, inputs)
-        logits = logits.astype(dtype).reshape(B, k, V)
-        log_probs = jax.nn.log_softmax(logits, axis=-1)
-        # Stage 1: each beam's k best tokens, ordered by logits as argmax orders them.
-        _, candidates = lax.top_k(logits, k)  # (B, k, k)
-        candidate_scores = jnp.take_along_axis(log_probs, candidates, axis=-1)
-        candidates = jnp.where(done[..., None], pad, candidates.astype(jnp.int32))
-        candidate_scores = jnp.where(done[..., None], finished_scores, candidate_scores)
+        candidates, candidate_scores = _beam_candidates(
+            logits.astype(dtype).reshape(B, k, V), done, pad, finished_scores)
         # Stage 2: the k best of the k x k, on cumulative log-probability.
         total = (log_p[..., None] + candidate_scores).reshape(B, k * k)
         log_p, best = lax.top_k(total, k)  # (B, k)
@@ -222,9 +259,4 @@ def beam_search(step: Callable, state, batch_size: int, *, beam_size: int, bos_i
     (_, _, log_p, done, lengths, history), _ = lax.scan(
         body, carry, jnp.arange(max_len, dtype=jnp.int32))
 
-    # L: the generated tokens including <eos> (max_len when there was none).
-    L = jnp.minimum(lengths + 1, max_len).astype(dtype)
-    scores = log_p / L ** jnp.asarray(alpha, dtype)
-    scores, order = lax.top_k(scores, k)
-    return (jnp.take_along_axis(history, order[..., None], axis=1),
-            jnp.take_along_axis(lengths, order, axis=-1), scores)
+    return _rank_beams(history, lengths, log_p, max_len=max_len, alpha=alpha)

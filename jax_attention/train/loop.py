@@ -623,6 +623,64 @@ def _interrupted(done: Progress, schedule: Schedule, checkpoints, saved: int | N
         checkpoint=None if saved is None else checkpoints.step_path(saved))
 
 
+class _EpochData:
+    """The stacked batches (:func:`epoch_batches`) of the epoch being trained, loaded once, when
+    the first call within that epoch starts, and cut into the piece each compiled call trains on.
+    """
+
+    def __init__(self, nmt, schedule: Schedule, mesh):
+        self._nmt, self._schedule, self._mesh = nmt, schedule, mesh
+        self._epoch = self._batches = self._tokens = None
+
+    def call(self, step: int, end: int) -> tuple[tuple, np.ndarray]:
+        """The batches of the steps ``step .. end - 1`` (within one epoch), stacked ``(steps,
+        ...)`` and split over the mesh's ``data`` axis (each device its rows), and their target
+        tokens ``(steps,)``."""
+        epoch, batch = divmod(step, self._schedule.steps_per_epoch)
+        if self._epoch != epoch:
+            self._batches, _ = epoch_batches(self._nmt, epoch)
+            self._tokens, self._epoch = self._batches[3].sum(axis=1), epoch
+        chunk = self._batches if (batch, end) == (0, self._schedule.steps_per_epoch) else tuple(
+            array[batch:end] for array in self._batches)
+        return distributed.shard_batches(chunk, self._mesh), self._tokens[batch:end]
+
+
+def _compiled_call(graphdef, state, chunk, bos_id: int, skip_nonfinite: bool, shardings, *,
+                   first: bool):
+    """One compiled call of :func:`train_steps` on ``chunk``, its losses brought to the host
+    (the call's one device sync): ``(state, losses (steps,), the CompileTimer of the call)``;
+    ``first``: the run's first call, which compiles (the phase the Ctrl-C handler reports)."""
+    interrupts.phase("compile" if first else "steps")
+    with CompileTimer(this_thread=True) as compiling:
+        state, losses = train_steps(graphdef, state, chunk, bos_id, skip_nonfinite, shardings)
+        losses = distributed.to_host(losses)  # the call's one device sync
+    return state, losses, compiling
+
+
+def _save_if_due(checkpoints, done: Progress, schedule: Schedule, state, saved: int | None,
+                 stopping: bool) -> int | None:
+    """Save a training checkpoint of ``state`` at ``done.step`` when one is due there (and not
+    saved yet); returns the step of the newest checkpoint saved (``saved`` when none was due)."""
+    if (checkpoints is None or saved == done.step
+            or not schedule.checkpoint_due(done.step, stopping=stopping)):
+        return saved
+    interrupts.phase("save")
+    checkpoints.save(done.step, distributed.to_local(state), done.record(schedule.steps_per_epoch))
+    _note_saved(checkpoints, done.step)
+    return done.step
+
+
+def _epochs_result(done: Progress, resumed_from: int | None, steps_per_epoch: int
+                   ) -> EpochsResult:
+    """What :func:`train_epochs` returns, from the run's final :class:`Progress`."""
+    # The steady rate: the epochs after the first one this call trained in (which compiles,
+    # and which a resumed run may have begun in another process).
+    steady = done.tokens_per_sec[(resumed_from or 0) // steps_per_epoch + 1:]
+    return EpochsResult(losses=done.losses, tokens_per_sec=done.tokens_per_sec,
+                        skipped_steps=done.skipped_steps, resumed_from_step=resumed_from,
+                        steady_tokens_per_sec=float(np.median(steady)) if steady else None)
+
+
 def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
                  log, log_every: int, config: dict, long_run: LongRunConfig | None = None,
                  mesh=None, after_first_call: Callable[[], object] | None = None
@@ -664,12 +722,13 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
         saved = done.step if resumed_from is not None else None
         state = distributed.place_state(state, mesh)  # after the restore (one device's arrays)
         shardings = leaf_shardings(state)
+        data = _EpochData(nmt, schedule, mesh)
         with sigint_requests(checkpoints is not None) as stop_requested, \
                 ProgressLog(epochs, desc=desc, progress=progress, log=log,
                             initial=len(done.losses)) as bar:
             for line in lines:
                 bar.emit(line)
-            loaded_epoch, started, clock = None, done.step, None
+            started, clock = done.step, None
             _note_saved(checkpoints, saved)
             if done.step < schedule.total:
                 bar.emit("compiling the training step (seconds, once per run; the compilation "
@@ -678,19 +737,11 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 if stop_requested.is_set():  # before this call: nothing new to save
                     raise _interrupted(done, schedule, checkpoints, saved, started)
                 start = time.perf_counter()
-                epoch, batch = divmod(done.step, schedule.steps_per_epoch)
-                if loaded_epoch != epoch:
-                    batches, _ = epoch_batches(nmt, epoch)
-                    batch_tokens, loaded_epoch = batches[3].sum(axis=1), epoch
-                end = schedule.call_end(done.step)
-                chunk = batches if (batch, end) == (0, schedule.steps_per_epoch) else tuple(
-                    array[batch:end] for array in batches)
-                chunk = distributed.shard_batches(chunk, mesh)  # each device its rows
-                interrupts.phase("compile" if clock is None else "steps")
-                with CompileTimer(this_thread=True) as compiling:
-                    state, losses = train_steps(graphdef, state, chunk, bos_id,
-                                                long_run.skip_nonfinite, shardings)
-                    losses = distributed.to_host(losses)  # the call's one device sync
+                batch, end = done.step % schedule.steps_per_epoch, schedule.call_end(done.step)
+                chunk, tokens = data.call(done.step, end)
+                state, losses, compiling = _compiled_call(
+                    graphdef, state, chunk, bos_id, long_run.skip_nonfinite, shardings,
+                    first=clock is None)
                 done.epoch_seconds += time.perf_counter() - start
                 if clock is None:
                     report_compiled(bar, compiling, end - batch, time.perf_counter() - start)
@@ -698,29 +749,18 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 if after_first_call is not None and not stopping:
                     after_first_call()
                     after_first_call = None
-                _report_rejected(losses, done, batch_tokens[batch:end], schedule, checkpoints,
+                _report_rejected(losses, done, tokens, schedule, checkpoints,
                                  long_run.skip_nonfinite, bar)
-                done.add(losses, batch_tokens[batch:end])
+                done.add(losses, tokens)
                 _after_call(done, schedule, bar, log_every, time_left(done.step, schedule.total, clock))
                 if clock is None:
                     clock = (time.perf_counter(), done.step)
                     bar.restart_clock()
-                if (checkpoints is not None and saved != done.step
-                        and schedule.checkpoint_due(done.step, stopping=stopping)):
-                    interrupts.phase("save")
-                    checkpoints.save(done.step, distributed.to_local(state),
-                                     done.record(schedule.steps_per_epoch))
-                    saved = done.step
-                    _note_saved(checkpoints, saved)
+                saved = _save_if_due(checkpoints, done, schedule, state, saved, stopping)
                 if stopping and done.step < schedule.total:
                     raise _interrupted(done, schedule, checkpoints, saved, started)
     finally:
         nnx.update((model, optimizer), distributed.to_local(state))
         if checkpoints is not None:
             checkpoints.close()
-    # The steady rate: the epochs after the first one this call trained in (which compiles,
-    # and which a resumed run may have begun in another process).
-    steady = done.tokens_per_sec[(resumed_from or 0) // schedule.steps_per_epoch + 1:]
-    return EpochsResult(losses=done.losses, tokens_per_sec=done.tokens_per_sec,
-                        skipped_steps=done.skipped_steps, resumed_from_step=resumed_from,
-                        steady_tokens_per_sec=float(np.median(steady)) if steady else None)
+    return _epochs_result(done, resumed_from, schedule.steps_per_epoch)

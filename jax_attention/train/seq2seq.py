@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -37,6 +38,8 @@ from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, train_e
 __all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
            "train_seq2seq", "train_bahdanau", "train_transformer", "evaluate_translations",
            "score_held_out", "evaluate_held_out"]
+
+logger = logging.getLogger(__name__)
 
 #: The book's test sentences and references (d2l §10.7.6 and §11.4.3).
 BOOK_PAIRS = (
@@ -259,7 +262,8 @@ class _EvaluationCompile(threading.Thread):
     fills JAX's caches, so that the evaluation after training compiles nothing. Started after
     the training step's own compilation (``train_epochs(after_first_call=thread.start)``), it
     uses the core the steps leave idle: on 2 cores the Transformer's evaluation went from
-    ~2.0 s to ~0.01 s of the run. Any error here is left to the real evaluation to meet.
+    ~2.0 s to ~0.01 s of the run. An error here cannot break the run: it is logged (one warning
+    of this module's ``logger``, with its traceback) and left to the real evaluation to meet.
 
     Attributes:
       compile_s: the seconds it compiled (:class:`~jax_attention.runtime.compilation.CompileTimer`).
@@ -275,8 +279,13 @@ class _EvaluationCompile(threading.Thread):
         with CompileTimer(this_thread=True) as timer:
             try:
                 _book_translations(*self._work)
-            except Exception:  # noqa: BLE001 - the evaluation itself reports what fails
-                pass
+            except Exception as error:  # noqa: BLE001 - the evaluation itself reports what fails
+                # One line where logging is not configured (the command's rule: no traceback);
+                # the traceback goes to the debug record, for a user who asks for it.
+                logger.warning("compiling the evaluation's programs in the background failed "
+                               "(%s: %s); the evaluation after training compiles them itself",
+                               type(error).__name__, error)
+                logger.debug("the background compile's error", exc_info=True)
         self.compile_s = timer.seconds
 
     def wait(self) -> None:
@@ -340,6 +349,66 @@ def _evaluate(spec: ModelSpec, model, model_config, nmt, early: _EvaluationCompi
     return params, translations, scores, validation
 
 
+def _checked_run(model, model_config, train_config: TrainConfig | None,
+                 long_run: LongRunConfig | None, devices: DeviceConfig | None, log_every: int):
+    """:func:`train_seq2seq`'s settings checked, before any work, and the defaults filled in:
+    ``(spec, model_config, train_config, long_run, mesh)``, ``mesh`` the training's device mesh
+    (:func:`jax_attention.train.loop.training_mesh`)."""
+    spec = get_model(model)
+    model_config = spec.model_config() if model_config is None else model_config
+    if not isinstance(model_config, spec.config_class):
+        raise TypeError(f"model_config must be a {spec.config_class.__name__} for the "
+                        f"{spec.name} model, got {type(model_config).__name__}")
+    train_config = spec.train_config() if train_config is None else train_config
+    long_run = LongRunConfig() if long_run is None else long_run
+    devices = DeviceConfig() if devices is None else devices
+    check_int("log_every", log_every, 1)
+    if devices.model_parallel != 1 and not spec.tensor_parallel:
+        raise ValueError(f"model_parallel = {devices.model_parallel}: the {spec.name} model "
+                         "has no tensor-parallel layout; use 1")
+    mesh = training_mesh(devices.devices, train_config.batch_size, long_run.checkpoint_dir,
+                         model=devices.model_parallel)
+    spec.check_shards(model_config, distributed.model_size(mesh))
+    return spec, model_config, train_config, long_run, mesh
+
+
+def _train(spec: ModelSpec, module, optimizer, nmt, train_config: TrainConfig,
+           early: _EvaluationCompile | None, **epochs_settings):
+    """The epochs (:func:`jax_attention.train.loop.train_epochs`, ``epochs_settings`` its
+    keywords), starting ``early`` once the training step has compiled; a run that stops (Ctrl-C,
+    a non-finite step) waits for ``early`` before it raises."""
+    try:
+        return train_epochs(module, optimizer, nmt, epochs=train_config.epochs, desc=spec.name,
+                            after_first_call=None if early is None else early.start,
+                            **epochs_settings)
+    except BaseException:
+        if early is not None:
+            early.wait()
+        raise
+
+
+def _export_if_asked(checkpoint, spec: ModelSpec, params, nmt, model_config, train_config
+                     ) -> tuple[Path | None, str | None]:
+    """:func:`_export` when the run exports (a ``checkpoint`` directory; in a multi-process run,
+    process 0 alone); ``(None, None)`` otherwise."""
+    if checkpoint is None or not distributed.is_main_process():
+        return None, None
+    interrupts.phase("export")
+    return _export(checkpoint, spec, params, nmt, model_config, train_config)
+
+
+def _timing(phases: _Phases, compiling: CompileTimer, training_compile: CompileTimer,
+            evaluation_compile: CompileTimer, early: _EvaluationCompile | None) -> dict:
+    """:attr:`Seq2SeqResult.timing`: the wall seconds by phase and the compilation's seconds
+    (waited for: in all, in the epochs, in the evaluation; ``early``'s in the background) and
+    the programs loaded from the persistent cache."""
+    return {**phases.seconds, "compile_s": compiling.seconds,
+            "training_compile_s": training_compile.seconds,
+            "evaluation_compile_s": evaluation_compile.seconds,
+            "background_compile_s": 0.0 if early is None else early.compile_s,
+            "compile_cache_hits": compiling.cache_hits}
+
+
 def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = None,
                   long_run: LongRunConfig | None = None, devices: DeviceConfig | None = None, *,
                   data: str | os.PathLike | None = None,
@@ -390,21 +459,8 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         >>> result = train_seq2seq("transformer", train_config=config)  # doctest: +SKIP
         >>> result.losses[-1], result.translations[0]  # doctest: +SKIP
     """
-    spec = get_model(model)
-    model_config = spec.model_config() if model_config is None else model_config
-    if not isinstance(model_config, spec.config_class):
-        raise TypeError(f"model_config must be a {spec.config_class.__name__} for the "
-                        f"{spec.name} model, got {type(model_config).__name__}")
-    train_config = spec.train_config() if train_config is None else train_config
-    long_run = LongRunConfig() if long_run is None else long_run
-    devices = DeviceConfig() if devices is None else devices
-    check_int("log_every", log_every, 1)
-    if devices.model_parallel != 1 and not spec.tensor_parallel:
-        raise ValueError(f"model_parallel = {devices.model_parallel}: the {spec.name} model "
-                         "has no tensor-parallel layout; use 1")
-    mesh = training_mesh(devices.devices, train_config.batch_size, long_run.checkpoint_dir,
-                         model=devices.model_parallel)
-    spec.check_shards(model_config, distributed.model_size(mesh))
+    spec, model_config, train_config, long_run, mesh = _checked_run(
+        model, model_config, train_config, long_run, devices, log_every)
     if not distributed.is_main_process():
         progress, log = False, None
 
@@ -417,17 +473,10 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
         config = _run_record(spec, model_config, train_config, nmt)
         early = (_EvaluationCompile(spec, module, model_config, nmt)
                  if distributed.is_main_process() else None)
-        try:
-            with phases("training_s"), CompileTimer(this_thread=True) as training_compile:
-                trained = train_epochs(module, optimizer, nmt, epochs=train_config.epochs,
-                                       desc=spec.name, progress=progress, log=log,
-                                       log_every=log_every, config=config, long_run=long_run,
-                                       mesh=mesh,
-                                       after_first_call=None if early is None else early.start)
-        except BaseException:  # a run that stops (Ctrl-C, a non-finite step) waits for it
-            if early is not None:
-                early.wait()
-            raise
+        with phases("training_s"), CompileTimer(this_thread=True) as training_compile:
+            trained = _train(spec, module, optimizer, nmt, train_config, early, progress=progress,
+                             log=log, log_every=log_every, config=config, long_run=long_run,
+                             mesh=mesh)
         stopping = interrupts.requested()  # a Ctrl-C after the last step: export, then stop
         if stopping and early is not None:
             early.wait()
@@ -438,20 +487,13 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
                 interrupts.phase("evaluation")
                 params, translations, scores, validation = _evaluate(spec, module, model_config,
                                                                      nmt, early)
-        written = export_error = None
         with phases("export_s"):
-            if checkpoint is not None and distributed.is_main_process():
-                interrupts.phase("export")
-                written, export_error = _export(checkpoint, spec, params, nmt, model_config,
-                                                train_config)
+            written, export_error = _export_if_asked(checkpoint, spec, params, nmt, model_config,
+                                                     train_config)
         if stopping:
             raise _stopped_after_training(long_run, train_config.epochs * nmt.num_batches,
                                           written, export_error)
-    timing = {**phases.seconds, "compile_s": compiling.seconds,
-              "training_compile_s": training_compile.seconds,
-              "evaluation_compile_s": evaluation_compile.seconds,
-              "background_compile_s": 0.0 if early is None else early.compile_s,
-              "compile_cache_hits": compiling.cache_hits}
+    timing = _timing(phases, compiling, training_compile, evaluation_compile, early)
     return Seq2SeqResult(
         losses=trained.losses,
         cross_entropy=[loss * model_config.num_steps for loss in trained.losses],

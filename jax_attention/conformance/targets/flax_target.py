@@ -170,48 +170,68 @@ def _flax_dot_product_attention(device) -> list[Implementation]:
     ]
 
 
-def _flax_multi_head_attention(device) -> list[Implementation]:
+def _flax_mha_module(case: Case, params: dict):
+    """``flax.nnx.MultiHeadAttention`` holding the case's ``params``: our kernels ``(in, N H |
+    N_kv H)`` and ``(N H, out)`` reshaped to its ``(in, N | N_kv, H)`` and ``(N, H, out)``."""
     import jax.numpy as jnp
     from flax import nnx
 
-    def build(case, params):
-        num_heads, num_kv_heads, H, _ = mha_heads(case)
-        query_size, num_hiddens = params["W_q"].shape
-        use_bias = "b_q" in params
-        dtype = _dtype(params)
-        with standard_promotion():
-            module = nnx.MultiHeadAttention(
-                num_heads, query_size, num_hiddens, params["W_o"].shape[1],
-                num_kv_heads=num_kv_heads, in_kv_features=params["W_k"].shape[0],
-                use_bias=use_bias, decode=False, param_dtype=dtype, rngs=nnx.Rngs(0),
-                kernel_init=nnx.initializers.zeros)
-        # Kernels (in, N | N_kv, H): our columns n*H .. (n+1)*H - 1 are head n.
-        for layer, name, N in ((module.query, "q", num_heads), (module.key, "k", num_kv_heads),
-                               (module.value, "v", num_kv_heads)):
-            layer.kernel[...] = jnp.asarray(params[f"W_{name}"].reshape(-1, N, H))
-            if use_bias:
-                layer.bias[...] = jnp.asarray(params[f"b_{name}"].reshape(N, H))
-        module.out.kernel[...] = jnp.asarray(params["W_o"].reshape(num_heads, H, -1))
+    num_heads, num_kv_heads, H, _ = mha_heads(case)
+    query_size, num_hiddens = params["W_q"].shape
+    use_bias = "b_q" in params
+    dtype = _dtype(params)
+    with standard_promotion():
+        module = nnx.MultiHeadAttention(
+            num_heads, query_size, num_hiddens, params["W_o"].shape[1],
+            num_kv_heads=num_kv_heads, in_kv_features=params["W_k"].shape[0],
+            use_bias=use_bias, decode=False, param_dtype=dtype, rngs=nnx.Rngs(0),
+            kernel_init=nnx.initializers.zeros)
+    # Kernels (in, N | N_kv, H): our columns n*H .. (n+1)*H - 1 are head n.
+    for layer, name, N in ((module.query, "q", num_heads), (module.key, "k", num_kv_heads),
+                           (module.value, "v", num_kv_heads)):
+        layer.kernel[...] = jnp.asarray(params[f"W_{name}"].reshape(-1, N, H))
         if use_bias:
-            module.out.bias[...] = jnp.asarray(params["b_o"])
-        return module
+            layer.bias[...] = jnp.asarray(params[f"b_{name}"].reshape(N, H))
+    module.out.kernel[...] = jnp.asarray(params["W_o"].reshape(num_heads, H, -1))
+    if use_bias:
+        module.out.bias[...] = jnp.asarray(params["b_o"])
+    return module
 
-    def arguments(case, inputs):
-        # Batched (B, T, q): masks (B | 1, 1, T, S). Unbatched (T, q), which Flax takes as it
-        # is (no batch axes): lengths () or (T,) -> a mask (1, T, S) over the heads.
-        unbatched = inputs["queries"].ndim == 2
-        T, S = inputs["queries"].shape[-2], inputs["keys"].shape[-2]
-        masks = dict(inputs)
-        if unbatched and "valid_lens" in masks:
-            masks["valid_lens"] = masks["valid_lens"][None]
-        keep = keep_mask(masks, T, S, window=window_of(case.config))  # causal passed natively
-        if keep is not None and not unbatched:
-            keep = keep[:, None]
-        return to_jax((inputs["queries"], inputs["keys"], inputs["values"], keep), device)
+
+def _flax_mha_arguments(case: Case, inputs: dict, device):
+    """``(queries, keys, values, mask)`` on ``device`` as ``flax.nnx.MultiHeadAttention`` takes
+    them: the case's masks and sliding window as one boolean mask (``None`` without any), the
+    causal mask left out (passed natively)."""
+    # Batched (B, T, q): masks (B | 1, 1, T, S). Unbatched (T, q), which Flax takes as it
+    # is (no batch axes): lengths () or (T,) -> a mask (1, T, S) over the heads.
+    unbatched = inputs["queries"].ndim == 2
+    T, S = inputs["queries"].shape[-2], inputs["keys"].shape[-2]
+    masks = dict(inputs)
+    if unbatched and "valid_lens" in masks:
+        masks["valid_lens"] = masks["valid_lens"][None]
+    keep = keep_mask(masks, T, S, window=window_of(case.config))  # causal passed natively
+    if keep is not None and not unbatched:
+        keep = keep[:, None]
+    return to_jax((inputs["queries"], inputs["keys"], inputs["values"], keep), device)
+
+
+def _flax_mha_sizes_reason(case: Case) -> str | None:
+    """n/a for ``flax.nnx.MultiHeadAttention``: keys and values of different input sizes."""
+    W_k, W_v = case.params["W_k"], case.params["W_v"]
+    if W_k.shape[0] != W_v.shape[0]:
+        return (f"flax.nnx.MultiHeadAttention takes one input size for keys and values "
+                f"(in_kv_features); the case has {W_k.shape[0]} and {W_v.shape[0]}")
+    return None
+
+
+def _flax_multi_head_attention(device) -> list[Implementation]:
+    """``flax.nnx.MultiHeadAttention`` called plainly (output) and with ``sow_weights=True``
+    (output and weights)."""
+    from flax import nnx
 
     def run_plain(case, inputs, params):
-        q, k, v, mask = arguments(case, inputs)
-        module = build(case, params)
+        q, k, v, mask = _flax_mha_arguments(case, inputs, device)
+        module = _flax_mha_module(case, params)
         with standard_promotion():
             out = nnx.jit(lambda m, q, k, v, mask: m(
                 q, k, v, mask=mask, is_causal=case.config.get("is_causal", False)))(
@@ -219,23 +239,17 @@ def _flax_multi_head_attention(device) -> list[Implementation]:
         return check_device({"output": out}, device)
 
     def run_sown(case, inputs, params):
-        q, k, v, mask = arguments(case, inputs)
-        module = build(case, params)
+        q, k, v, mask = _flax_mha_arguments(case, inputs, device)
+        module = _flax_mha_module(case, params)
         with standard_promotion():
             out, sown = _captured(module, q, k, v, mask=mask, sow_weights=True,
                                   is_causal=case.config.get("is_causal", False))
         return check_device({"output": out, "weights": _sown(sown, "attention_weights")}, device)
 
-    def sizes(case: Case) -> str | None:
-        W_q, W_k, W_v = (case.params[n] for n in ("W_q", "W_k", "W_v"))
-        if W_k.shape[0] != W_v.shape[0]:
-            return (f"flax.nnx.MultiHeadAttention takes one input size for keys and values "
-                    f"(in_kv_features); the case has {W_k.shape[0]} and {W_v.shape[0]}")
-        return None
-
     name = "flax.nnx.MultiHeadAttention"
     reasons = first_reason(fully_masked_reason(name), value_head_size_reason(name),
-                           no_scale_reason(name), no_softcap_reason(name), sizes)
+                           no_scale_reason(name), no_softcap_reason(name),
+                           _flax_mha_sizes_reason)
     return [Implementation("flax.nnx.MultiHeadAttention", run_plain, reasons,
                            tolerance_dtype="float32", note=FUSED_FLOAT32),
             Implementation("flax.nnx.MultiHeadAttention(sow_weights=True)", run_sown, reasons)]

@@ -221,58 +221,76 @@ def _no_unbatched_lengths(name: str):
     return reason
 
 
+def _sdpa_mask(torch, keep, bias):
+    """``scaled_dot_product_attention``'s ``attn_mask`` from NumPy ``keep`` (boolean, True =
+    attend) and ``bias`` (float, added to the scores), each broadcastable to ``(B, N, T, S)`` or
+    ``None``: ``keep`` as a boolean mask, ``bias`` as a float one, and with both the bias where
+    attended and ``-inf`` elsewhere."""
+    attn_mask = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep))
+    if bias is None:
+        return attn_mask
+    bias = torch.from_numpy(np.ascontiguousarray(bias))  # a float attn_mask is added to the scores
+    return bias if attn_mask is None else torch.where(
+        attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+
+
+def _sdpa(t: _Torch, case: Case, i: dict, p: dict) -> dict:
+    """``torch.nn.functional.scaled_dot_product_attention`` on the case's heads ``(B, N, T,
+    d)``: the masks (and any bias) as its ``attn_mask``, ``is_causal`` natively when it is the
+    only mask, ``scale`` and grouped-query heads (``enable_gqa``) natively."""
+    torch = t.torch
+    arrays = {n: x.numpy() for n, x in i.items()}
+    is_causal = bool(case.config.get("is_causal", False))
+    # SDPA refuses is_causal with an attn_mask: with any mask, bias or window, fold it in.
+    fold = any(n in arrays for n in ("valid_lens", "mask", "bias")) or \
+        window_of(case.config) is not None
+    h = heads(arrays, case.config, fold_causal=fold, fold_window=True)
+    attn_mask = _sdpa_mask(torch, h.keep, h.bias)
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+               for x in (h.queries, h.keys, h.values))
+    return {"output": h.restore(torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal and not fold,
+        scale=case.config.get("scale"), enable_gqa=h.grouped))}
+
+
+def _flex(t: _Torch, case: Case, i: dict, p: dict) -> dict:
+    """``torch.nn.attention.flex_attention`` on the case's heads ``(B, N, T, d)``."""
+    torch = t.torch
+    # FlexAttention: the masks (valid lengths, boolean, causal, window) as a block mask, the
+    # soft cap and the bias as its score_mod (in the reference's order), scale= and
+    # enable_gqa= natively. Called eagerly (no torch.compile): its unfused path, which warns.
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    h = heads({n: x.numpy() for n, x in i.items()}, case.config, fold_causal=True,
+              fold_window=True)
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+               for x in (h.queries, h.keys, h.values))
+    (B, N, T, _), S = q.shape, k.shape[2]
+    cap = case.config.get("logit_softcap")
+    bias = None if h.bias is None else torch.from_numpy(
+        np.broadcast_to(h.bias, (B, N, T, S)).copy())
+
+    def score_mod(score, b, head, t, s):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        return score if bias is None else score + bias[b, head, t, s]
+
+    block_mask = None
+    if h.keep is not None:
+        keep = torch.from_numpy(np.broadcast_to(h.keep, (B, N, T, S)).copy())
+        block_mask = create_block_mask(lambda b, head, t, s: keep[b, head, t, s], B, N, T, S,
+                                       device="cpu")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        output = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                scale=case.config.get("scale"), enable_gqa=h.grouped)
+    return {"output": h.restore(output)}
+
+
 def _scoring(t: _Torch) -> dict[str, list[Implementation]]:
-    """Scaled dot-product attention (the built-in and the mirror) and additive attention."""
-    torch, tm = t.torch, t.tm
-
-    def sdpa(case, i, p):
-        arrays = {n: x.numpy() for n, x in i.items()}
-        is_causal = bool(case.config.get("is_causal", False))
-        # SDPA refuses is_causal with an attn_mask: with any mask, bias or window, fold it in.
-        fold = any(n in arrays for n in ("valid_lens", "mask", "bias")) or \
-            window_of(case.config) is not None
-        h = heads(arrays, case.config, fold_causal=fold, fold_window=True)
-        attn_mask = None if h.keep is None else torch.from_numpy(h.keep)
-        if h.bias is not None:  # a float attn_mask is added to the scores
-            bias = torch.from_numpy(np.ascontiguousarray(h.bias))
-            attn_mask = bias if attn_mask is None else torch.where(
-                attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
-        q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
-                   for x in (h.queries, h.keys, h.values))
-        return {"output": h.restore(torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal and not fold,
-            scale=case.config.get("scale"), enable_gqa=h.grouped))}
-
-    def flex(case, i, p):
-        # FlexAttention: the masks (valid lengths, boolean, causal, window) as a block mask, the
-        # soft cap and the bias as its score_mod (in the reference's order), scale= and
-        # enable_gqa= natively. Called eagerly (no torch.compile): its unfused path, which warns.
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        h = heads({n: x.numpy() for n, x in i.items()}, case.config, fold_causal=True,
-                  fold_window=True)
-        q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
-                   for x in (h.queries, h.keys, h.values))
-        (B, N, T, _), S = q.shape, k.shape[2]
-        cap = case.config.get("logit_softcap")
-        bias = None if h.bias is None else torch.from_numpy(
-            np.broadcast_to(h.bias, (B, N, T, S)).copy())
-
-        def score_mod(score, b, head, t, s):
-            if cap is not None:
-                score = cap * torch.tanh(score / cap)
-            return score if bias is None else score + bias[b, head, t, s]
-
-        block_mask = None
-        if h.keep is not None:
-            keep = torch.from_numpy(np.broadcast_to(h.keep, (B, N, T, S)).copy())
-            block_mask = create_block_mask(lambda b, head, t, s: keep[b, head, t, s], B, N, T, S,
-                                           device="cpu")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            output = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                    scale=case.config.get("scale"), enable_gqa=h.grouped)
-        return {"output": h.restore(output)}
+    """Scaled dot-product attention (the built-ins, :func:`_sdpa` and :func:`_flex`, and the
+    mirror) and additive attention."""
+    tm = t.tm
 
     def dot_mirror(case, i, p):
         return _attend(tm.DotProductAttention().eval(), case, i, _window_mask(t, case, i))
@@ -287,8 +305,8 @@ def _scoring(t: _Torch) -> dict[str, list[Implementation]]:
     implementation = t.implementation
     return {
         "scoring.dot_product_attention": [
-            implementation(sdpa_name, sdpa, no_softcap_reason(sdpa_name)),
-            implementation(FLEX, flex),
+            implementation(sdpa_name, functools.partial(_sdpa, t), no_softcap_reason(sdpa_name)),
+            implementation(FLEX, functools.partial(_flex, t)),
             implementation(mirror_name, dot_mirror, first_reason(
                 no_scale_reason(mirror_name), no_softcap_reason(mirror_name),
                 grouped_heads_reason(mirror_name), _no_unbatched_lengths(mirror_name),
@@ -372,12 +390,10 @@ def _mha_sdpa(t: _Torch, case: Case, i: dict, p: dict) -> dict:
     if "mask" in arrays:  # (T, S) or (B | 1, N | 1, T, S)
         mask = arrays["mask"].reshape((1,) * (4 - arrays["mask"].ndim) + arrays["mask"].shape)
         keep = mask if keep is None else keep & mask
-    attn_mask = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep))
-    if "bias" in arrays:
-        bias = torch.from_numpy(arrays["bias"].reshape(
-            (1,) * (4 - arrays["bias"].ndim) + arrays["bias"].shape))
-        attn_mask = bias if attn_mask is None else torch.where(
-            attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+    bias = arrays.get("bias")  # (T, S) or (B | 1, N | 1, T, S)
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    attn_mask = _sdpa_mask(torch, keep, bias)
     heads = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal and not fold,
         scale=case.config.get("scale"), enable_gqa=N_kv != N)
