@@ -35,9 +35,10 @@ MODEL_NAMES = ("bahdanau", "transformer")
 REGISTRY = "jax_attention.models.registry"
 REFERENCE = PACKAGE.parent / "reference_numpy"
 
-#: The modules at the package's top, below every room: the validators, the parameter-dict paths,
-#: and the package itself (whose lazy re-exports are names, not imports).
-BASE_MODULES = {"jax_attention", "jax_attention._checks", "jax_attention.params"}
+#: The modules at the package's top, below every room: the validators, the atomic file writes, the
+#: parameter-dict paths, and the package itself (whose lazy re-exports are names, not imports).
+BASE_MODULES = {"jax_attention", "jax_attention._checks", "jax_attention._files",
+                "jax_attention.params"}
 #: The rooms (folders) of the package and the rooms each may import, its own aside. Read bottom
 #: up: the maths (``nn``), the data pipeline, figures (``viz``) and the PyTorch mirrors
 #: (``interop``) stand on the base alone; the models on the maths; the runtime (checkpoints,

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from jax_attention._files import write_directory_atomically
 from jax_attention.runtime import provenance
 from jax_attention.models.configs import TrainConfig
 from jax_attention.models.registry import MODELS, ModelSpec, get_model, model_of_config
@@ -112,10 +111,6 @@ def _check_destination(directory: Path) -> None:
 
 
 def _write_files(temporary: Path, params: dict, src_vocab, tgt_vocab, record: dict) -> None:
-    # mkdtemp makes the folder private (0700); an export gets the usual permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temporary, 0o777 & ~umask)
     flat = {path: np.asarray(value) for path, value in flatten_params(params).items()}
     with open(temporary / "params.npz", "wb") as stream:
         np.savez(stream, **flat)
@@ -129,8 +124,10 @@ def save_model(directory: str | os.PathLike, params: dict, src_vocab, tgt_vocab,
     """Export a trained model to ``directory``, atomically.
 
     Everything is written into a temporary sibling directory that is then renamed onto
-    ``directory``, so that an interrupted save never leaves a half-written export there. An
-    existing export at ``directory`` is replaced; any other non-empty directory is refused.
+    ``directory`` (:func:`jax_attention._files.write_directory_atomically`), so that an
+    interrupted or failed save never leaves a half-written export there nor loses the one there
+    before. An existing export at ``directory`` is replaced; any other non-empty directory is
+    refused.
 
     Args:
       params: the nested parameter dict (NumPy or JAX arrays).
@@ -157,23 +154,8 @@ def save_model(directory: str | os.PathLike, params: dict, src_vocab, tgt_vocab,
     if training is not None:
         record["training"] = training.record() if isinstance(training, TrainConfig) else training
     record["versions"] = provenance.versions()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp",
-                                      dir=directory.parent))
-    try:
-        _write_files(temporary, params, src_vocab, tgt_vocab, record)
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old",
-                                        dir=directory.parent))
-            os.rename(directory, old / directory.name)
-            os.rename(temporary, directory)
-            shutil.rmtree(old)
-        else:
-            os.rename(temporary, directory)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return directory
+    return write_directory_atomically(
+        directory, lambda temporary: _write_files(temporary, params, src_vocab, tgt_vocab, record))
 
 
 class _Reader:

@@ -12,9 +12,10 @@ import json
 import math
 import os
 import subprocess
-import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from jax_attention._files import write_text_atomically
 
 __all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "json_ready", "write_json",
            "os_reason", "rescue_path", "write_or_rescue"]
@@ -100,25 +101,16 @@ def write_json(path: str | os.PathLike, record: dict) -> Path:
     """Write ``record`` to ``path`` as JSON, indented by 2, with a final newline; returns the path.
 
     The parent folders are created. The text goes to a temporary file beside ``path`` that then
-    replaces it (``os.replace``), so that a reader never sees half a file. NaN and infinities
-    are written as ``null`` and their paths listed under ``"null_for_non_finite"``
+    replaces it (:func:`jax_attention._files.write_text_atomically`), so that a reader never
+    sees half a file and a failed write leaves the file there before. NaN and infinities are
+    written as ``null`` and their paths listed under ``"null_for_non_finite"``
     (:func:`json_ready`); other values JSON cannot hold are written as ``float(value)``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     clean, nonfinite = json_ready(record)
     if nonfinite and isinstance(clean, dict):
         clean["null_for_non_finite"] = nonfinite
     text = json.dumps(clean, indent=2, allow_nan=False, default=_json_number) + "\n"
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "x", encoding="utf-8") as file:  # the umask's permissions, as open()
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomically(path, text)
 
 
 def _json_number(value):

@@ -14,7 +14,6 @@ float64 NumPy before plotting.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from jax_attention._files import write_file_atomically
 
 __all__ = [
     "show_heatmaps",
@@ -44,19 +45,12 @@ DPI = 150
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     """Write ``fig`` to ``path`` as a PNG, creating the parent folders; returns the path.
 
-    The image goes to a temporary file beside ``path`` that then replaces it, so that a stopped
-    or failed write (a full disk) never leaves half an image or destroys the one there before.
+    The image goes to a temporary file beside ``path`` that then replaces it
+    (:func:`jax_attention._files.write_file_atomically`), so that a stopped or failed write (a
+    full disk) never leaves half an image or destroys the one there before.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        fig.savefig(temporary, format="png", dpi=DPI)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+    return write_file_atomically(path, lambda temporary: fig.savefig(temporary, format="png",
+                                                                     dpi=DPI))
 
 
 def _new_figure(figsize) -> Figure:
