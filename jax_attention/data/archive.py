@@ -3,9 +3,10 @@
 The book's translation data is the Tatoeba English–French file ``fra-eng/fra.txt``, in d2l's
 ``fra-eng.zip``. This module finds it (:func:`find_data`: ``--data``, ``$JAX_ATTENTION_DATA``,
 ``shared/data`` beside the checkout, the user cache), downloads d2l's archive when allowed
-(:func:`download_fra_eng`, SHA-1 checked, written atomically; :func:`ensure_data` is what the
-commands call: the download unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids
-it), and reads its raw text (:func:`read_fra_eng`,
+(:func:`download_fra_eng`: pooch's :func:`pooch.retrieve`, SHA-1 checked, written atomically,
+with this package's progress line and one-line errors; :func:`ensure_data` is what the commands
+call: the download unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD`` forbids it), and
+reads its raw text (:func:`read_fra_eng`,
 :func:`read_text`) from a zip, a folder or the text file itself, never failing on the file's
 contents (invalid UTF-8 and stray carriage returns are kept for the tokeniser to skip).
 
@@ -21,15 +22,17 @@ neither JAX nor Flax.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import io
+import logging
 import numbers
 import os
+import shutil
 import struct
 import sys
-import tempfile
-import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 import zipfile
@@ -372,13 +375,15 @@ def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
                      progress: bool | None = None) -> Path:
     """Download ``url`` into ``directory/fra-eng.zip`` (default :func:`cache_dir`), SHA-1 checked.
 
-    The bytes go to a temporary file in the same folder, which is renamed onto the target only
-    once the transfer is complete and the checksum matches, so that an interrupted, truncated or
-    corrupt download never sits where the lookup would take it for the data.
+    pooch's :func:`pooch.retrieve` does it: the bytes go to a temporary file in the same folder,
+    renamed onto the target only once the transfer is complete and the checksum matches, deleted
+    otherwise (an error, Ctrl-C), so that an interrupted, truncated or corrupt download never sits
+    where the lookup would take it for the data. A ``fra-eng.zip`` already there with the
+    expected SHA-1 is kept, not downloaded again.
 
     Args:
-      url: where to download from (any URL ``urllib`` opens, ``file://`` included); default
-        ``$JAX_ATTENTION_DATA_URL``, else :data:`DATA_URL`.
+      url: ``http(s)://`` (pooch's :class:`~pooch.HTTPDownloader`) or any other URL ``urllib``
+        opens, ``file://`` included; default ``$JAX_ATTENTION_DATA_URL``, else :data:`DATA_URL`.
       sha1: the expected SHA-1 of the downloaded bytes, hexadecimal; default
         ``$JAX_ATTENTION_DATA_SHA1``, else :data:`DATA_SHA1`.
       directory: where to put ``fra-eng.zip``; created if missing.
@@ -391,99 +396,188 @@ def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
     Raises:
       ValueError: the SHA-1 does not match; nothing is left behind.
       DownloadError: the server is unreachable, answered with an error or sent fewer bytes than
-        its Content-Length (an OSError); nothing is left behind.
-      OSError: the write failed.
+        its Content-Length, or the bytes could not be written (an OSError); nothing is left behind.
+      OSError: the folder could not be created or written to.
     """
+    import pooch  # only a download needs it (and requests, which it imports)
+
     url = _data_url() if url is None else url
     sha1 = _data_sha1() if sha1 is None else sha1.lower()
     directory = cache_dir() if directory is None else Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / ARCHIVE_NAME
-    digest = hashlib.sha1()
-    handle, temporary = tempfile.mkstemp(prefix=ARCHIVE_NAME + ".", suffix=".part", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            try:
-                response = urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT)
-            except urllib.error.HTTPError as error:
-                raise DownloadError(url, f"cannot download {url}: HTTP {error.code} "
-                                         f"{error.reason}", str(error.reason)) from error
-            except urllib.error.URLError as error:
-                reason = _os_reason(error.reason)
-                raise DownloadError(url, f"cannot download {url}: {reason}", reason) from error
-            except (OSError, http.client.HTTPException) as error:  # timeout, reset, bad answer
-                reason = _os_reason(error)
-                raise DownloadError(url, f"cannot download {url}: {reason}", reason) from error
-            with response:
-                length = response.headers.get("Content-Length")
-                expected = int(length) if length and length.isdigit() else None
-                received = 0
-                bar = _progress_bar(url, expected, directory, progress)
-                try:
-                    while True:
-                        try:
-                            chunk = response.read(1 << 16)
-                        except http.client.IncompleteRead as error:
-                            chunk = error.partial
-                            digest.update(chunk)
-                            out.write(chunk)
-                            received += len(chunk)
-                            break
-                        except (OSError, http.client.HTTPException) as error:
-                            reason = _os_reason(error)
-                            raise DownloadError(
-                                url, f"cannot download {url}: {reason} after {received} bytes",
-                                reason) from error
-                        if not chunk:
-                            break
-                        digest.update(chunk)
-                        out.write(chunk)
-                        received += len(chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-                finally:
-                    if bar is not None:
-                        bar.close()
-        if expected is not None and received != expected:
-            raise DownloadError(
-                url, f"truncated download of {url}: received {received} of the {expected} "
-                     f"bytes of its Content-Length; nothing was kept", "truncated")
-        if digest.hexdigest() != sha1:
-            raise ValueError(
-                f"SHA-1 mismatch for {url}: got {digest.hexdigest()}, expected {sha1}; "
-                "the download was deleted"
-            )
-        os.replace(temporary, target)  # atomic within one file system
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _os_reason(error) -> str:
-    """The operating system's words for ``error`` (``Connection refused``, ``timed out``...)."""
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def _progress_bar(url: str, size: int | None, directory: Path, progress: bool | None):
-    """A tqdm bar on stderr when ``progress`` (``None``: stderr is a terminal); otherwise one line
-    announcing the download, and ``None``."""
-    if progress is None:
-        progress = sys.stderr is not None and sys.stderr.isatty()
-    if progress:
+    download = _Download(url, directory, progress)
+    with _without_pooch_notes(pooch.get_logger(), url):
         try:
+            pooch.retrieve(url, known_hash=f"sha1:{sha1}", fname=ARCHIVE_NAME, path=directory,
+                           downloader=download)
+        except ValueError as error:
+            if download.sha1 in (None, sha1):  # not pooch's checksum check
+                raise
+            raise ValueError(f"SHA-1 mismatch for {url}: got {download.sha1}, expected {sha1}; "
+                             "the download was deleted") from error
+    return directory / ARCHIVE_NAME
+
+
+@contextlib.contextmanager
+def _without_pooch_notes(logger: logging.Logger, url: str) -> Iterator[None]:
+    """Drop pooch's notes about ``url`` while it downloads, and nothing else.
+
+    pooch logs ``Downloading data from '<url>' to file '<path>'.`` (INFO) to stderr through a
+    handler of its own, whatever the process's logging set-up; the download shows its own line or
+    bar instead. A filter on pooch's logger drops the records below WARNING that name ``url``
+    until the way out, where it is removed; the logger's level and handlers are not touched.
+    """
+    def keep(record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return record.levelno >= logging.WARNING or url not in map(str, args)
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+class _Download:
+    """One download, as pooch sees it: the ``downloader`` it calls (``(url, output_file,
+    pooch)``: ``output_file`` is its temporary file), and, for pooch's HTTPDownloader, the
+    file-like object it writes to and the progress-bar object it reports to.
+
+    ``http(s)://`` goes through pooch's HTTPDownloader (requests), any other URL through
+    ``urllib``. :meth:`write` hashes and counts the bytes on their way to the file and moves the
+    progress. pooch sets :attr:`total` (the Content-Length, 0 if none) once the server has
+    answered, which starts a tqdm bar on stderr, or prints one line (``progress``, as for
+    :func:`download_fra_eng`); pooch's own ``update`` (whole chunks, the last one over-counted)
+    and ``reset`` are ignored. A failed transfer becomes one :class:`DownloadError` of one line,
+    so that the only ValueError out of :func:`pooch.retrieve` is its checksum's; :attr:`sha1` is
+    that of the bytes received, once they are all there.
+    """
+
+    def __init__(self, url: str, directory: Path, progress: bool | None):
+        if progress is None:
+            progress = sys.stderr is not None and sys.stderr.isatty()
+        self.url, self.directory, self.progress = url, directory, progress
+        self.sha1: str | None = None
+        self._total: int | None = None
+        self._bar = self._file = self._response = None
+        self._digest, self._written = hashlib.sha1(), 0
+
+    def __call__(self, url: str, output_file: str, pooch) -> None:
+        try:
+            with open(output_file, "wb") as self._file:
+                if urllib.parse.urlsplit(url).scheme.lower() in ("http", "https"):
+                    from pooch import HTTPDownloader
+
+                    # "identity": the archive's own bytes, to compare with the Content-Length.
+                    # The hook hands over requests' response, which pooch never closes.
+                    HTTPDownloader(progressbar=self, chunk_size=1 << 16, timeout=DOWNLOAD_TIMEOUT,
+                                   headers={"Accept-Encoding": "identity"},
+                                   hooks={"response": self._opened})(url, self, pooch)
+                else:
+                    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as source:
+                        length = source.headers.get("Content-Length", "")
+                        self.total = int(length) if length.isdigit() else 0
+                        shutil.copyfileobj(source, self, 1 << 16)
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            raise _download_error(url, error, self._written, self._total) from error
+        finally:
+            self.close()
+            if self._response is not None:  # its connection, left open by an error or Ctrl-C
+                self._response.close()
+        if self._total and self._written < self._total:  # a server that closed early, unnoticed
+            raise _truncated(url, self._written, self._total)
+        self.sha1 = self._digest.hexdigest()
+
+    def _opened(self, response, *args, **kwargs) -> None:
+        self._response = response  # requests' response hook: the last one is the final answer
+
+    def write(self, chunk: bytes) -> int:
+        self._digest.update(chunk)
+        self._written += len(chunk)
+        if self._bar is not None:
+            self._bar.update(len(chunk))
+        return self._file.write(chunk)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @total.setter
+    def total(self, size: int) -> None:
+        self._total = size
+        if self.progress:
             from tqdm import tqdm
-        except ImportError:
-            progress = False
-        else:
-            return tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024,
-                        desc=f"downloading {ARCHIVE_NAME}", file=sys.stderr, leave=True)
-    mib = f"{size / (1 << 20):.1f} MiB" if size is not None else "size unknown"
-    if sys.stderr is not None:
-        print(f"downloading {url} ({mib}) into {directory}", file=sys.stderr, flush=True)
-    return None
+
+            self._bar = tqdm(total=size or None, unit="B", unit_scale=True, unit_divisor=1024,
+                             desc=f"downloading {ARCHIVE_NAME}", file=sys.stderr, leave=True)
+        elif sys.stderr is not None:
+            mib = f"{size / (1 << 20):.1f} MiB" if size else "size unknown"
+            print(f"downloading {self.url} ({mib}) into {self.directory}", file=sys.stderr,
+                  flush=True)
+
+    def update(self, *ignored) -> None:
+        """pooch's ``update`` and ``reset`` of the progress: ignored (see the class)."""
+
+    reset = update
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _download_error(url: str, error: BaseException, written: int,
+                    expected: int | None) -> DownloadError:
+    """The one-line :class:`DownloadError` for ``error``, which ended the transfer of ``url``
+    after ``written`` bytes of the ``expected`` (its Content-Length; 0 or ``None``: unknown)."""
+    causes = _causes(error)
+    for cause in causes:
+        if isinstance(cause, http.client.IncompleteRead):  # the server closed the connection
+            # urllib3's counts all the bytes read (the last of them never reached the file);
+            # http.client's holds the bytes of the last read.
+            partial = cause.partial
+            received = partial if isinstance(partial, int) else written + len(partial)
+            return _truncated(url, received, expected or received + (cause.expected or 0))
+    response = getattr(error, "response", None)  # requests' HTTPError: the server's answer
+    if response is not None:
+        return DownloadError(url, f"cannot download {url}: HTTP {response.status_code} "
+                                  f"{response.reason}", str(response.reason))
+    reason = _os_reason(causes)
+    after = f" after {written} bytes" if written else ""
+    return DownloadError(url, f"cannot download {url}: {reason}{after}", reason)
+
+
+def _truncated(url: str, received: int, expected: int) -> DownloadError:
+    return DownloadError(
+        url, f"truncated download of {url}: received {received} of the {expected} bytes of its "
+             f"Content-Length; nothing was kept", "truncated")
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions behind it (cause, context, ``reason``, exceptions among its
+    arguments), breadth first: requests wraps urllib3's, which wraps the socket's."""
+    found: list[BaseException] = []
+    queue = [error]
+    while queue:
+        current = queue.pop(0)
+        if not any(current is seen for seen in found):
+            found.append(current)
+            queue += [inner for inner in (current.__cause__, current.__context__,
+                                          getattr(current, "reason", None), *current.args)
+                      if isinstance(inner, BaseException)]
+    return found
+
+
+def _os_reason(causes: list[BaseException]) -> str:
+    """The system's words of the first of ``causes`` that has them (``Connection refused``), else
+    those of the innermost OSError (``timed out``), else of the first cause."""
+    system_errors = [cause for cause in causes if isinstance(cause, OSError)]
+    reason = next((cause.strerror for cause in system_errors if cause.strerror), None)
+    last = system_errors[-1] if system_errors else causes[0]
+    return reason or " ".join(str(last).split()) or type(last).__name__
+
 
 # --------------------------------------------------------------------------- reading the text
 
