@@ -15,7 +15,8 @@ the default compiler. So:
 - ``JAX_ATTENTION_TEST_COMPILER`` (:data:`VARIABLE`) chooses: ``fast`` (the default: the flag
   above is added to ``XLA_FLAGS``) or ``default`` (XLA's defaults, what a user's process gets).
   `make test-slow` sets ``default``: the book's whole runs execute for far longer than they
-  compile, and the README's outputs and the pins are the default compiler's bits.
+  compile, and the documentation's outputs (docs/models.md) and the pins are the default
+  compiler's bits.
 - A test that pins bits of the default compiler runs its computation in a subprocess with
   :func:`default_compiler_env` (tests/test_pinned_losses.py), so that `make test` checks the pins
   too.

@@ -11,7 +11,7 @@ as subprocesses) loads them from the session's compilation cache (tests/conftest
   training checkpoints every :data:`EVERY` steps, the export, the ``--json`` report and the
   plots; the uninterrupted reference that the fault tests' runs must end as.
 - :func:`book_run` (fixture ``book_run``): ``jax-attention train KIND`` at the book's settings
-  (seed 0), as the README runs it: its printed lines and its report, for the README's output
+  (seed 0), as docs/models.md runs it: its printed lines and its report, for that page's output
   blocks, the pinned losses and the book's quality; a whole run (200 or 250 epochs), so only the
   ``slow`` set asks for one.
 
@@ -36,11 +36,15 @@ from pathlib import Path
 
 import filelock
 
+from tests.docs_support import read
+
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
-           "README", "readme_section", "readme_seed_counts", "run_main"]
+           "BOOK_RUNS_PAGE", "book_run_text", "book_run_seed_counts", "run_main"]
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+#: The documentation page that shows the book's runs of both models, their output and their
+#: figures over seeds (tests/docs_support.py reads it).
+BOOK_RUNS_PAGE = "docs/models.md"
 
 #: The model sizes of the tiny runs, as command-line flags, per registered model kind.
 _MODEL_FLAGS = {
@@ -143,7 +147,7 @@ class SharedRuns:
             "train", kind, "--data", str(self.data_path), *run_flags(kind, root)])
 
     def book(self, kind: str) -> SharedRun:
-        # The README's command (`jax-attention train KIND`, the book's settings, seed 0) with
+        # docs/models.md's command (`jax-attention train KIND`, the book's settings, seed 0) with
         # the report its pinned losses are read from; the plots are the tiny runs' concern.
         return self._get(f"book-{kind}", kind, lambda root: [
             "train", kind, "--data", str(self.data_path), "--no-progress", "--checkpoint",
@@ -193,20 +197,21 @@ def shared_directory(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def readme_section(kind: str) -> str:
-    """The README from its book command ``jax-attention train KIND --out plots/`` to the next
-    heading: the command's output block and what the README says of its run."""
-    text = README.read_text(encoding="utf-8")
+def book_run_text(kind: str) -> str:
+    """:data:`BOOK_RUNS_PAGE` from its book command ``jax-attention train KIND --out plots/`` to
+    the next heading: the command's output block and what the page says of its run."""
+    text = read(BOOK_RUNS_PAGE)
     start = text.index(f"jax-attention train {kind} --out plots/")
     end = text.find("\n## ", start)
     return text[start:] if end < 0 else text[start:end]
 
 
-def readme_seed_counts(kind: str) -> tuple[int, list[int]]:
-    """What the README says the book's run of ``kind`` gets over seeds 0–5: ``(total, [exact
-    sentences of seed 0, 1, ...])``, from its sentence "Over seeds 0–5 the run gets N of these 24
-    sentences exactly (seed by seed: a, b, ...)" after ``jax-attention train KIND --out``."""
+def book_run_seed_counts(kind: str) -> tuple[int, list[int]]:
+    """What :data:`BOOK_RUNS_PAGE` says the book's run of ``kind`` gets over seeds 0–5:
+    ``(total, [exact sentences of seed 0, 1, ...])``, from its sentence "Over seeds 0–5 the run
+    gets N of these 24 sentences exactly (seed by seed: a, b, ...)" after ``jax-attention train
+    KIND --out``."""
     match = re.search(r"Over seeds 0–5 the run gets (\d+) of these 24 sentences exactly "
-                      r"\(seed by seed: ([\d, ]+)\)", readme_section(kind))
-    assert match is not None, f"the README gives no seed-by-seed figures for {kind}"
+                      r"\(seed by seed: ([\d, ]+)\)", book_run_text(kind))
+    assert match is not None, f"{BOOK_RUNS_PAGE} gives no seed-by-seed figures for {kind}"
     return int(match.group(1)), [int(count) for count in match.group(2).split(", ")]

@@ -1,4 +1,4 @@
-"""The package's shape, checked from its source (the README's "Architecture" section).
+"""The package's shape, checked from its source (README.md, "Architecture"; docs/architecture.md).
 
 - no import cycle between the modules of ``jax_attention`` (imports inside functions count);
 - no module imports another module's underscore names (``from m import _x`` or ``m._x``);

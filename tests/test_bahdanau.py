@@ -29,7 +29,7 @@ from jax_attention.train import BOOK_PAIRS, train_bahdanau
 from reference_numpy import bahdanau as np_bahdanau
 from tests.params_support import rename
 from tests.reproducibility import assert_same_losses, assert_same_params
-from tests.shared_runs import EPOCHS, readme_section, readme_seed_counts, tiny_settings
+from tests.shared_runs import EPOCHS, book_run_seed_counts, book_run_text, tiny_settings
 
 B, S, T = 3, 5, 4
 V_SRC, V_TGT, E, H, L = 10, 12, 4, 6, 2
@@ -379,22 +379,22 @@ def test_training_rejects_bad_arguments(kwargs, message):
 
 
 @pytest.mark.slow  # the whole book run: 250 epochs
-def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
+def test_the_books_run_on_seed_0_gets_what_the_docs_say(book_run):
     """d2l §11.4.3 with its settings, seed 0 (the shared book run): the book's loss, and as many
-    of the four sentences exactly as the README's seed-by-seed figures give seed 0 (the book:
+    of the four sentences exactly as docs/models.md's seed-by-seed figures give seed 0 (the book:
     va ! / j'ai perdu . / il est riche . (0.658) / je suis chez moi .; its printed lines are
     tests/test_readme_outputs.py's)."""
     record = book_run("bahdanau").record
-    low, high = _readme_loss_range()  # the book: loss 0.020
+    low, high = _loss_range()  # the book: loss 0.020
     assert low <= record["final_loss"] <= high
-    _, counts = readme_seed_counts("bahdanau")
+    _, counts = book_run_seed_counts("bahdanau")
     assert record["num_bleu_1"] == counts[0]
 
 
-def _readme_loss_range() -> tuple[float, float]:
-    """The README's "with a final loss between A and B" over seeds 0–5 of the book's run."""
+def _loss_range() -> tuple[float, float]:
+    """docs/models.md's "with a final loss between A and B" over seeds 0–5 of the book's run."""
     match = re.search(r"with a\s+final loss between (\d+\.\d+) and (\d+\.\d+)",
-                      readme_section("bahdanau"))
+                      book_run_text("bahdanau"))
     return float(match.group(1)), float(match.group(2))
 
 
@@ -402,14 +402,14 @@ def _readme_loss_range() -> tuple[float, float]:
 @pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="bit-identical only on CPU: elsewhere rounding moves which sentences")
 @pytest.mark.parametrize("seed", range(1, 6))
-def test_the_books_run_on_seeds_1_to_5_gets_what_the_readme_says(seed):
-    """The book's quality is a claim over seeds: each seed's exact sentences are the README's
+def test_the_books_run_on_seeds_1_to_5_gets_what_the_docs_say(seed):
+    """The book's quality is a claim over seeds: each seed's exact sentences are docs/models.md's
     figure for it."""
     run = train_bahdanau(seed=seed, progress=False, log=None)
-    _, counts = readme_seed_counts("bahdanau")
+    _, counts = book_run_seed_counts("bahdanau")
     assert sum(score == 1.0 for score in run.bleu) == counts[seed], [
         (t.source, t.translation) for _, t in run.translations]
-    low, high = _readme_loss_range()
+    low, high = _loss_range()
     assert low <= run.losses[-1] <= high
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from jax_attention.cli import build_parser
 from jax_attention.cli.translate import find_models, plot_name
+from tests.docs_support import read
 from tests.shared_runs import run_main, tiny_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,13 +258,13 @@ def test_benchmarks_script_without_a_command_says_how_to_get_one(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_readme_describes_the_benchmarks_script_as_it_is():
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+def test_the_performance_page_describes_the_benchmarks_script_as_it_is():
+    page = " ".join(read("docs/performance.md").split())
     script = (ROOT / "scripts" / "benchmarks.sh").read_text(encoding="utf-8")
     runs = [line for line in script.splitlines() if line.startswith("run ")]
     assert len(runs) == 7
-    assert "runs seven benchmarks of the four `bench` commands" in readme
-    assert "four benchmarks" not in readme
+    assert "runs seven benchmarks of the four `bench` commands" in page
+    assert "four benchmarks" not in page
 
 
 def test_benchmarks_script_runs_the_seven_benchmarks_and_times_them(tmp_path):

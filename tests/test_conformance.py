@@ -327,8 +327,8 @@ def test_regenerate_round_trips(tmp_path, capsys, stored):
 
 
 def test_docstring_example_module_passes(tmp_path):
-    # The example of the module docstring (and the README), run as a user would: from scratch in
-    # NumPy, it passes every dot-product case, outputs and weights.
+    # The example of the module docstring (and docs/conformance.md), run as a user would: from
+    # scratch in NumPy, it passes every dot-product case, outputs and weights.
     example = re.search(r"    # my_attention\.py\n(.*?)\n\n``jax-attention", conformance.__doc__,
                         re.S)
     path = tmp_path / "my_attention.py"

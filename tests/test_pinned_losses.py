@@ -8,7 +8,7 @@ runs). ``make test`` pins those 3-epoch runs (their training, about 4 s each, in
 that compiles with XLA's defaults: the suite's own processes compile at LLVM -O0, whose last bits
 differ, tests/compiler_support.py); the slow set (``make
 test-slow``, which .ci/run runs too) checks that the full book runs — the session's shared runs
-that the README's output blocks are checked on (:meth:`tests.shared_runs.SharedRuns.book`,
+that docs/models.md's output blocks are checked on (:meth:`tests.shared_runs.SharedRuns.book`,
 200 and 250 epochs, about 50 s of CPU together) — begin with the same three losses.
 
 Renewed for issue 15, whose dropout masks come from a counter-based hash
@@ -105,7 +105,7 @@ def test_three_epochs_at_the_books_settings_are_pinned(model, three_epoch_runs):
 @CPU_ONLY
 @pytest.mark.parametrize("model", sorted(PINNED))
 def test_book_run_losses_bit_identical(model, book_run):
-    """The whole book run (the README's command) begins with the pinned losses."""
+    """The whole book run (docs/models.md's command) begins with the pinned losses."""
     losses = book_run(model).record["losses"][:3]
     assert [float(loss).hex() for loss in losses] == PINNED[model]
 

@@ -1,8 +1,10 @@
-"""Every output block the README shows comes from running its command here and comparing, so
-that it cannot go stale: the book runs of both models (seed 0: the loss and the four
-translations; the session's shared book runs, which the pinned losses read too) and the
-conformance report of the README's own ``my_attention.py``. The report
-against PyTorch is checked in tests/crossframework/test_readme_outputs_torch.py.
+"""Every output block the documentation shows (README.md and the pages under docs/:
+tests/docs_support.py) comes from running its command here and comparing, so that it cannot go
+stale: the book runs of both models (docs/models.md; seed 0: the loss and the four translations;
+the session's shared book runs, which the pinned losses read too) and the conformance report of
+the example ``my_attention.py`` (docs/conformance.md). The report against PyTorch
+(docs/conformance.md) is checked in tests/crossframework/test_readme_outputs_torch.py. An output
+block that none of these reads fails :func:`test_every_text_block_is_checked_by_a_test`.
 
 Lines that describe the machine rather than the command's result (library versions, Python,
 NumPy, the CPU threads of PyTorch) are left out of the comparison: they differ between machines
@@ -18,30 +20,22 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.shared_runs import readme_section, readme_seed_counts
+from tests.docs_support import block_after, blocks, read
+from tests.shared_runs import BOOK_RUNS_PAGE, book_run_seed_counts, book_run_text
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 #: Machine facts in a conformance header (left out of the comparison; see the module docstring).
 MACHINE_LINES = ("  versions:", "  python:", "  numpy:", "  platform:  PyTorch on the CPU")
-
-
-def text_blocks() -> list[tuple[int, str]]:
-    """``(line number, text)`` of every ```text block of the README."""
-    text = README.read_text(encoding="utf-8")
-    return [(text.count("\n", 0, match.start()) + 1, match.group(1))
-            for match in re.finditer(r"```text\n(.*?)```", text, flags=re.S)]
-
-
-def block_after(phrase: str) -> str:
-    """The first ```text block after ``phrase`` in the README."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(phrase)
-    return re.search(r"```text\n(.*?)```", text[start:], flags=re.S).group(1)
+#: Every output block of the documentation, as the test that checks it finds it: its page and
+#: the phrase before it (:func:`tests.docs_support.block_after`).
+OUTPUTS = {
+    "bahdanau": (BOOK_RUNS_PAGE, "jax-attention train bahdanau --out plots/"),
+    "transformer": (BOOK_RUNS_PAGE, "jax-attention train transformer --out plots/"),
+    "my_attention": ("docs/conformance.md", "Saved as `my_attention.py`"),
+    "torch": ("docs/conformance.md", "<details><summary>Against PyTorch"),  # the torch twin
+}
 
 
 #: A conformance report's row: case, function, implementation, the two errors, tolerance, status.
@@ -76,46 +70,51 @@ def comparable(block: str) -> list[str]:
 
 
 def test_every_text_block_is_checked_by_a_test():
-    """A new output block in the README needs a test here (or in the torch twin)."""
+    """A new output block in the README or a docs page needs a test here (or in the torch
+    twin): every block is one that a test of :data:`OUTPUTS` reads."""
     checked = ("go . => ", "conformance against torch", "conformance against my_attention")
-    blocks = text_blocks()
-    assert len(blocks) == 4, [line for line, _ in blocks]
-    for line, block in blocks:
-        assert any(block.startswith(start) for start in checked), f"README line {line}"
+    found = blocks(language="text")
+    assert len(found) == 4, [block.where for block in found]
+    for block in found:
+        assert any(block.text.startswith(start) for start in checked), block.where
+    read_by_tests = {block_after(*where).where for where in OUTPUTS.values()}
+    assert read_by_tests == {block.where for block in found}
 
 
 @pytest.mark.slow  # the whole book run: 200 or 250 epochs
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
 def test_the_book_runs_print_what_the_readme_shows(model, book_run):
-    """The session's book run of ``model`` (the README's command, seed 0;
-    :meth:`tests.shared_runs.SharedRuns.book`) prints the README's loss and sentences."""
+    """The session's book run of ``model`` (docs/models.md's command, seed 0;
+    :meth:`tests.shared_runs.SharedRuns.book`) prints the loss and sentences docs/models.md
+    shows."""
     loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`",
-                     readme_section(model)).group(1)
-    expected = block_after(f"jax-attention train {model} --out plots/").strip().splitlines()
+                     book_run_text(model)).group(1)
+    expected = block_after(*OUTPUTS[model]).text.strip().splitlines()
     printed = book_run(model).stdout.splitlines()
     assert any(line.startswith(f"loss {loss} ") for line in printed), printed
     assert [line for line in printed if " => " in line] == expected
 
 
 @pytest.mark.parametrize("model", ["bahdanau", "transformer"])
-def test_the_readme_figures_over_seeds_add_up(model):
-    """The README's "Over seeds 0–5 ... N of these 24 (seed by seed: ...)": six figures that sum
-    to N (each seed's figure is checked by the model's test module in the slow set: seed 0 on the
+def test_the_figures_over_seeds_add_up(model):
+    """docs/models.md's "Over seeds 0–5 ... N of these 24 (seed by seed: ...)": six figures that
+    sum to N (each seed's figure is checked by the model's test module in the slow set: seed 0 on the
     shared book run, seeds 1–5 on their own, tests/test_bahdanau.py and
     tests/test_transformer.py)."""
-    total, counts = readme_seed_counts(model)
+    total, counts = book_run_seed_counts(model)
     assert len(counts) == 6 and sum(counts) == total and all(0 <= c <= 4 for c in counts)
 
 
-def test_the_conformance_report_of_my_attention_is_what_the_readme_shows(tmp_path):
-    text = README.read_text(encoding="utf-8")
-    example = text[:text.index("Saved as `my_attention.py`")]
+def test_the_conformance_report_of_my_attention_is_what_the_docs_show(tmp_path):
+    page, phrase = OUTPUTS["my_attention"]
+    text = read(page)
+    example = text[:text.index(phrase)]
     module = re.findall(r"```python\n(.*?)```", example, flags=re.S)[-1]
     (tmp_path / "my_attention.py").write_text(module, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "jax_attention", "conformance", "--against", "my_attention.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    expected = block_after("Saved as `my_attention.py`")
-    # The module's path is printed as found; the README's reader ran it from its own folder.
+    expected = block_after(page, phrase).text
+    # The module's path is printed as found; the page's reader ran it from its own folder.
     assert comparable(done.stdout.replace(f"{tmp_path}/", "")) == comparable(expected)

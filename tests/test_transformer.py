@@ -24,7 +24,7 @@ from jax_attention.models import decoding, transformer
 from jax_attention.train import BOOK_PAIRS, train_transformer
 from reference_numpy import transformer as np_transformer
 from tests.params_support import rename
-from tests.shared_runs import readme_seed_counts
+from tests.shared_runs import book_run_seed_counts
 
 B, S, T = 3, 6, 5
 V_SRC, V_TGT, D, F, N, L = 11, 13, 8, 12, 2, 2
@@ -401,11 +401,11 @@ def test_training_rejects_bad_arguments(kwargs, message):
 
 
 @pytest.mark.slow  # the whole book run: 200 epochs
-def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
+def test_the_books_run_on_seed_0_gets_what_the_docs_say(book_run):
     """d2l §11.7.6 with its settings, seed 0 (the shared book run): as many of the four
-    sentences exactly as the README's seed-by-seed figures give seed 0 (its printed lines are
+    sentences exactly as docs/models.md's seed-by-seed figures give seed 0 (its printed lines are
     tests/test_readme_outputs.py's)."""
-    _, counts = readme_seed_counts("transformer")
+    _, counts = book_run_seed_counts("transformer")
     assert book_run("transformer").record["num_bleu_1"] == counts[0]
 
 
@@ -413,11 +413,11 @@ def test_the_books_run_on_seed_0_gets_what_the_readme_says(book_run):
 @pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="bit-identical only on CPU: elsewhere rounding moves which sentences")
 @pytest.mark.parametrize("seed", range(1, 6))
-def test_the_books_run_on_seeds_1_to_5_gets_what_the_readme_says(seed):
+def test_the_books_run_on_seeds_1_to_5_gets_what_the_docs_say(seed):
     """The book's quality is a claim over seeds (one seed's sentences move with any change of
-    rounding in training): each seed's exact sentences are the README's figure for it."""
+    rounding in training): each seed's exact sentences are docs/models.md's figure for it."""
     result = train_transformer(seed=seed, progress=False, log=None)
-    _, counts = readme_seed_counts("transformer")
+    _, counts = book_run_seed_counts("transformer")
     assert sum(score == 1.0 for score in result.bleu) == counts[seed], [
         (t.source, t.translation) for _, t in result.translations]
 

@@ -10,7 +10,8 @@ implementation=None, return_residual=False)``, lengths int32 ``(B,)``).
 
 Both built-ins normalise their weights in float32 whatever the input dtype, so the comparisons are
 in float32 (full matmul precision), to 1e-5. They give a query with no key to attend uniform
-weights (a large negative logit everywhere, as the book's ``-1e6``); we give it zeros (README).
+weights (a large negative logit everywhere, as the book's ``-1e6``); we give it zeros
+(docs/masking.md).
 The equality tests therefore keep a valid key in every row, and the difference is pinned
 separately. ``jax.nn``'s ``query_seq_lengths`` zeroes the outputs of padded queries, which is
 what our fully masked rows give, so padded queries agree.
@@ -115,8 +116,8 @@ def float32(backend, highest_precision):
 
 
 def _no_empty_rows(mask):
-    """jax.nn and Flax give a fully masked row uniform weights; we give zeros (README). Rows with
-    a valid key are where the two must agree, so key 0 stays visible in these comparisons."""
+    """jax.nn and Flax give a fully masked row uniform weights; we give zeros (docs/masking.md).
+    Rows with a valid key are where the two must agree, so key 0 stays visible in these comparisons."""
     mask = mask.copy()
     mask[..., 0] = True
     return mask
