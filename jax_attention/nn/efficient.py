@@ -77,14 +77,13 @@ from jax_attention.nn.masking import (
 )
 from jax_attention.nn.precision import compute_dtype
 
-__all__ = ["dot_product_attention"]
+__all__ = ["dot_product_attention", "chunked_attention", "Chunking", "chunking",
+           "auto_chunk_size"]
 
 # The score and pooling strings of jax_attention/nn/scoring.py, and the products of the backward pass
 # (scores, gradients of the values, of the weights and of queries/keys) in the same letters. The
-# backward pass works on transposed blocks, keys as rows ("...st"): XLA:CPU then runs the products
-# for dV and dK as plain row-major matrix products (YNNPACK) instead of Eigen's slower ones that
-# contract the rows of their left operand; only dQ's does (measured: forward+backward at
-# (4, 8, 512, 64) 98.5 ms against 111.4 ms with "...ts" blocks, the same run).
+# backward pass works on transposed blocks, keys as rows ("...st"), which XLA:CPU runs faster
+# (docs/implementation-notes.md, "Transposed backward blocks").
 DOT_SCORES = "...tq,...sq->...ts"
 WEIGHTED_SUM = "...ts,...sv->...tv"
 KEY_SCORES = "...sq,...tq->...st"
@@ -95,15 +94,14 @@ KEYS_GRAD = "...st,...tq->...sq"
 
 # Grouped-query attention uses the same strings: the G query heads that share a key/value head
 # are one block of G * Cq query rows, (B, ..., N_kv, G * Cq, q) against (B, ..., N_kv, Ck, q)
-# (see _merge_group_rows). Measured at (B, N, N_kv, T, H) = (4, 8, 2, 512, 64), float32,
-# interleaved against the same keys and values repeated to 8 heads (the ungrouped path), 2 loaded
-# cores: explicit group-axis strings ("...gtq,...sq->...gts"; dV "...sgt,...gtv->...sv" contracts
-# two axes) took forward 35.6 / forward+backward 200 ms against 40.3 / 142 repeated; the merged
-# rows 39.6 / 110 against 45.9 / 130 repeated.
+# (see _merge_group_rows; measured against the alternatives in docs/implementation-notes.md).
 
 
-class _Chunking(NamedTuple):
-    """Static (hashable) description of one call: lengths, chunk sizes and which masks apply."""
+class Chunking(NamedTuple):
+    """The static (hashable) plan of one call: lengths, chunk sizes and which masks apply — what
+    the loop bounds (:func:`key_chunk_range`, :func:`query_chunk_range`,
+    :func:`backward_key_chunk_stop`) and the block masks are computed from. Made by
+    :func:`chunking`."""
 
     num_queries: int  # T, before padding
     num_keys: int  # S, before padding
@@ -127,10 +125,10 @@ class _Chunking(NamedTuple):
 
 def chunking(num_queries: int, num_keys: int, query_chunk: int, key_chunk: int, *,
              is_causal: bool = False, window: tuple[int, int] | None = None,
-             logit_softcap: float | None = None, grouped: bool = False) -> _Chunking:
+             logit_softcap: float | None = None, grouped: bool = False) -> Chunking:
     """The static plan of one call: ``T`` and ``S`` padded up to multiples of the chunks ``Cq``
     and ``Ck`` (as :func:`dot_product_attention` chooses them), and what masks the chunks."""
-    return _Chunking(
+    return Chunking(
         num_queries=num_queries, num_keys=num_keys, query_chunk=query_chunk, key_chunk=key_chunk,
         padded_queries=-(-num_queries // query_chunk) * query_chunk,
         padded_keys=-(-num_keys // key_chunk) * key_chunk, is_causal=is_causal, window=window,
@@ -139,13 +137,8 @@ def chunking(num_queries: int, num_keys: int, query_chunk: int, key_chunk: int, 
 
 # The automatic chunk (query_chunk_size=None, key_chunk_size=None): the largest power of two in
 # [MIN_AUTO_CHUNK, MAX_AUTO_CHUNK] whose scores block over all batch axes, batch * chunk**2, holds
-# at most AUTO_BLOCK_ELEMENTS numbers (2 MiB of float32, one core's L2 on the CI-class Xeon).
-# Measured with `bench attention`-style interleaved runs, forward+backward, 2 cores: at
-# (B, N, T, H) = (4, 8, 512, 64) chunks of 128 (the rule's) took 103 ms, 64: 133, 256: 126,
-# 512: 166 (512 x 1024, the former default: 1.5x slower); at (1, 8, 2048, 64) 256 (the rule's)
-# took 379 ms, 128: 399, 512: 439; at (1, 1, 8192, 64) 512 x 512 and 512 x 1024 were within noise.
-# Blocks that stay in cache cost less than the T x S temporaries the plain attention writes to
-# fresh memory; below 128 the per-step overhead of the loops dominates.
+# at most AUTO_BLOCK_ELEMENTS numbers (2 MiB of float32, one core's L2), so that blocks stay in
+# cache; below 128 the loops' overhead dominates (docs/implementation-notes.md, "Chunk size").
 AUTO_BLOCK_ELEMENTS = 1 << 19
 MIN_AUTO_CHUNK, MAX_AUTO_CHUNK = 128, 512
 
@@ -210,7 +203,7 @@ def _set_rows(x, rows, start):
 # the same keys as in the forward pass, whose log-sum-exp it reuses).
 
 
-def key_chunk_range(cfg: _Chunking, i, longest=None):
+def key_chunk_range(cfg: Chunking, i, longest=None):
     """``(start, stop)``: the key chunks ``start <= j < stop`` query chunk ``i`` visits in the
     forward pass, as int32 scalars.
 
@@ -233,7 +226,7 @@ def key_chunk_range(cfg: _Chunking, i, longest=None):
     return start.astype(jnp.int32), stop.astype(jnp.int32)
 
 
-def query_chunk_range(cfg: _Chunking, j):
+def query_chunk_range(cfg: Chunking, j):
     """``(start, stop)``: the query chunks ``start <= i < stop`` the backward pass visits for key
     chunk ``j``, as int32 scalars: the same blocks as :func:`key_chunk_range` without lengths
     (causal: no query chunk that ends before the key chunk starts; window: none wholly before
@@ -250,7 +243,7 @@ def query_chunk_range(cfg: _Chunking, j):
     return start.astype(jnp.int32), stop.astype(jnp.int32)
 
 
-def backward_key_chunk_stop(cfg: _Chunking, longest=None):
+def backward_key_chunk_stop(cfg: Chunking, longest=None):
     """One past the last key chunk the backward pass's outer loop visits (it starts at 0: the
     first query sees the first key whatever the window): key chunks beyond the last query
     (causal), beyond ``last query + right`` (window) or beyond ``longest``, the largest valid
@@ -269,7 +262,7 @@ def backward_key_chunk_stop(cfg: _Chunking, longest=None):
 # --------------------------------------------------------------------------- one block
 
 
-def _chunk_keep(cfg: _Chunking, limits, mask, i, j, rank: int):
+def _chunk_keep(cfg: Chunking, limits, mask, i, j, rank: int):
     """Boolean mask of query chunk ``i`` against key chunk ``j``, or ``None`` when all attend.
 
     Built from positions, so its size is that of one chunk pair: broadcastable to
@@ -340,7 +333,7 @@ def _softcap(scores, cap: float):
 # --------------------------------------------------------------------------- the passes
 
 
-def _forward(cfg: _Chunking, queries, keys, values, limits, mask):
+def _forward(cfg: Chunking, queries, keys, values, limits, mask):
     """Online-softmax forward on padded, pre-scaled inputs: ``(output, logsumexp)``.
 
     Returns the output ``(B, ..., Tp, v)`` and per query ``log(sum_s exp(score_ts))`` over its
@@ -406,25 +399,57 @@ def _forward(cfg: _Chunking, queries, keys, values, limits, mask):
     return output, logsumexp
 
 
-def _backward(cfg: _Chunking, residuals, output_grad):
+def _block_backward(cfg: Chunking, keep, q_i, k_j, v_j, do_i, lse_i, delta_i):
+    """What one block adds to the gradients: ``(dQ, dK, dV)`` of the query rows ``q_i``
+    ``(B, ..., Cq, q)`` against key chunk ``k_j``, ``v_j`` ``(B, ..., Ck, .)``, with the rows'
+    output gradient ``do_i``, saved log-sum-exp ``lse_i`` and ``D`` ``delta_i`` ``(B, ..., Cq)``
+    and the block mask ``keep`` ``(B, ..., Cq, Ck)`` (or ``None``). Grouped: the ``G * Cq``
+    merged rows of a key/value head.
+
+    The block is formed transposed, ``P^T`` ``(B, ..., Ck, Cq)``, so that ``dV = P^T dO`` and
+    ``dK = dS^T Q`` are row-major products (see the einsum strings)."""
+    fill, zero = masked_fill_value(q_i.dtype), jnp.zeros((), q_i.dtype)
+    q, k, v = q_i, k_j, v_j
+    if keep is not None:
+        q, k, v = zero_unattended(keep, q, k, v)
+        keep = jnp.swapaxes(keep, -1, -2)  # (B, ..., Ck, Cq), as the blocks below
+    scores = jnp.einsum(KEY_SCORES, k, q)
+    if cfg.logit_softcap is not None:
+        scores, tanh = _softcap(scores, cfg.logit_softcap)
+    if keep is not None:
+        scores = jnp.where(keep, scores, fill)
+    weights = jnp.exp(scores - lse_i[..., None, :])
+    if keep is not None:
+        weights = jnp.where(keep, weights, zero)
+    values_grad = jnp.einsum(VALUES_GRAD, weights, do_i)
+    weights_grad = jnp.einsum(WEIGHTS_GRAD, v, do_i)
+    scores_grad = weights * (weights_grad - delta_i[..., None, :])
+    if keep is not None:
+        # dP of a masked entry can be NaN (a NaN value attended by another query of the chunk);
+        # its weight is 0 and so must its score gradient be, as `where` gives in the plain
+        # attention's autodiff.
+        scores_grad = jnp.where(keep, scores_grad, zero)
+    if cfg.logit_softcap is not None:
+        scores_grad = scores_grad * (1 - tanh * tanh)  # d(c tanh(s / c)) / ds
+    return (jnp.einsum(QUERIES_GRAD, scores_grad, k), jnp.einsum(KEYS_GRAD, scores_grad, q),
+            values_grad)
+
+
+def _backward(cfg: Chunking, residuals, output_grad):
     """FlashAttention-2 backward: recompute each chunk's weights from the saved log-sum-exp.
 
     With ``P = exp(S - L)``, ``dP = dO V^T`` and ``D = rowsum(dO * O)`` (which equals
     ``rowsum(P * dP)``): ``dV = P^T dO``, ``dS = P * (dP - D)``, ``dQ = dS K``, ``dK = dS^T Q``;
-    with a soft cap ``S = c tanh(S_raw / c)``, ``dS_raw = dS * (1 - tanh(S_raw / c)**2)``.
-    Outer loop over key chunks (their ``dK``, ``dV`` are finished in one pass), inner loop over
-    query chunks, accumulating ``dQ`` in place; both loops skip the blocks the forward pass
-    skipped (:func:`query_chunk_range`, :func:`backward_key_chunk_stop`). Each block is formed
-    transposed, ``P^T`` ``(B, ..., Ck, Cq)``, so that ``dV`` and ``dK`` are row-major products
-    (see the einsum strings). Grouped, the ``G`` query heads of a key/value head are one block of
-    ``G * Cq`` rows, ``P^T`` ``(B, ..., N_kv, Ck, G * Cq)``, so ``dK`` and ``dV`` sum over them.
+    with a soft cap ``S = c tanh(S_raw / c)``, ``dS_raw = dS * (1 - tanh(S_raw / c)**2)``
+    (:func:`_block_backward`). Outer loop over key chunks (their ``dK``, ``dV`` are finished in
+    one pass), inner loop over query chunks, accumulating ``dQ`` in place; both loops skip the
+    blocks the forward pass skipped (:func:`query_chunk_range`, :func:`backward_key_chunk_stop`).
+    Grouped, the ``G`` query heads of a key/value head are one block of ``G * Cq`` rows, so
+    ``dK`` and ``dV`` sum over them.
     """
     queries, keys, values, limits, mask, output, logsumexp = residuals
-    rank = queries.ndim
     Cq, Ck = cfg.query_chunk, cfg.key_chunk
-    dtype = queries.dtype
-    fill, zero = masked_fill_value(dtype), jnp.zeros((), dtype)
-    output_grad = output_grad.astype(dtype)
+    output_grad = output_grad.astype(queries.dtype)
     delta = jnp.sum(output_grad * output, axis=-1)  # D, (B, ..., Tp)
 
     def key_chunk(j, grads):
@@ -436,49 +461,22 @@ def _backward(cfg: _Chunking, residuals, output_grad):
             q_i, do_i = _rows(queries, i * Cq, Cq), _rows(output_grad, i * Cq, Cq)
             lse_i = lax.dynamic_slice_in_dim(logsumexp, i * Cq, Cq, axis=logsumexp.ndim - 1)
             delta_i = lax.dynamic_slice_in_dim(delta, i * Cq, Cq, axis=delta.ndim - 1)
-            keep = _chunk_keep(cfg, limits, mask, i, j, rank)
+            keep = _chunk_keep(cfg, limits, mask, i, j, queries.ndim)
             if cfg.grouped:
                 # The G query heads of a key/value head as one block of G * Cq query rows.
                 q_i, do_i = _merge_group_rows(q_i), _merge_group_rows(do_i)
                 lse_i, delta_i = _merge_group_queries(lse_i), _merge_group_queries(delta_i)
                 if keep is not None:
                     keep = _merge_group_mask(keep, queries.shape[-3], Cq)
-            q, k, v = q_i, k_j, v_j
-            if keep is not None:
-                q, k, v = zero_unattended(keep, q, k, v)
-                keep = jnp.swapaxes(keep, -1, -2)  # (B, ..., Ck, Cq), as the blocks below
-            scores = jnp.einsum(KEY_SCORES, k, q)
-            if cfg.logit_softcap is not None:
-                scores, tanh = _softcap(scores, cfg.logit_softcap)
-            if keep is not None:
-                scores = jnp.where(keep, scores, fill)
-            weights = jnp.exp(scores - lse_i[..., None, :])
-            if keep is not None:
-                weights = jnp.where(keep, weights, zero)
-            dv_j = dv_j + jnp.einsum(VALUES_GRAD, weights, do_i)
-            weights_grad = jnp.einsum(WEIGHTS_GRAD, v, do_i)
-            scores_grad = weights * (weights_grad - delta_i[..., None, :])
-            if keep is not None:
-                # dP of a masked entry can be NaN (a NaN value attended by another query of the
-                # chunk); its weight is 0 and so must its score gradient be, as `where` gives in
-                # the plain attention's autodiff.
-                scores_grad = jnp.where(keep, scores_grad, zero)
-            if cfg.logit_softcap is not None:
-                scores_grad = scores_grad * (1 - tanh * tanh)  # d(c tanh(s / c)) / ds
-            queries_grad = jnp.einsum(QUERIES_GRAD, scores_grad, k)
+            dq_i, dk_i, dv_i = _block_backward(cfg, keep, q_i, k_j, v_j, do_i, lse_i, delta_i)
             if cfg.grouped:
-                queries_grad = queries_grad.reshape(queries_grad.shape[:-2] + (-1, Cq)
-                                                    + queries_grad.shape[-1:])
-            dq = _set_rows(dq, _rows(dq, i * Cq, Cq) + queries_grad, i * Cq)
-            dk_j = dk_j + jnp.einsum(KEYS_GRAD, scores_grad, q)
-            return dq, dk_j, dv_j
+                dq_i = dq_i.reshape(dq_i.shape[:-2] + (-1, Cq) + dq_i.shape[-1:])
+            return _set_rows(dq, _rows(dq, i * Cq, Cq) + dq_i, i * Cq), dk_j + dk_i, dv_j + dv_i
 
         start, stop = query_chunk_range(cfg, j)
         dq, dk_j, dv_j = lax.fori_loop(
             start, stop, query_step, (dq, jnp.zeros_like(k_j), jnp.zeros_like(v_j)))
-        dk = _set_rows(dk, dk_j, j * Ck)
-        dv = _set_rows(dv, dv_j, j * Ck)
-        return dq, dk, dv
+        return dq, _set_rows(dk, dk_j, j * Ck), _set_rows(dv, dv_j, j * Ck)
 
     stop = backward_key_chunk_stop(cfg, None if limits is None else jnp.max(limits))
     dq, dk, dv = lax.fori_loop(
@@ -584,48 +582,50 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                                                                    valid_lens)
     queries, keys, values = check_attention_inputs(queries, keys, values, same_depth=True,
                                                    grouped_heads=True)
-    dtype = queries.dtype
+    if valid_lens is not None:
+        valid_lens = check_valid_lens(valid_lens, queries.shape[0], queries.shape[-2],
+                                      keys.shape[-2])
+    if mask is not None:
+        mask = check_mask(mask, queries.shape[:-1] + keys.shape[-2:-1])
+    output = chunked_attention(
+        queries, keys, values, valid_lens, mask,
+        is_causal=check_static_bool("is_causal", is_causal), scale=check_scale(scale),
+        window=check_local_window_size(local_window_size),
+        logit_softcap=check_logit_softcap(logit_softcap), query_chunk_size=query_chunk_size,
+        key_chunk_size=key_chunk_size)
+    return output[0] if unbatched else output
+
+
+def chunked_attention(queries, keys, values, valid_lens, mask, *, is_causal: bool,
+                      scale: float | None, window: tuple[int, int] | None,
+                      logit_softcap: float | None, query_chunk_size=None, key_chunk_size=None):
+    """:func:`dot_product_attention` on batched inputs its caller has checked — what
+    ``jax_attention.nn.scoring.dot_product_attention(..., implementation="chunked")`` calls, so
+    that its inputs are checked once.
+
+    Args:
+      queries, keys, values: float arrays of one dtype, ``(B, ..., N, T, q)``,
+        ``(B, ..., N_kv, S, q)``, ``(B, ..., N_kv, S, v)`` (or without heads).
+      valid_lens: ``None`` or checked integer lengths ``(B,)`` or ``(B, T)``.
+      mask: ``None`` or a checked boolean mask broadcastable to ``(B, ..., N, T, S)``.
+      is_causal, scale, window, logit_softcap: checked static variants (``window`` a
+        ``(left, right)`` pair). query_chunk_size, key_chunk_size: as in
+        :func:`dot_product_attention`.
+
+    Returns:
+      The output ``(B, ..., N, T, v)`` in the inputs' dtype.
+    """
+    dtype, rank = queries.dtype, queries.ndim
     num_queries, num_keys = queries.shape[-2], keys.shape[-2]
-    scores_shape = queries.shape[:-1] + (num_keys,)
-    rank = queries.ndim
     batch = math.prod(queries.shape[:-2])
     query_chunk = _chunk_size(query_chunk_size, num_queries, "query_chunk_size", batch)
     key_chunk = _chunk_size(key_chunk_size, num_keys, "key_chunk_size", batch)
-    lens = None if valid_lens is None else check_valid_lens(valid_lens, queries.shape[0],
-                                                            num_queries, num_keys)
-    if mask is not None:
-        mask = check_mask(mask, scores_shape)
-    is_causal = check_static_bool("is_causal", is_causal)
-    scale = check_scale(scale)
-    window = check_local_window_size(local_window_size)
-    logit_softcap = check_logit_softcap(logit_softcap)
-    groups = num_kv_groups(queries.shape, keys.shape)
     if num_queries == 0 or num_keys == 0:
         # Nothing to chunk; with no key every query is fully masked (zero output), as in scoring.
-        output = jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype)
-        return output[0] if unbatched else output
-
-    grouped = groups > 1
+        return jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype)
+    groups = num_kv_groups(queries.shape, keys.shape)
     cfg = chunking(num_queries, num_keys, query_chunk, key_chunk, is_causal=is_causal,
-                   window=window, logit_softcap=logit_softcap, grouped=grouped)
-
-    limits = None
-    if lens is not None:
-        # Clipping to [0, S] keeps the padded keys masked and gives traced lengths the documented
-        # meaning; padded queries get 0 (attend nothing; their rows are dropped anyway).
-        lens = jnp.clip(lens, 0, num_keys)
-        if lens.ndim == 1:
-            lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], num_queries))
-        limits = _pad_axis(lens, 1, cfg.padded_queries)
-    if mask is not None:
-        mask = mask.reshape((1,) * (rank - mask.ndim) + mask.shape)
-        if grouped:
-            mask = group_heads(mask, groups)  # (B|1, ..., N_kv|1, G|1, T|1, S|1)
-        if mask.shape[-2] != 1:
-            mask = _pad_axis(mask, mask.ndim - 2, cfg.padded_queries, False)
-        if mask.shape[-1] != 1:
-            mask = _pad_axis(mask, mask.ndim - 1, cfg.padded_keys, False)
-
+                   window=window, logit_softcap=logit_softcap, grouped=groups > 1)
     # Half precision is computed in float32 (scores, exponentials and sums alike); the casts'
     # transposes bring the gradients back to the inputs' dtype.
     compute = compute_dtype(dtype)
@@ -633,15 +633,43 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         scaled_queries = queries.astype(compute) / math.sqrt(queries.shape[-1])
     else:
         scaled_queries = queries.astype(compute) * jnp.asarray(scale, compute)
-    if grouped:
+    if cfg.grouped:
         scaled_queries = group_heads(scaled_queries, groups)  # (B, ..., N_kv, G, T, q)
     output = _chunked_attention(
         cfg,
         _pad_axis(scaled_queries, scaled_queries.ndim - 2, cfg.padded_queries),
         _pad_axis(keys.astype(compute), rank - 2, cfg.padded_keys),
         _pad_axis(values.astype(compute), rank - 2, cfg.padded_keys),
-        limits, mask)
-    if grouped:
+        _padded_limits(cfg, valid_lens), _padded_mask(cfg, mask, rank, groups))
+    if cfg.grouped:
         output = ungroup_heads(output)  # (B, ..., N, Tp, v)
-    output = output[..., :num_queries, :].astype(dtype)
-    return output[0] if unbatched else output
+    return output[..., :num_queries, :].astype(dtype)
+
+
+def _padded_limits(cfg: Chunking, valid_lens):
+    """``None``, or int32 ``(B, Tp)``: query ``t`` may attend keys ``s < limits[b, t]``.
+
+    Clipping to ``[0, S]`` keeps the padded keys masked and gives traced lengths the documented
+    meaning; padded queries get 0 (attend nothing; their rows are dropped anyway)."""
+    if valid_lens is None:
+        return None
+    lens = jnp.clip(jnp.asarray(valid_lens).astype(jnp.int32), 0, cfg.num_keys)
+    if lens.ndim == 1:
+        lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], cfg.num_queries))
+    return _pad_axis(lens, 1, cfg.padded_queries)
+
+
+def _padded_mask(cfg: Chunking, mask, rank: int, groups: int):
+    """``None``, or the mask with ``rank`` axes (grouped: the group axis split out), its query and
+    key axes padded to ``(Tp, Sp)`` with False where they are not broadcast."""
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    mask = mask.reshape((1,) * (rank - mask.ndim) + mask.shape)
+    if cfg.grouped:
+        mask = group_heads(mask, groups)  # (B|1, ..., N_kv|1, G|1, T|1, S|1)
+    if mask.shape[-2] != 1:
+        mask = _pad_axis(mask, mask.ndim - 2, cfg.padded_queries, False)
+    if mask.shape[-1] != 1:
+        mask = _pad_axis(mask, mask.ndim - 1, cfg.padded_keys, False)
+    return mask

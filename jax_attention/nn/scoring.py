@@ -74,10 +74,19 @@ ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool,
              local_window_size=None):
-    """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
+    """Checks the inputs (:func:`~jax_attention._checks.check_attention_inputs`), then
+    :func:`_masked`: the one check and the one mask of every public function of this module."""
+    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
+                                    grouped_heads=same_depth)
+    return _masked(arrays, valid_lens, mask, is_causal, local_window_size)
+
+
+def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None):
+    """Builds the attention mask of the checked ``[queries, keys(, values)]`` once and zeroes
+    what nothing attends.
 
     Returns ``(keep, arrays, groups)``: the boolean mask broadcastable to the scores (or
-    ``None``), the checked ``[queries, keys(, values)]`` in which the queries that attend no key
+    ``None``), ``arrays`` in which the queries that attend no key
     and the keys and values that no query attends are zero
     (:func:`~jax_attention.nn.masking.zero_unattended`; in additive attention this also keeps a
     NaN feature's ``tanh'`` away), and ``groups``, the query heads per key/value head.
@@ -90,8 +99,6 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     repeating it (a size-1 axis is squeezed, not broadcast), and its transpose sums the key and
     value gradients over the group.
     """
-    arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
-                                    grouped_heads=same_depth)
     queries, keys = arrays[0], arrays[1]
     keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
                           is_causal=is_causal, local_window_size=local_window_size)
@@ -198,8 +205,8 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
     (:func:`jax.custom_vjp`): it keeps the forward's dropout mask and weights instead of hashing
     again, takes the softmax's gradient in one pass over the ``T x S`` arrays, and hands the two
     products that contract the query axis (the gradients of the keys and the values) their
-    ``T x S`` operand swapped, so that XLA:CPU runs them on its library GEMM rather than the
-    generic one. On the book's Transformer this makes a training step ~9% faster. Reverse mode
+    ``T x S`` operand swapped, so that XLA:CPU runs them on its library GEMM (a faster training
+    step: docs/implementation-notes.md). Reverse mode
     only: ``jax.jvp`` through it raises ``TypeError`` (a model without dropout, or in evaluation,
     takes the other path, which supports both modes).
 
@@ -324,23 +331,9 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
     return weights[0] if unbatched else weights
 
 
-# implementation=None takes "chunked" when the scores (B, ..., T, S) hold at least
-# CHUNKED_MIN_SCORES numbers (16 MiB of float32) and S >= CHUNKED_MIN_KEYS, "plain" otherwise
-# (see dot_product_implementation). The plain attention writes several T x S temporaries to fresh
-# memory; the chunked one keeps (B, ..., 128..512, 128..512) blocks in cache
-# (jax_attention.nn.efficient.auto_chunk_size) at the cost of its loops. Measured interleaved, float32,
-# H = 64, 2 cores, ms plain / chunked, forward and forward+backward:
-#   (1, 1, 1024) 1M scores: 3.3 / 2.9, 10.0 / 10.5     (1, 2, 1024) 2M: 7.1 / 6.9, 28.2 / 29.3
-#   (4, 8, 256)  2M:       12.0 / 14.6, 37.5 / 41.8    (8, 8, 256)  4M: 25.5 / 30.7, 99.6 / 95.2
-#   (4, 8, 384)  4.7M:     23.3 / 25.2, 105 / 89       (16, 8, 128) 2M: 12.9 / 14.3, 36.0 / 43.8
-#   (1, 4, 1024) 4M:       33.5 / 16.2, 92.8 / 49.3    (4, 8, 512)  8M: 65 / 35, 160 / 103
-#   (1, 8, 2048) 32M: chunked 1.3-1.6x faster          (1, 1, 8192) 64M: 1.3x.
-# Below 4M scores the two are within noise of each other; from 4M with S >= 512, chunked wins by
-# 1.5-2x. With S <= 384 the blocks are the whole key axis and chunking buys little.
-# Sliding windows (causal, local_window_size=(64..256, 0)), where the chunked kernel also skips the
-# key blocks outside the window, keep the same rule: from 4M scores chunked wins by 2-5x
-# ((4, 8, 512) 81 / 43 ms, (1, 4, 2048) 170 / 41 ms forward+backward, plain / chunked); below it
-# the two stay within noise or plain wins ((1, 8, 512) 13.1 / 15.3, (16, 8, 128) 15.8 / 28.0).
+# implementation=None takes "chunked" from CHUNKED_MIN_SCORES scores (16 MiB of float32) with
+# S >= CHUNKED_MIN_KEYS, where it measured 1.5-2x faster (docs/implementation-notes.md, "When
+# dot_product_attention takes the chunked kernel"); "plain" below.
 CHUNKED_MIN_SCORES = 1 << 22
 CHUNKED_MIN_KEYS = 512
 
@@ -441,21 +434,19 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
                          "be T x S arrays); use implementation='plain' or None")
     unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
-    keep, (checked_queries, checked_keys, checked_values), groups = _prepare(
-        queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
-        local_window_size=local_window_size)
+    checked = check_attention_inputs(queries, keys, values, same_depth=True, grouped_heads=True)
+    keep, (q, k, v), groups = _masked(checked, valid_lens, mask, is_causal, local_window_size)
     if implementation is None:
-        implementation = dot_product_implementation(checked_queries, checked_keys, bias)
+        implementation = dot_product_implementation(q, k, bias)
     if implementation == "plain":
-        output, weights = _ungrouped(groups, *_softmax_pool(
-            _dot_product_scores(checked_queries, checked_keys, bias, groups, scale, logit_softcap),
-            checked_values, keep))
-    else:
-        output = efficient.dot_product_attention(
-            queries, keys, values, valid_lens, mask=mask, is_causal=is_causal, scale=scale,
-            local_window_size=local_window_size, logit_softcap=logit_softcap)
-        weights, = _ungrouped(groups, _dot_product_weights(
-            checked_queries, checked_keys, keep, None, groups, scale, logit_softcap))
+        scores = _dot_product_scores(q, k, bias, groups, scale, logit_softcap)
+        output, weights = _ungrouped(groups, *_softmax_pool(scores, v, keep))
+    else:  # the chunked kernel builds its masks block by block from the lengths and the mask
+        output = efficient.chunked_attention(
+            *checked, valid_lens, mask, is_causal=is_causal, scale=scale,
+            window=local_window_size, logit_softcap=logit_softcap)
+        weights, = _ungrouped(groups, _dot_product_weights(q, k, keep, None, groups, scale,
+                                                           logit_softcap))
     return (output[0], weights[0]) if unbatched else (output, weights)
 
 
