@@ -453,7 +453,36 @@ def test_grouped_query_parameter_shapes():
     chex.assert_trees_all_equal(_gqa_params(None), _gqa_params(N_GQA))
 
 
+def test_attention_biases_and_value_head_size_shapes():
+    """bias=True adds PyTorch's four attention biases; value_head_size widens W_v and W_o; the
+    function, the modules and init_params agree (the biases start at zero, as nn.MultiheadAttention's)."""
+    shapes = transformer.flatten_params(transformer.param_shapes(
+        V_SRC, V_TGT, D, F, L, num_heads=N_GQA, num_kv_heads=2, value_head_size=3, bias=True))
+    H = D // N_GQA
+    expected = {"W_q": (D, D), "W_k": (D, 2 * H), "W_v": (D, 2 * 3), "W_o": (N_GQA * 3, D),
+                "b_q": (D,), "b_k": (2 * H,), "b_v": (2 * 3,), "b_o": (D,)}
+    for block in ("encoder/blocks/block_0/attention", "decoder/blocks/block_1/self_attention",
+                  "decoder/blocks/block_1/cross_attention"):
+        assert {name: shapes[f"{block}/{name}"] for name in expected} == expected
+    params = transformer.init_params(jax.random.key(0), V_SRC, V_TGT, D, F, N_GQA, L,
+                                     num_kv_heads=2, value_head_size=3, bias=True)
+    assert {path: leaf.shape for path, leaf in transformer.flatten_params(params).items()} == shapes
+    assert all(not np.any(leaf) for path, leaf in transformer.flatten_params(params).items()
+               if path.rpartition("/")[2] in expected and path.rpartition("/")[2][0] == "b")
+    block = transformer.TransformerDecoderBlock(D, F, N_GQA, num_kv_heads=2, value_head_size=3,
+                                                bias=True, rngs=nnx.Rngs(0))
+    assert {path: leaf.shape for path, leaf in
+            transformer.flatten_params(block.params_dict()).items()} == {
+        path.removeprefix("decoder/blocks/block_0/"): shape for path, shape in shapes.items()
+        if path.startswith("decoder/blocks/block_0/")}
+    # The book's model is unchanged by the defaults.
+    assert transformer.param_shapes(V_SRC, V_TGT, D, F, L, num_heads=N_GQA, bias=False) == \
+        transformer.param_shapes(V_SRC, V_TGT, D, F, L)
+
+
 @pytest.mark.parametrize("call, message", [
+    (lambda: transformer.param_shapes(5, 5, 8, 8, 1, value_head_size=2), r"num_heads must be "
+     r"given with num_kv_heads or value_head_size"),
     (lambda: transformer.init_params(jax.random.key(0), 5, 5, 8, 8, 4, 1, num_kv_heads=3),
      r"num_kv_heads must be a positive integer dividing num_heads = 4, got 3"),
     (lambda: transformer.param_shapes(5, 5, 8, 8, 1, num_kv_heads=2), r"num_heads must be"),
@@ -511,16 +540,27 @@ def test_decoder_state_of_another_grouping_is_refused():
 
 
 # The grouped models with one layer, as tests/parity/test_transformer.py's: the same programs.
-@pytest.mark.parametrize("num_heads, num_kv_heads, num_layers, seed",
-                         [(N, None, L, 0), (N_GQA, 2, 1, 2), (N_GQA, 1, 1, 2)],
-                         ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("num_heads, num_kv_heads, num_layers, seed, value_head_size",
+                         [(N, None, L, 0, None), (N_GQA, 2, 1, 2, None), (N_GQA, 1, 1, 2, None),
+                          (N_GQA, 2, 1, 3, 3)],
+                         ids=["mha", "gqa", "mqa", "gqa-biases-value_head_size"])
 def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads, num_kv_heads,
-                                                                       num_layers, seed):
-    """The book's model (N_kv = N), grouped-query and multi-query attention: the cache holds
-    N_kv heads, and decoding step by step equals the teacher-forced decoder in float64."""
+                                                                       num_layers, seed,
+                                                                       value_head_size):
+    """The book's model (N_kv = N), grouped-query and multi-query attention, and attention with
+    biases and a value head size of its own: the cache holds N_kv heads (values of H_v), and
+    decoding step by step equals the teacher-forced decoder in float64."""
     # Drawn with x64 off: x64 is part of a jitted function's cache key.
+    biased = value_head_size is not None
     params = transformer.init_params(jax.random.key(seed), V_SRC, V_TGT, D, F, num_heads,
-                                     num_layers, num_kv_heads=num_kv_heads)
+                                     num_layers, num_kv_heads=num_kv_heads,
+                                     value_head_size=value_head_size, bias=biased)
+    if biased:  # the biases start at zero: make every one count
+        rng = np.random.default_rng(seed)
+        params = transformer.unflatten_params({
+            path: rng.normal(size=leaf.shape).astype(np.float32) if path.rpartition("/")[2] in
+            ("b_q", "b_k", "b_v", "b_o") else leaf
+            for path, leaf in transformer.flatten_params(params).items()})
     num_kv_heads = num_kv_heads or num_heads
     with jax.enable_x64(True):
         params = _as_float64(params)
@@ -531,13 +571,14 @@ def test_kv_cache_holds_kv_heads_and_equals_full_recomputation_float64(num_heads
                                                   num_heads=num_heads))
         state = _initial_cache(params, src, src_valid_len, num_heads=num_heads, max_len=T)
         H = D // num_heads
+        H_v = value_head_size or H
         chex.assert_shape([state["self_keys"], state["self_values"], state["cross_keys"],
                            state["cross_values"]],
-                          [(B, num_layers, num_kv_heads, T, H)] * 2
-                          + [(B, num_layers, num_kv_heads, S, H)] * 2)
-        # Keys and values of one position in every block: 2 L N_kv H itemsize bytes.
+                          [(B, num_layers, num_kv_heads, length, size)
+                           for length in (T, S) for size in (H, H_v)])
+        # Keys and values of one position in every block: L N_kv (H + H_v) itemsize bytes.
         per_token = (state["self_keys"].nbytes + state["self_values"].nbytes) / (B * T)
-        assert per_token == 2 * num_layers * num_kv_heads * H * 8
+        assert per_token == num_layers * num_kv_heads * (H + H_v) * 8
         # The state keeps its structure, shapes and dtypes: the step is traced once (counted
         # per parametrisation).
         chex.clear_trace_counter()

@@ -65,8 +65,6 @@ from jax_attention._checks import (
     check_dropout,
     check_lengths,
     check_max_len_fits,
-    check_num_heads,
-    check_num_kv_heads,
     check_param_keys,
     check_positions,
     check_size,
@@ -86,9 +84,16 @@ from jax_attention.models.transformer_layers import (
     MAX_POSITIONS,
     add_norm,
     attention,
+    attention_shapes,
     check_model,
     check_stack,
+    decoder_block_shapes,
+    encoder_block_shapes,
+    ffn_shapes,
+    init_params,
     layer_norm,
+    norm_shapes,
+    param_shapes,
     position_wise_ffn,
 )
 from jax_attention.models.transformer_layers import check_width
@@ -132,94 +137,6 @@ __all__ = [
     "TransformerDecoder",
     "TransformerSeq2Seq",
 ]
-
-# --------------------------------------------------------------------------- parameters
-
-
-def _attention_shapes(D: int, K: int) -> dict:
-    return {"W_q": (D, D), "W_k": (D, K), "W_v": (D, K), "W_o": (D, D)}
-
-
-def _ffn_shapes(D: int, F: int) -> dict:
-    return {"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}
-
-
-def _norm_shapes(D: int) -> dict:
-    return {"gamma": (D,), "beta": (D,)}
-
-
-def _encoder_block_shapes(D: int, F: int, K: int) -> dict:
-    return {"attention": _attention_shapes(D, K), "addnorm_1": _norm_shapes(D),
-            "ffn": _ffn_shapes(D, F), "addnorm_2": _norm_shapes(D)}
-
-
-def _decoder_block_shapes(D: int, F: int, K: int) -> dict:
-    return {"self_attention": _attention_shapes(D, K), "addnorm_1": _norm_shapes(D),
-            "cross_attention": _attention_shapes(D, K), "addnorm_2": _norm_shapes(D),
-            "ffn": _ffn_shapes(D, F), "addnorm_3": _norm_shapes(D)}
-
-
-def _kv_width(D: int, num_heads, num_kv_heads) -> int:
-    """``K = N_kv * H``, the width of ``W_k`` and ``W_v`` (``D`` without grouping), checked."""
-    check_num_heads(D, num_heads)
-    return check_num_kv_heads(num_heads, num_kv_heads) * (D // num_heads)
-
-
-def param_shapes(src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int,
-                 ffn_num_hiddens: int, num_layers: int, *, num_heads: int | None = None,
-                 num_kv_heads: int | None = None) -> dict:
-    """The nested dict of parameter shapes (the structure every params dict must have).
-
-    Args:
-      src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes.
-      num_heads, num_kv_heads: ``N`` and ``N_kv`` (dividing ``N``): grouped-query attention
-        gives every attention ``W_k``, ``W_v`` of shape ``(D, N_kv H)``, ``H = D / N``. Both
-        ``None`` (or ``N_kv = N``): the book's ``(D, D)``.
-
-    Returns:
-      ``{"encoder": {"embedding": (V_src, D), "blocks": {"block_l": {"attention": {W_q, W_k,
-      W_v, W_o}, "addnorm_1": {gamma, beta}, "ffn": {W_1, b_1, W_2, b_2}, "addnorm_2"}}},
-      "decoder": {"embedding": (V_tgt, D), "blocks": {"block_l": {"self_attention",
-      "addnorm_1", "cross_attention", "addnorm_2", "ffn", "addnorm_3"}}, "dense": {"W": (D, V),
-      "b": (V,)}}}`` with shape tuples as leaves.
-    """
-    V_src, V_tgt, D, F, L = (check_size(name, value) for name, value in (
-        ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
-        ("num_hiddens", num_hiddens), ("ffn_num_hiddens", ffn_num_hiddens),
-        ("num_layers", num_layers)))
-    # The shapes depend on the heads only with grouping; num_heads alone is checked all the same.
-    no_heads = num_heads is None and num_kv_heads is None
-    K = D if no_heads else _kv_width(D, num_heads, num_kv_heads)
-    return {
-        "encoder": {"embedding": (V_src, D),
-                    "blocks": {f"block_{i}": _encoder_block_shapes(D, F, K) for i in range(L)}},
-        "decoder": {"embedding": (V_tgt, D),
-                    "blocks": {f"block_{i}": _decoder_block_shapes(D, F, K) for i in range(L)},
-                    "dense": {"W": (D, V_tgt), "b": (V_tgt,)}},
-    }
-
-
-def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
-                ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2, *,
-                num_kv_heads: int | None = None, param_dtype=jnp.float32) -> dict:
-    """Fresh parameters, initialised as the book's model (see the module docstring).
-
-    Args:
-      rng: a ``jax.random`` key.
-      src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes
-        (the book: D = 32, F = 64, L = 2).
-      num_heads: ``N``; checked to divide ``num_hiddens``.
-      num_kv_heads: ``N_kv``, dividing ``N`` (grouped-query attention, ``W_k``, ``W_v`` of
-        shape ``(D, N_kv D / N)``); ``None``: ``N``, the book's parameters.
-      param_dtype: the parameters' dtype.
-
-    Returns:
-      The nested dict of :func:`param_shapes`, with arrays as leaves.
-    """
-    shapes = param_shapes(src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens,
-                          num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads)
-    return unflatten_params(init_flat(rng, flatten_params(shapes), param_dtype))
-
 
 # --------------------------------------------------------------------------- the functional core
 
@@ -599,7 +516,7 @@ class PositionWiseFFN(ParamTree):
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, *, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
-        self.hold(_initial(None, _ffn_shapes(check_size("num_hiddens", num_hiddens),
+        self.hold(_initial(None, ffn_shapes(check_size("num_hiddens", num_hiddens),
                                              check_size("ffn_num_hiddens", ffn_num_hiddens)),
                            param_dtype, rngs))
 
@@ -611,7 +528,7 @@ class AddNorm(ParamTree):
     """``LayerNorm(dropout(Y) + X)`` — d2l §11.7.3; calls :func:`add_norm`."""
 
     def __init__(self, num_hiddens: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.hold(_initial(None, _norm_shapes(check_size("num_hiddens", num_hiddens)),
+        self.hold(_initial(None, norm_shapes(check_size("num_hiddens", num_hiddens)),
                            param_dtype, rngs))
 
     def __call__(self, X, Y, *, dropout: float = 0.0, dropout_rng=None):
@@ -619,16 +536,19 @@ class AddNorm(ParamTree):
 
 
 class TransformerEncoderBlock(ParamTree):
-    """One encoder block — d2l §11.7.4; calls :func:`encoder_block` (``num_kv_heads``: see
-    :func:`init_params`)."""
+    """One encoder block — d2l §11.7.4; calls :func:`encoder_block` (``num_kv_heads``,
+    ``value_head_size`` and ``bias``: see :func:`param_shapes`; with ``bias=True`` it is PyTorch's
+    ``nn.TransformerEncoderLayer``)."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
-                 num_kv_heads: int | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 num_kv_heads: int | None = None, value_head_size: int | None = None,
+                 bias: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  params: dict | None = None):
-        K = _kv_width(check_size("num_hiddens", num_hiddens), num_heads, num_kv_heads)
+        attention = attention_shapes(check_size("num_hiddens", num_hiddens), num_heads,
+                                      num_kv_heads, value_head_size, bias)
         self.num_heads = num_heads
-        shapes = _encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
-                                       K)
+        shapes = encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
+                                       attention)
         self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
@@ -638,15 +558,18 @@ class TransformerEncoderBlock(ParamTree):
 
 
 class TransformerDecoderBlock(ParamTree):
-    """One decoder block — d2l §11.7.5; calls :func:`decoder_block` (causal self-attention)."""
+    """One decoder block — d2l §11.7.5; calls :func:`decoder_block` (causal self-attention; with
+    ``bias=True`` it is PyTorch's ``nn.TransformerDecoderLayer``)."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
-                 num_kv_heads: int | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 num_kv_heads: int | None = None, value_head_size: int | None = None,
+                 bias: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  params: dict | None = None):
-        K = _kv_width(check_size("num_hiddens", num_hiddens), num_heads, num_kv_heads)
+        attention = attention_shapes(check_size("num_hiddens", num_hiddens), num_heads,
+                                      num_kv_heads, value_head_size, bias)
         self.num_heads = num_heads
-        shapes = _decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
-                                       K)
+        shapes = decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
+                                       attention)
         self.hold(_initial(params, shapes, param_dtype, rngs))
 
     def __call__(self, X, enc_outputs, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
@@ -660,6 +583,7 @@ class TransformerEncoder(ParamTree):
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                  num_layers: int, *, num_kv_heads: int | None = None,
+                 value_head_size: int | None = None, bias: bool = False,
                  max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  params: dict | None = None):
         shape = (check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens))
@@ -668,7 +592,8 @@ class TransformerEncoder(ParamTree):
                                             rngs)["embedding"])
         self.blocks = nnx.List([
             TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    num_kv_heads=num_kv_heads, param_dtype=param_dtype, rngs=rngs,
+                                    num_kv_heads=num_kv_heads, value_head_size=value_head_size,
+                                    bias=bias, param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
             for i in range(check_size("num_layers", num_layers))])
         self.num_heads = num_heads
@@ -689,6 +614,7 @@ class TransformerDecoder(ParamTree):
 
     def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                  num_layers: int, *, num_kv_heads: int | None = None,
+                 value_head_size: int | None = None, bias: bool = False,
                  max_positions: int = MAX_POSITIONS, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  params: dict | None = None):
         V, D = check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens)
@@ -699,7 +625,8 @@ class TransformerDecoder(ParamTree):
         self.embedding = nnx.Param(values["embedding"])
         self.blocks = nnx.List([
             TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    num_kv_heads=num_kv_heads, param_dtype=param_dtype, rngs=rngs,
+                                    num_kv_heads=num_kv_heads, value_head_size=value_head_size,
+                                    bias=bias, param_dtype=param_dtype, rngs=rngs,
                                     params=None if params is None else params["blocks"][f"block_{i}"])
             for i in range(check_size("num_layers", num_layers))])
         self.W, self.b = nnx.Param(values["dense/W"]), nnx.Param(values["dense/b"])

@@ -41,22 +41,25 @@ from jax import lax
 
 from jax_attention._checks import (
     KeySet,
+    check_bool,
     check_dropout,
     check_num_heads,
     check_num_kv_heads,
     check_numbered,
     check_param_keys,
     check_param_shapes,
+    check_size,
 )
 from jax_attention.nn.multihead import BIAS_KEYS, KERNEL_KEYS, attend_heads
 from jax_attention.nn.positional import positional_encoding
+from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
                                    weighted_sum)
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold
 
-__all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "position_wise_ffn", "layer_norm", "add_norm",
-           "attention"]
+__all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "param_shapes", "init_params", "position_wise_ffn",
+           "layer_norm", "add_norm", "attention"]
 
 #: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
 MAX_POSITIONS = 1000
@@ -279,8 +282,122 @@ def embed(params, tokens, offset_positions, max_positions: int, dtype):
     return embedding[tokens] * math.sqrt(D) + positional
 
 
+# --------------------------------------------------------------------------- parameters
+
+
+def attention_shapes(D: int, num_heads=None, num_kv_heads=None, value_head_size=None,
+                     bias: bool = False) -> dict:
+    """One attention's parameter shapes, checked: ``W_q (D, D)``, ``W_k (D, N_kv H)``,
+    ``W_v (D, N_kv H_v)``, ``W_o (N H_v, D)`` and, with ``bias``, ``b_q (D,)``, ``b_k (N_kv H,)``,
+    ``b_v (N_kv H_v,)``, ``b_o (D,)``. Without ``num_heads`` the shapes cannot depend on the
+    heads: the book's four ``(D, D)`` kernels (grouping or a value head size need it)."""
+    if num_heads is None:
+        if num_kv_heads is not None or value_head_size is not None:
+            raise ValueError("num_heads must be given with num_kv_heads or value_head_size (the "
+                             "widths of W_k, W_v and W_o are counted in heads)")
+        num_heads = 1
+    else:
+        check_num_heads(D, num_heads)
+    N_kv = check_num_kv_heads(num_heads, num_kv_heads)
+    H = D // num_heads
+    H_v = H if value_head_size is None else check_size("value_head_size", value_head_size)
+    shapes = {"W_q": (D, D), "W_k": (D, N_kv * H), "W_v": (D, N_kv * H_v),
+              "W_o": (num_heads * H_v, D)}
+    if check_bool("bias", bias):
+        shapes.update({"b_q": (D,), "b_k": (N_kv * H,), "b_v": (N_kv * H_v,), "b_o": (D,)})
+    return shapes
+
+
+def ffn_shapes(D: int, F: int) -> dict:
+    return {"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}
+
+
+def norm_shapes(D: int) -> dict:
+    return {"gamma": (D,), "beta": (D,)}
+
+
+def encoder_block_shapes(D: int, F: int, attention: dict) -> dict:
+    return {"attention": attention, "addnorm_1": norm_shapes(D), "ffn": ffn_shapes(D, F),
+            "addnorm_2": norm_shapes(D)}
+
+
+def decoder_block_shapes(D: int, F: int, attention: dict) -> dict:
+    return {"self_attention": attention, "addnorm_1": norm_shapes(D),
+            "cross_attention": attention, "addnorm_2": norm_shapes(D), "ffn": ffn_shapes(D, F),
+            "addnorm_3": norm_shapes(D)}
+
+
+def param_shapes(src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int,
+                 ffn_num_hiddens: int, num_layers: int, *, num_heads: int | None = None,
+                 num_kv_heads: int | None = None, value_head_size: int | None = None,
+                 bias: bool = False) -> dict:
+    """The nested dict of parameter shapes (the structure every params dict must have).
+
+    Args:
+      src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes.
+      num_heads, num_kv_heads: ``N`` and ``N_kv`` (dividing ``N``): grouped-query attention
+        gives every attention ``W_k``, ``W_v`` of shape ``(D, N_kv H)``, ``H = D / N``. Both
+        ``None`` (or ``N_kv = N``): the book's ``(D, D)``.
+      value_head_size: ``H_v``, each head's value size (needs ``num_heads``): ``W_v`` becomes
+        ``(D, N_kv H_v)`` and ``W_o`` ``(N H_v, D)``; ``None``: ``H``.
+      bias: every attention also has ``b_q (D,)``, ``b_k (N_kv H,)``, ``b_v (N_kv H_v,)`` and
+        ``b_o (D,)``, as PyTorch's ``nn.TransformerEncoderLayer``; the book's has none.
+
+    Returns:
+      ``{"encoder": {"embedding": (V_src, D), "blocks": {"block_l": {"attention": {W_q, W_k,
+      W_v, W_o}, "addnorm_1": {gamma, beta}, "ffn": {W_1, b_1, W_2, b_2}, "addnorm_2"}}},
+      "decoder": {"embedding": (V_tgt, D), "blocks": {"block_l": {"self_attention",
+      "addnorm_1", "cross_attention", "addnorm_2", "ffn", "addnorm_3"}}, "dense": {"W": (D, V),
+      "b": (V,)}}}`` with shape tuples as leaves.
+    """
+    V_src, V_tgt, D, F, L = (check_size(name, value) for name, value in (
+        ("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
+        ("num_hiddens", num_hiddens), ("ffn_num_hiddens", ffn_num_hiddens),
+        ("num_layers", num_layers)))
+    # The shapes depend on the heads only with grouping or a value head size; num_heads alone is
+    # checked all the same.
+    attention = attention_shapes(D, num_heads, num_kv_heads, value_head_size, bias)
+    return {
+        "encoder": {"embedding": (V_src, D),
+                    "blocks": {f"block_{i}": encoder_block_shapes(D, F, attention)
+                               for i in range(L)}},
+        "decoder": {"embedding": (V_tgt, D),
+                    "blocks": {f"block_{i}": decoder_block_shapes(D, F, attention)
+                               for i in range(L)},
+                    "dense": {"W": (D, V_tgt), "b": (V_tgt,)}},
+    }
+
+
+def init_params(rng, src_vocab_size: int, tgt_vocab_size: int, num_hiddens: int = 32,
+                ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2, *,
+                num_kv_heads: int | None = None, value_head_size: int | None = None,
+                bias: bool = False, param_dtype=jnp.float32) -> dict:
+    """Fresh parameters, initialised as the book's model (see the module docstring).
+
+    Args:
+      rng: a ``jax.random`` key.
+      src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens, num_layers: the sizes
+        (the book: D = 32, F = 64, L = 2).
+      num_heads: ``N``; checked to divide ``num_hiddens``.
+      num_kv_heads: ``N_kv``, dividing ``N`` (grouped-query attention, ``W_k``, ``W_v`` of
+        shape ``(D, N_kv D / N)``); ``None``: ``N``, the book's parameters.
+      value_head_size, bias: see :func:`param_shapes` (attention biases start at zero, as in
+        PyTorch's ``nn.MultiheadAttention``).
+      param_dtype: the parameters' dtype.
+
+    Returns:
+      The nested dict of :func:`param_shapes`, with arrays as leaves.
+    """
+    shapes = param_shapes(src_vocab_size, tgt_vocab_size, num_hiddens, ffn_num_hiddens,
+                          num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                          value_head_size=value_head_size, bias=bias)
+    return unflatten_params(init_flat(rng, flatten_params(shapes), param_dtype))
+
+
 # --------------------------------------------------------------------------- initialisation
 
+# Leaves that start at zero: LayerNorm's beta and the attention biases (nn.MultiheadAttention's).
+_ZERO_LEAVES = ("beta", "b_q", "b_k", "b_v", "b_o")
 # A bias's fan-in is its kernel's input size: b_1 <- W_1, b_2 <- W_2, b <- W.
 _BIAS_KERNEL = {"b_1": "W_1", "b_2": "W_2", "b": "W"}
 
@@ -293,7 +410,8 @@ def _init_leaves(rng, spec: tuple, dtype) -> tuple:
     compilation of the generator instead of one per leaf):
 
     * ``embedding``: ``N(0, 1)`` (``nn.Embedding``), as ``sqrt(2) erfinv(u)``;
-    * ``gamma``: ones, ``beta``: zeros (``nn.LayerNorm``);
+    * ``gamma``: ones, ``beta``: zeros (``nn.LayerNorm``); attention biases ``b_q, b_k, b_v,
+      b_o``: zeros (``nn.MultiheadAttention``);
     * biases ``b_1``, ``b_2``, ``b``: ``U(-1/sqrt(in), 1/sqrt(in))`` (``nn.Linear``'s default);
     * kernels ``(in, out)``: Xavier-uniform ``U(-a, a)``, ``a = sqrt(6 / (in + out))``.
     """
@@ -308,7 +426,7 @@ def _init_leaves(rng, spec: tuple, dtype) -> tuple:
             values.append(jnp.sqrt(jnp.asarray(2.0, dtype)) * lax.erf_inv(u))
         elif name == "gamma":
             values.append(jnp.ones(shape, dtype))
-        elif name == "beta":
+        elif name in _ZERO_LEAVES:
             values.append(jnp.zeros(shape, dtype))
         elif name in _BIAS_KERNEL:
             values.append(u * (1.0 / math.sqrt(fan_in)))

@@ -378,3 +378,104 @@ def test_sdpa_variants(request, backend, variant, implementation):
     for name, got, want in zip("qkv", grads, _grads(tensors)):
         assert got.shape == want.shape
         assert_close(got, want, dtype, what=f"d{name}")
+
+
+# --------------------------------------------------------------------------- nn.TransformerEncoderLayer
+# and nn.TransformerDecoderLayer: PyTorch's post-norm layers (norm_first=False, ReLU), which are
+# the book's blocks with biased attention. Every weight and bias is random and copied from the
+# torch module to ours; dropout 0 in training mode (PyTorch's fused inference path pads its output
+# with zeros where the keys are padding, which is not the layer's mathematics).
+
+F_LAYER = 12  # the FFN's hidden width
+
+
+def _random_layer(cls, dtype, seed):
+    """A torch ``cls`` layer (D, N heads, F_LAYER, dropout 0, batch first) whose every parameter is
+    random, biases of the attentions included (PyTorch initialises those to zero)."""
+    layer = cls(D, N, dim_feedforward=F_LAYER, dropout=0.0, batch_first=True,
+                dtype=getattr(torch, np.dtype(dtype).name))
+    rng = np.random.default_rng(seed)
+    layer.load_state_dict({name: torch.tensor(rng.normal(size=tuple(value.shape)).astype(dtype)
+                                              / np.sqrt(value.shape[-1]))
+                           for name, value in layer.state_dict().items()})
+    return layer.train()
+
+
+def _block_params(state, decoder: bool) -> dict:
+    """A torch layer's ``state`` (``state_dict()`` or its parameters' gradients) as our block's
+    parameter dict: the attentions through :func:`jax_attention.interop.from_torch`, the FFN's and
+    the norms' by name."""
+    state = {name: as_numpy(value) for name, value in state.items()}
+
+    def attention(prefix):
+        return from_torch({name[len(prefix) + 1:]: value for name, value in state.items()
+                           if name.startswith(prefix + ".")}, "torch.nn.MultiheadAttention")
+
+    def norm(i):
+        return {"gamma": state[f"norm{i}.weight"], "beta": state[f"norm{i}.bias"]}
+
+    ffn = {"W_1": state["linear1.weight"].T, "b_1": state["linear1.bias"],
+           "W_2": state["linear2.weight"].T, "b_2": state["linear2.bias"]}
+    if not decoder:
+        return {"attention": attention("self_attn"), "addnorm_1": norm(1), "ffn": ffn,
+                "addnorm_2": norm(2)}
+    return {"self_attention": attention("self_attn"), "addnorm_1": norm(1),
+            "cross_attention": attention("multihead_attn"), "addnorm_2": norm(2), "ffn": ffn,
+            "addnorm_3": norm(3)}
+
+
+@functools.cache
+def _ours_block(decoder: bool):
+    def run(params, inputs, valid_lens, cotangent):
+        def block(params, *inputs):
+            if decoder:
+                return transformer.decoder_block(params, *inputs, valid_lens, num_heads=N)[0]
+            return transformer.encoder_block(params, *inputs, valid_lens, num_heads=N)[0]
+
+        output, vjp = jax.vjp(block, params, *inputs)
+        return output, vjp(cotangent)
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+def test_transformer_blocks_with_biases_match_torch_layers(request, backend, decoder, dtype_name):
+    """Our encoder (decoder) block with biased attention is ``nn.TransformerEncoderLayer``
+    (``nn.TransformerDecoderLayer``): outputs, the inputs' and every parameter's gradients, with
+    source padding (``src_key_padding_mask`` / ``memory_key_padding_mask``) and, in the decoder,
+    the causal self-attention (``tgt_mask``); the NumPy reference gives the same outputs."""
+    from reference_numpy import transformer as np_transformer
+
+    dtype = _dtype(request, dtype_name)
+    layer = _random_layer(torch.nn.TransformerDecoderLayer if decoder
+                          else torch.nn.TransformerEncoderLayer, dtype, seed=20 + decoder)
+    params = _block_params(layer.state_dict(), decoder)
+    assert {"b_q", "b_k", "b_v", "b_o"} <= set(params["self_attention" if decoder else "attention"])
+    source, target = normal((B, S, D), 21), normal((B, T, D), 22)
+    src_valid_len = lengths([5, 2])
+    inputs = (target, source) if decoder else (source,)
+    cotangent = normal((B, T if decoder else S, D), 23)
+    output, grads = _ours_block(decoder)(to_jax(params, dtype), to_jax(inputs, dtype),
+                                         src_valid_len, jnp.asarray(cotangent, dtype))
+    assert output.devices() == {backend}
+
+    tensors = _tensors(dtype, *inputs)
+    padding = torch.tensor(np.arange(S)[None, :] >= src_valid_len[:, None])  # True = masked
+    if decoder:
+        causal = torch.tensor(~np.tril(np.ones((T, T), bool)))
+        expected = layer(*tensors, tgt_mask=causal, memory_key_padding_mask=padding)
+    else:
+        expected = layer(*tensors, src_key_padding_mask=padding)
+    expected.backward(torch.tensor(cotangent.astype(dtype)))
+    assert_close(output, expected, dtype, what="output")
+    torch_grads = _block_params({name: p.grad for name, p in layer.named_parameters()}, decoder)
+    assert_tree_close(grads[0], torch_grads, dtype, what="d params")
+    for name, got, want in zip(("X", "enc_outputs") if decoder else ("X",), grads[1:],
+                               _grads(tensors)):
+        assert_close(got, want, dtype, what=f"d {name}")
+
+    reference = (np_transformer.decoder_block if decoder else np_transformer.encoder_block)(
+        {key: value for key, value in jax.tree.map(np.float64, params).items()},
+        *(np.float64(x) for x in inputs), src_valid_len, num_heads=N)[0]
+    assert_close(reference.astype(dtype), expected, dtype, what="reference_numpy output")
