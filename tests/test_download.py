@@ -212,7 +212,10 @@ def test_ctrl_c_during_the_download_leaves_nothing(server, payload, tmp_path):
     are in pooch's temporary file): KeyboardInterrupt, and the folder is left empty."""
     server.stall_after = len(payload) // 4
     cache = tmp_path / "cache"
-    code = ("import sys; from jax_attention.data import archive; "
+    # Python's own Ctrl-C handler, whatever the test runner's: a process started in the
+    # background of a non-interactive shell (CI) inherits SIGINT ignored, and Python keeps that.
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from jax_attention.data import archive; "
             "archive.download_fra_eng(sys.argv[1], sys.argv[2], directory=sys.argv[3])")
     process = subprocess.Popen([sys.executable, "-c", code, server.url, SHARED_ARCHIVE_SHA1,
                                 str(cache)], cwd=CHECKOUT, env=command_env(),

@@ -77,8 +77,7 @@ from jax_attention.nn.masking import (
 )
 from jax_attention.nn.precision import compute_dtype
 
-__all__ = ["dot_product_attention", "chunked_attention", "Chunking", "chunking",
-           "auto_chunk_size"]
+__all__ = ["dot_product_attention"]
 
 # The score and pooling strings of jax_attention/nn/scoring.py, and the products of the backward pass
 # (scores, gradients of the values, of the weights and of queries/keys) in the same letters. The
@@ -601,7 +600,7 @@ def chunked_attention(queries, keys, values, valid_lens, mask, *, is_causal: boo
                       logit_softcap: float | None, query_chunk_size=None, key_chunk_size=None):
     """:func:`dot_product_attention` on batched inputs its caller has checked — what
     ``jax_attention.nn.scoring.dot_product_attention(..., implementation="chunked")`` calls, so
-    that its inputs are checked once.
+    that its inputs are checked once. Not part of the user-facing API (``__all__``).
 
     Args:
       queries, keys, values: float arrays of one dtype, ``(B, ..., N, T, q)``,

@@ -46,7 +46,6 @@ __all__ = [
     "transpose_output",
     "project_heads",
     "combine_heads",
-    "attend_heads",
     "multi_head_attention",
     "MultiHeadAttention",
 ]
@@ -202,7 +201,7 @@ def attend_heads(params, queries, keys, values, valid_lens, attend, *, num_heads
     """The multi-head assembly of the package: :func:`multi_head_attention`,
     :class:`MultiHeadAttention` and the Transformer's layers
     (:func:`jax_attention.models.transformer_layers.attention`) all run it, each with its own
-    ``attend``.
+    ``attend``. Not part of the user-facing API (``__all__``).
 
     It checks the inputs and the parameters once, builds the mask of every head once
     (:func:`~jax_attention.nn.masking.attention_mask`), zeroes the queries that attend no key and
