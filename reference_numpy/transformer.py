@@ -160,6 +160,13 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
                                 num_heads=num_heads, is_causal=is_causal)
 
 
+def _source_lengths(src_valid_len, B: int, S: int):
+    """``src_valid_len`` ``(B,)`` in ``[0, S]`` (or ``None``), checked by its name."""
+    if src_valid_len is None:
+        return None
+    return check_lengths("src_valid_len", src_valid_len, B, S, "S")
+
+
 def encoder_block(params, X, src_valid_len, *, num_heads: int):
     """``Y = AddNorm(X, MHA(X, X, X))``, ``AddNorm(Y, FFN(Y))`` — d2l §11.7.4.
 
@@ -168,6 +175,7 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int):
     """
     check_param_keys("params", params, ENCODER_BLOCK_KEYS)
     X = _check_width("X", X, np.shape(params["attention"]["W_q"])[0], "(B, S, D)")
+    src_valid_len = _source_lengths(src_valid_len, X.shape[0], X.shape[1])
     attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads)
     Y = add_norm(params["addnorm_1"], X, attended)
     return add_norm(params["addnorm_2"], Y, position_wise_ffn(params["ffn"], Y)), weights
@@ -206,6 +214,7 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int):
     if enc_outputs.shape[0] != X.shape[0]:
         raise ValueError(f"X (B, T, D) and enc_outputs (B, S, D) must have the same batch B, got "
                          f"X {X.shape} and enc_outputs {enc_outputs.shape}")
+    src_valid_len = _source_lengths(src_valid_len, X.shape[0], enc_outputs.shape[1])
     attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
                                        is_causal=True)
     Y = add_norm(params["addnorm_1"], X, attended)

@@ -775,13 +775,13 @@ case("transformer.encoder_block", "rank", "2-D X", ValueError, "X", [shape(S, D)
      lambda: (_block(), f32(S, D), None), {"num_heads": N})
 case("transformer.encoder_block", "heads", "8 by 3", ValueError, "num_heads", [shape(D, D)],
      lambda: (_block(), f32(B, S, D), None), {"num_heads": 3})
-case("transformer.encoder_block", "lens", "negative", ValueError, "valid_lens", [shape(B)],
+case("transformer.encoder_block", "lens", "negative", ValueError, "src_valid_len", [shape(B)],
      lambda: (_block(), f32(B, S, D), i32([-1, 1])), {"num_heads": N})
 case("transformer.encoder", "rank", "1-D src", ValueError, "src", [shape(S)],
      lambda: (transformer_params()["encoder"], i32([1] * S), None), {"num_heads": N})
 case("transformer.encoder", "heads", "8 by 3", ValueError, "num_heads", [shape(D, D)],
      lambda: (transformer_params()["encoder"], _src(), None), {"num_heads": 3})
-case("transformer.encoder", "lens", "above S", ValueError, "valid_lens", [shape(B)],
+case("transformer.encoder", "lens", "above S", ValueError, "src_valid_len", [shape(B)],
      lambda: (transformer_params()["encoder"], _src(), i32([S + 1, 1])), {"num_heads": N})
 case("transformer.encoder", "ids", "id V", ValueError, "src", [shape(B, S), "[0, 7)"],
      lambda: (transformer_params()["encoder"], _src(fill=VOCAB), None), {"num_heads": N})
@@ -831,7 +831,7 @@ case("transformer.init_decoder_state", "rank", "2-D enc_outputs", ValueError, "e
      [shape(S, D)], lambda: (transformer_params()["decoder"], f32(S, D), None),
      {"num_heads": N, "max_len": 4})
 case("transformer.init_decoder_state", "heads", "8 by 3", ValueError, "num_heads",
-     [shape(B, S, D)], lambda: (transformer_params()["decoder"], f32(B, S, D), None),
+     [shape(D, D)], lambda: (transformer_params()["decoder"], f32(B, S, D), None),
      {"num_heads": 3, "max_len": 4})
 case("transformer.init_decoder_state", "lens", "above S", ValueError, "src_valid_len",
      [shape(B), "[0, 5]"], lambda: (transformer_params()["decoder"], f32(B, S, D), i32([S + 1, 1])),

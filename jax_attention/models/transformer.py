@@ -65,7 +65,6 @@ from jax_attention._checks import (
     check_dropout,
     check_lengths,
     check_max_len_fits,
-    check_param_keys,
     check_positions,
     check_size,
     check_tokens,
@@ -73,9 +72,15 @@ from jax_attention._checks import (
 from jax_attention.models.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
+from jax_attention.nn.masking import causal_mask
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold
-from jax_attention.models.transformer_cache import decoder_step, init_decoder_state
+from jax_attention.models.transformer_cache import (
+    cached_step,
+    decoder_step,
+    init_decoder_state,
+    initial_state,
+)
 from jax_attention.models.transformer_layers import (
     DECODER_BLOCK_KEYS,
     DECODER_KEYS,
@@ -85,16 +90,21 @@ from jax_attention.models.transformer_layers import (
     add_norm,
     attention,
     attention_shapes,
+    check_block,
     check_model,
     check_stack,
     decoder_block_shapes,
     encoder_block_shapes,
+    ffn,
     ffn_shapes,
     init_params,
     layer_norm,
+    lengths_keep,
     norm_shapes,
     param_shapes,
     position_wise_ffn,
+    residual,
+    sublayer_attention,
 )
 from jax_attention.models.transformer_layers import check_width
 from jax_attention.models.transformer_layers import dense as _dense
@@ -141,6 +151,10 @@ __all__ = [
 # --------------------------------------------------------------------------- the functional core
 
 
+# Each public function checks its parameters and inputs once and builds the masks once, then
+# runs the private cores below it (_encoder_block, _encoder, ...), which check nothing again.
+
+
 def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 0.0,
                   dropout_rng=None):
     """One encoder block — d2l §11.7.4 ``TransformerEncoderBlock``.
@@ -148,21 +162,36 @@ def encoder_block(params, X, src_valid_len, *, num_heads: int, dropout: float = 
     ``Y = AddNorm(X, MHA(X, X, X, src_valid_len))``, then ``AddNorm(Y, FFN(Y))``.
 
     Args:
-      params: ``{"attention", "addnorm_1", "ffn", "addnorm_2"}``, exactly (nested keys too).
+      params: ``{"attention", "addnorm_1", "ffn", "addnorm_2"}``, exactly (nested keys too;
+        the attention may have biases, see :func:`param_shapes`).
       X: ``(B, S, D)``. src_valid_len: ``(B,)`` or ``None``.
       num_heads: ``N``. dropout, dropout_rng: the rate and a key (``None``: no dropout).
 
     Returns:
       ``(output (B, S, D), weights (B, N, S, S))``.
     """
-    check_param_keys("params", params, ENCODER_BLOCK_KEYS)
-    X = check_width("X", X, jnp.shape(params["attention"]["W_q"])[0], "(B, S, D)")
-    attended, weights = attention(params["attention"], X, X, src_valid_len, num_heads=num_heads,
-                                  dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0))
-    Y = add_norm(params["addnorm_1"], X, attended, dropout=dropout,
-                 dropout_rng=fold_rng(dropout_rng, 1))
-    out = add_norm(params["addnorm_2"], Y, position_wise_ffn(params["ffn"], Y), dropout=dropout,
-                   dropout_rng=fold_rng(dropout_rng, 2))
+    D = check_block(params, ENCODER_BLOCK_KEYS, num_heads)
+    X = check_width("X", X, D, "(B, S, D)")
+    keep = _source_keep(src_valid_len, X.shape[0], X.shape[1])
+    return _encoder_block(params, X, keep, num_heads=num_heads, dropout=check_dropout(dropout),
+                          dropout_rng=dropout_rng)
+
+
+def _source_keep(src_valid_len, B: int, S: int):
+    """The source's padding mask ``(B, 1, 1, S)`` (``None``: no lengths), built once for the
+    self-attention of every encoder block and the encoder–decoder attention of every decoder
+    block; ``src_valid_len`` ``(B,)`` checked (values in ``[0, S]`` when concrete)."""
+    if src_valid_len is None:
+        return None
+    return lengths_keep(check_lengths("src_valid_len", src_valid_len, B, S, "S"), S)
+
+
+def _encoder_block(params, X, keep, *, num_heads, dropout, dropout_rng):
+    attended, weights = sublayer_attention(params["attention"], X, X, keep, num_heads=num_heads,
+                                           dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0))
+    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1))
+    out = residual(params["addnorm_2"], Y, ffn(params["ffn"], Y), dropout,
+                   fold_rng(dropout_rng, 2))
     return out, weights
 
 
@@ -188,17 +217,27 @@ def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = 
       ``(enc_outputs (B, S, D), weights (L, B, N, S, S))``.
     """
     dropout = check_dropout(dropout)
-    L = check_stack(params, ENCODER_KEYS, ENCODER_BLOCK_KEYS)
-    embedding_rows = jnp.shape(params["embedding"])[0]
-    src = check_tokens("src", src, embedding_rows, ndim=2)
-    check_positions("src", src.shape[1], max_positions, src.shape)
+    check_stack(params, ENCODER_KEYS, ENCODER_BLOCK_KEYS, num_heads)
+    src = _checked_tokens("src", src, params, max_positions)
+    keep = _source_keep(src_valid_len, src.shape[0], src.shape[1])
+    return _encoder(params, src, keep, num_heads=num_heads, max_positions=max_positions,
+                    dropout=dropout, dropout_rng=dropout_rng)
+
+
+def _checked_tokens(name: str, tokens, params, max_positions: int):
+    """Token ids ``(B, T)`` for the embedding of ``params`` and a table of ``max_positions``."""
+    tokens = check_tokens(name, tokens, jnp.shape(params["embedding"])[0], ndim=2)
+    check_positions(name, tokens.shape[1], max_positions, tokens.shape)
+    return tokens
+
+
+def _encoder(params, src, keep, *, num_heads, max_positions, dropout, dropout_rng):
     X = embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     all_weights = []
-    for i in range(L):
-        X, weights = encoder_block(params["blocks"][f"block_{i}"], X, src_valid_len,
-                                   num_heads=num_heads, dropout=dropout,
-                                   dropout_rng=fold_rng(dropout_rng, i + 1))
+    for i in range(len(params["blocks"])):
+        X, weights = _encoder_block(params["blocks"][f"block_{i}"], X, keep, num_heads=num_heads,
+                                    dropout=dropout, dropout_rng=fold_rng(dropout_rng, i + 1))
         all_weights.append(weights)
     return X, jnp.stack(all_weights)
 
@@ -218,25 +257,42 @@ def decoder_block(params, X, enc_outputs, src_valid_len, *, num_heads: int, drop
     Returns:
       ``(output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``.
     """
-    check_param_keys("params", params, DECODER_BLOCK_KEYS)
-    D = jnp.shape(params["self_attention"]["W_q"])[0]
+    D = check_block(params, DECODER_BLOCK_KEYS, num_heads)
     X = check_width("X", X, D)
+    enc_outputs = _checked_enc_outputs(enc_outputs, D, "X", "(B, T, D)", X.shape)
+    return _decoder_block(params, X, enc_outputs, _causal_keep(X.shape[1]),
+                          _source_keep(src_valid_len, X.shape[0], enc_outputs.shape[1]),
+                          num_heads=num_heads, dropout=check_dropout(dropout),
+                          dropout_rng=dropout_rng)
+
+
+def _checked_enc_outputs(enc_outputs, D: int, name: str, letters: str, shape):
+    """``enc_outputs (B, S, D)`` with the batch ``B`` of the decoder's input ``name`` (of the
+    shape ``letters``, here ``shape``)."""
     enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
-    if enc_outputs.shape[0] != X.shape[0]:
-        raise ValueError(f"X (B, T, D) and enc_outputs (B, S, D) must have the same batch B, got "
-                         f"X {X.shape} and enc_outputs {enc_outputs.shape}")
-    attended, self_weights = attention(params["self_attention"], X, X, num_heads=num_heads,
-                                       is_causal=True, dropout=dropout,
-                                       dropout_rng=fold_rng(dropout_rng, 0))
-    Y = add_norm(params["addnorm_1"], X, attended, dropout=dropout,
-                 dropout_rng=fold_rng(dropout_rng, 1))
-    crossed, cross_weights = attention(params["cross_attention"], Y, enc_outputs, src_valid_len,
-                                       num_heads=num_heads, dropout=dropout,
-                                       dropout_rng=fold_rng(dropout_rng, 2))
-    Z = add_norm(params["addnorm_2"], Y, crossed, dropout=dropout,
-                 dropout_rng=fold_rng(dropout_rng, 3))
-    out = add_norm(params["addnorm_3"], Z, position_wise_ffn(params["ffn"], Z), dropout=dropout,
-                   dropout_rng=fold_rng(dropout_rng, 4))
+    if enc_outputs.shape[0] != shape[0]:
+        raise ValueError(f"{name} {letters} and enc_outputs (B, S, D) must have the same batch "
+                         f"B, got {name} {tuple(shape)} and enc_outputs {enc_outputs.shape}")
+    return enc_outputs
+
+
+def _causal_keep(T: int):
+    """The decoder's causal self-attention mask ``(1, 1, T, T)``."""
+    return causal_mask(T)[None, None]
+
+
+def _decoder_block(params, X, enc_outputs, self_keep, cross_keep, *, num_heads, dropout,
+                   dropout_rng):
+    attended, self_weights = sublayer_attention(
+        params["self_attention"], X, X, self_keep, num_heads=num_heads, dropout=dropout,
+        dropout_rng=fold_rng(dropout_rng, 0))
+    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1))
+    crossed, cross_weights = sublayer_attention(
+        params["cross_attention"], Y, enc_outputs, cross_keep, num_heads=num_heads,
+        dropout=dropout, dropout_rng=fold_rng(dropout_rng, 2))
+    Z = residual(params["addnorm_2"], Y, crossed, dropout, fold_rng(dropout_rng, 3))
+    out = residual(params["addnorm_3"], Z, ffn(params["ffn"], Z), dropout,
+                   fold_rng(dropout_rng, 4))
     return out, self_weights, cross_weights
 
 
@@ -253,23 +309,25 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
       ``(logits (B, T, V), {"decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)})``.
     """
     dropout = check_dropout(dropout)
-    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
-    embedding_rows = jnp.shape(params["embedding"])[0]
-    dec_input = check_tokens("dec_input", dec_input, embedding_rows, ndim=2)
-    check_positions("dec_input", dec_input.shape[1], max_positions, dec_input.shape)
-    D = jnp.shape(params["embedding"])[1]
-    enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
-    if enc_outputs.shape[0] != dec_input.shape[0]:
-        raise ValueError(f"dec_input (B, T) and enc_outputs (B, S, D) must have the same batch B, "
-                         f"got dec_input {dec_input.shape} and enc_outputs {enc_outputs.shape}")
+    _, D = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS, num_heads)
+    dec_input = _checked_tokens("dec_input", dec_input, params, max_positions)
+    enc_outputs = _checked_enc_outputs(enc_outputs, D, "dec_input", "(B, T)", dec_input.shape)
+    B, T, S = dec_input.shape + enc_outputs.shape[1:2]
+    return _decoder(params, dec_input, enc_outputs, _causal_keep(T),
+                    _source_keep(src_valid_len, B, S), num_heads=num_heads,
+                    max_positions=max_positions, dropout=dropout, dropout_rng=dropout_rng)
+
+
+def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads, max_positions,
+             dropout, dropout_rng):
     X = embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
-               enc_outputs.dtype)
+              enc_outputs.dtype)
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
     self_weights, cross_weights = [], []
-    for i in range(L):
-        X, s, c = decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, src_valid_len,
-                                num_heads=num_heads, dropout=dropout,
-                                dropout_rng=fold_rng(dropout_rng, i + 1))
+    for i in range(len(params["blocks"])):
+        X, s, c = _decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, self_keep,
+                                 cross_keep, num_heads=num_heads, dropout=dropout,
+                                 dropout_rng=fold_rng(dropout_rng, i + 1))
         self_weights.append(s)
         cross_weights.append(c)
     logits = _dense(params["dense"], X, "W", "b")
@@ -291,22 +349,37 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       ``(logits (B, T, V), weights)`` with ``weights = {"encoder_self": (L, B, N, S, S),
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
-    # The decoder's inputs are checked before the encoder runs, so that an error costs nothing.
-    check_model(params)
-    dec_input = check_tokens("dec_input", dec_input, jnp.shape(params["decoder"]["embedding"])[0],
-                              ndim=2)
-    if jnp.ndim(src) == 2 and jnp.shape(src)[0] != dec_input.shape[0]:
+    check_model(params, num_heads)
+    return _transformer(params, *_checked_model_inputs(params, src, src_valid_len, dec_input,
+                                                       num_heads, max_positions),
+                        num_heads=num_heads, max_positions=max_positions,
+                        dropout=check_dropout(dropout), dropout_rng=dropout_rng)
+
+
+def _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads: int,
+                          max_positions: int):
+    """A batch for the model's ``params`` (checked by :func:`check_model`), checked once:
+    ``(src, source mask, dec_input)`` for :func:`_transformer`."""
+    dec_input = _checked_tokens("dec_input", dec_input, params["decoder"], max_positions)
+    src = _checked_tokens("src", src, params["encoder"], max_positions)
+    if src.shape[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
-                         f"{jnp.shape(src)} and dec_input {dec_input.shape}")
+                         f"{src.shape} and dec_input {dec_input.shape}")
+    return src, _source_keep(src_valid_len, src.shape[0], src.shape[1]), dec_input
+
+
+def _transformer(params, src, src_keep, dec_input, *, num_heads, max_positions, dropout,
+                 dropout_rng):
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
         encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
-    enc_outputs, enc_weights = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
-                                       max_positions=max_positions, dropout=dropout,
-                                       dropout_rng=encoder_rng)
-    logits, weights = decoder(params["decoder"], dec_input, enc_outputs, src_valid_len,
-                              num_heads=num_heads, max_positions=max_positions, dropout=dropout,
-                              dropout_rng=decoder_rng)
+    enc_outputs, enc_weights = _encoder(params["encoder"], src, src_keep, num_heads=num_heads,
+                                        max_positions=max_positions, dropout=dropout,
+                                        dropout_rng=encoder_rng)
+    logits, weights = _decoder(params["decoder"], dec_input, enc_outputs,
+                               _causal_keep(dec_input.shape[1]), src_keep, num_heads=num_heads,
+                               max_positions=max_positions, dropout=dropout,
+                               dropout_rng=decoder_rng)
     return logits, {"encoder_self": enc_weights, **weights}
 
 
@@ -318,12 +391,15 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced).
     """
-    check_model(params)
+    check_model(params, num_heads)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
-    logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
-                            num_heads=num_heads, max_positions=max_positions, dropout=dropout,
-                            dropout_rng=dropout_rng)
+    src, src_keep, dec_input = _checked_model_inputs(
+        params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id), num_heads,
+        max_positions)
+    logits, _ = _transformer(params, src, src_keep, dec_input, num_heads=num_heads,
+                             max_positions=max_positions, dropout=check_dropout(dropout),
+                             dropout_rng=dropout_rng)
     return masked_cross_entropy(logits, tgt, tgt_valid_len)
 
 
@@ -331,46 +407,60 @@ def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id:
 
 
 def _greedy_step(params, num_heads: int, max_positions: int):
-    """The :func:`~jax_attention.models.decoding.greedy_search` protocol: weights ``(B, S)`` are the last
-    block's encoder–decoder weights averaged over the heads."""
+    """The :func:`~jax_attention.models.decoding.greedy_search` protocol: weights ``(B, S)`` are
+    the last block's encoder–decoder weights averaged over the heads."""
 
     def step(state, tokens):
-        logits, state, weights = decoder_step(params, state, tokens, num_heads=num_heads,
-                                              max_positions=max_positions)
+        logits, state, weights = cached_step(params, state, tokens, num_heads=num_heads,
+                                             max_positions=max_positions)
         return logits, state, jnp.mean(weights["encoder_decoder"][-1], axis=1)
 
     return step
+
+
+def _decoding_state(params, src, src_valid_len, *, num_heads, max_positions, max_len):
+    """The source encoded once and the decoder's empty key/value cache: where both searches
+    start, from checked ``src`` and int32 ``src_valid_len`` ``(B,)``."""
+    enc_outputs, _ = _encoder(params["encoder"], src, lengths_keep(src_valid_len, src.shape[1]),
+                              num_heads=num_heads, max_positions=max_positions, dropout=0.0,
+                              dropout_rng=None)
+    return initial_state(params["decoder"], enc_outputs, src_valid_len, num_heads=num_heads,
+                         max_len=max_len)
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "bos_id", "eos_id", "pad_id", "max_len",
                                              "max_positions"))
 def _greedy_decode(params, src, src_valid_len, *, num_heads, bos_id, eos_id, pad_id, max_len,
                    max_positions):
-    enc_outputs, _ = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
-                             max_positions=max_positions)
-    state = init_decoder_state(params["decoder"], enc_outputs, src_valid_len,
-                               num_heads=num_heads, max_len=max_len)
+    state = _decoding_state(params, src, src_valid_len, num_heads=num_heads,
+                            max_positions=max_positions, max_len=max_len)
     return greedy_search(_greedy_step(params["decoder"], num_heads, max_positions), state,
-                         enc_outputs.shape[0], bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                         src.shape[0], bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                          max_len=max_len)
+
+
+def _checked_source(params, src, src_valid_len, num_heads: int, max_len, max_positions: int):
+    """The model and a source batch for decoding, checked once, eagerly, before compiling:
+    ``(src, src_valid_len, max_len)``."""
+    check_model(params, num_heads)
+    src = _checked_tokens("src", src, params["encoder"], max_positions)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
+    return src, src_valid_len, check_max_len_fits(max_len, max_positions)
 
 
 def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eos_id: int,
                   pad_id: int, max_len: int, max_positions: int = MAX_POSITIONS):
     """Batched greedy decoding under ``jit`` with the key/value cache — d2l §11.7.6.
 
-    Every row stops at its own ``<eos>`` (:func:`jax_attention.models.decoding.greedy_search`). Token
-    ids are checked here (eagerly) before compiling.
+    Every row stops at its own ``<eos>`` (:func:`jax_attention.models.decoding.greedy_search`).
+    The parameters and token ids are checked here (eagerly) before compiling.
 
     Returns:
       ``(tokens (B, max_len) int32, lengths (B,) int32, weights (B, max_len, S))``; ``weights``
       are the last block's encoder–decoder weights averaged over the heads.
     """
-    check_model(params)
-    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    check_positions("src", src.shape[1], max_positions, src.shape)
-    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    max_len = check_max_len_fits(max_len, max_positions)
+    src, src_valid_len, max_len = _checked_source(params, src, src_valid_len, num_heads, max_len,
+                                                  max_positions)
     return _greedy_decode(params, src, src_valid_len, num_heads=num_heads,
                           bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                           max_positions=max_positions)
@@ -381,12 +471,10 @@ def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eo
                                              "length_penalty"))
 def _beam_decode(params, src, src_valid_len, *, num_heads, beam_size, bos_id, eos_id, pad_id,
                  max_len, max_positions, length_penalty):
-    enc_outputs, _ = encoder(params["encoder"], src, src_valid_len, num_heads=num_heads,
-                             max_positions=max_positions)
-    state = init_decoder_state(params["decoder"], enc_outputs, src_valid_len,
-                               num_heads=num_heads, max_len=max_len)
+    state = _decoding_state(params, src, src_valid_len, num_heads=num_heads,
+                            max_positions=max_positions, max_len=max_len)
     return decoding.beam_search(_greedy_step(params["decoder"], num_heads, max_positions), state,
-                                enc_outputs.shape[0], beam_size=beam_size, bos_id=bos_id,
+                                src.shape[0], beam_size=beam_size, bos_id=bos_id,
                                 eos_id=eos_id, pad_id=pad_id, max_len=max_len,
                                 length_penalty=length_penalty)
 
@@ -399,13 +487,8 @@ def beam_decode(params, src, src_valid_len, *, num_heads: int, beam_size: int, b
     Returns:
       ``(tokens (B, k, max_len) int32, lengths (B, k) int32, scores (B, k))``, best first.
     """
-    if not hasattr(decoding, "beam_search"):
-        raise NotImplementedError("jax_attention.models.decoding.beam_search is not available yet")
-    check_model(params)
-    src = check_tokens("src", src, jnp.shape(params["encoder"]["embedding"])[0], ndim=2)
-    check_positions("src", src.shape[1], max_positions, src.shape)
-    src_valid_len = check_lengths("src_valid_len", src_valid_len, src.shape[0], src.shape[1], "S")
-    max_len = check_max_len_fits(max_len, max_positions)
+    src, src_valid_len, max_len = _checked_source(params, src, src_valid_len, num_heads, max_len,
+                                                  max_positions)
     return _beam_decode(params, src, src_valid_len, num_heads=num_heads,
                         beam_size=check_size("beam_size", beam_size), bos_id=bos_id,
                         eos_id=eos_id, pad_id=pad_id, max_len=max_len,
@@ -422,8 +505,10 @@ TransformerTranslation = Translation
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "max_positions"))
 def _forward_weights(params, src, src_valid_len, dec_input, *, num_heads, max_positions):
-    return transformer(params, src, src_valid_len, dec_input, num_heads=num_heads,
-                       max_positions=max_positions)[1]
+    # The decoder checked the model and the source; dec_input is its own output.
+    return _transformer(params, src, lengths_keep(src_valid_len, src.shape[1]), dec_input,
+                        num_heads=num_heads, max_positions=max_positions, dropout=0.0,
+                        dropout_rng=None)[1]
 
 
 def _translation_decoder(params, *, num_heads: int, beam_size: int = 1,

@@ -26,7 +26,6 @@ from jax import lax
 
 from jax_attention._checks import (
     check_lengths,
-    check_num_heads,
     check_positions,
     check_size,
     check_tokens,
@@ -34,23 +33,36 @@ from jax_attention._checks import (
     clip_values,
     is_integer_dtype,
 )
-from jax_attention.nn.multihead import combine_heads
 from jax_attention.models.transformer_layers import (
     DECODER_BLOCK_KEYS,
     DECODER_KEYS,
     MAX_POSITIONS,
-    add_norm,
     attend,
     check_stack,
     check_width,
     dense,
     embed,
+    ffn,
     kv_heads,
-    position_wise_ffn,
+    lengths_keep,
     project_one,
+    project_out,
+    residual,
 )
 
 __all__ = ["init_decoder_state", "decoder_step"]
+
+
+def cache_layout(params, num_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((N_kv, H_v) of the self-attention, (N_kv, H_v) of the encoder–decoder attention)``,
+    read from the first block of checked parameters (:func:`cache_heads` checks them)."""
+    block = params["blocks"]["block_0"]
+    layout = []
+    for name in ("self_attention", "cross_attention"):
+        shape = {key: jnp.shape(block[name][key])[-1] for key in ("W_q", "W_k", "W_v")}
+        n_kv = shape["W_k"] * num_heads // shape["W_q"]
+        layout.append((n_kv, shape["W_v"] // n_kv))
+    return layout[0], layout[1]
 
 
 def cache_heads(params, L: int, num_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -104,22 +116,28 @@ def init_decoder_state(params, enc_outputs, src_valid_len, *, num_heads: int, ma
         traced), or ``None`` for ``S``.
       num_heads: ``N``. max_len: ``M``, the number of steps the cache holds.
     """
-    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
-    enc_outputs = check_width("enc_outputs", enc_outputs, jnp.shape(params["embedding"])[1],
-                               "(B, S, D)")
+    L, D = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS, num_heads)
+    enc_outputs = check_width("enc_outputs", enc_outputs, D, "(B, S, D)")
+    B, S, _ = enc_outputs.shape
+    cache_heads(params, L, num_heads)
+    if src_valid_len is None:
+        src_valid_len = jnp.full((B,), S, jnp.int32)
+    src_valid_len = check_lengths("src_valid_len", src_valid_len, B, S, "S")
+    return initial_state(params, enc_outputs, src_valid_len, num_heads=num_heads,
+                         max_len=check_size("max_len", max_len))
+
+
+def initial_state(params, enc_outputs, src_valid_len, *, num_heads: int, max_len: int):
+    """:func:`init_decoder_state` of checked parameters, ``enc_outputs`` and int32 lengths
+    ``(B,)``: what the Transformer's decoding runs under ``jit`` once its entry has checked them."""
     B, S, D = enc_outputs.shape
-    check_num_heads(D, num_heads, f"D from enc_outputs of shape {enc_outputs.shape}")
-    (self_heads, self_value_size), (cross_heads, _) = cache_heads(params, L, num_heads)
-    max_len = check_size("max_len", max_len)
-    H = D // num_heads
+    L, H = len(params["blocks"]), D // num_heads
+    (self_heads, self_value_size), (cross_heads, _) = cache_layout(params, num_heads)
 
     def cross(name):
         return jnp.stack([project_one(params["blocks"][f"block_{i}"]["cross_attention"],
                                       enc_outputs, name, cross_heads) for i in range(L)], axis=1)
 
-    if src_valid_len is None:
-        src_valid_len = jnp.full((B,), S, jnp.int32)
-    src_valid_len = check_lengths("src_valid_len", src_valid_len, B, S, "S")
     zeros = jnp.zeros((B, L, self_heads, max_len, H), enc_outputs.dtype)
     values = jnp.zeros((B, L, self_heads, max_len, self_value_size), enc_outputs.dtype)
     return {"position": jnp.zeros((B,), jnp.int32), "self_keys": zeros, "self_values": values,
@@ -200,24 +218,28 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
       ``(logits (B, V), state, weights)`` with ``weights = {"decoder_self": (L, B, N, M),
       "encoder_decoder": (L, B, N, S)}`` of this step (slots past ``position`` have weight 0).
     """
-    L = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS)
-    embedding_rows, D = jnp.shape(params["embedding"])
-    check_num_heads(D, num_heads, f"D from params['embedding'] of shape {(embedding_rows, D)}")
-    heads = cache_heads(params, L, num_heads)
-    self_heads = heads[0][0]
-    B, M, S = _check_decoder_state(state, L, num_heads, heads, D // num_heads)
-    tokens = check_tokens("tokens", tokens, embedding_rows, ndim=1, batch=B)
+    L, D = check_stack(params, DECODER_KEYS, DECODER_BLOCK_KEYS, num_heads)
+    B, M, S = _check_decoder_state(state, L, num_heads, cache_heads(params, L, num_heads),
+                                   D // num_heads)
+    tokens = check_tokens("tokens", tokens, jnp.shape(params["embedding"])[0], ndim=1, batch=B)
     check_positions("state['self_keys'] (the key/value cache)", M, max_positions,
                      jnp.shape(state["self_keys"]))
     check_values_in("state['position']", state["position"], 0, M - 1,
                      f"[0, M) = [0, {M}) (the cache's steps)")
+    return cached_step(params, state, tokens, num_heads=num_heads, max_positions=max_positions)
+
+
+def cached_step(params, state, tokens, *, num_heads: int, max_positions: int = MAX_POSITIONS):
+    """:func:`decoder_step` of checked parameters, state and tokens: what the Transformer's
+    decoding loops run under ``jit`` once their entry has checked the model."""
+    L, M = len(params["blocks"]), state["self_keys"].shape[3]
+    (self_heads, _), _ = cache_layout(params, num_heads)
     position = clip_values(state["position"], 0, M - 1)
     dtype = state["self_keys"].dtype
     X = embed(params, tokens, position, max_positions, dtype)[:, None, :]  # (B, 1, D)
     self_keep = (jnp.arange(M, dtype=jnp.int32).reshape(1, M) <= position.reshape(-1, 1))
     self_keep = self_keep[:, None, None, :]  # (B, 1, 1, M)
-    cross_keep = (jnp.arange(S, dtype=jnp.int32).reshape(1, S)
-                  < state["src_valid_len"].reshape(-1, 1))[:, None, None, :]
+    cross_keep = lengths_keep(state["src_valid_len"], state["cross_keys"].shape[3])
     self_keys, self_values = [], []
     self_weights, cross_weights = [], []
     for i in range(L):
@@ -230,12 +252,13 @@ def decoder_step(params, state, tokens, *, num_heads: int, max_positions: int = 
         self_keys.append(k)
         self_values.append(v)
         heads, w_self = attend(q, k, v, self_keep, 0.0, None)
-        Y = add_norm(block["addnorm_1"], X, combine_heads(block["self_attention"], heads))
+        Y = residual(block["addnorm_1"], X, project_out(block["self_attention"], heads), 0.0, None)
         q = project_one(block["cross_attention"], Y, "W_q", num_heads)
         heads, w_cross = attend(q, state["cross_keys"][:, i], state["cross_values"][:, i],
                                  cross_keep, 0.0, None)
-        Z = add_norm(block["addnorm_2"], Y, combine_heads(block["cross_attention"], heads))
-        X = add_norm(block["addnorm_3"], Z, position_wise_ffn(block["ffn"], Z))
+        Z = residual(block["addnorm_2"], Y, project_out(block["cross_attention"], heads), 0.0,
+                     None)
+        X = residual(block["addnorm_3"], Z, ffn(block["ffn"], Z), 0.0, None)
         self_weights.append(w_self[:, :, 0])
         cross_weights.append(w_cross[:, :, 0])
     logits = dense(params["dense"], X[:, 0], "W", "b")

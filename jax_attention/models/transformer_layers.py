@@ -22,12 +22,18 @@ takes, read from their shapes, so the functions take no argument for them: ``W_q
 ``W_k``'s width (:func:`kv_heads`), query head ``n`` attending with key/value head
 ``n // (N / N_kv)``; and a value head size of its own, ``W_v (D, N_kv H_v)``, ``W_o (N H_v, D)``.
 
-The helpers without an underscore (:func:`dense`, :func:`check_width`, :func:`project_one`,
-:func:`kv_heads`, :func:`attend`, :func:`embed`, :func:`num_blocks`, :func:`fold_rng`,
-:func:`init_flat`, and :func:`check_stack`, :func:`check_model` with the ``*_KEYS`` of the
-parameter dicts) are the building blocks the other Transformer modules share; the public
-functions are those of ``__all__``. Every function checks the keys of the parameter dicts it is
-given (a missing or unexpected key raises ``ValueError`` naming it and the expected keys).
+Checked once, then computed. The public functions (``__all__``) check the parameter dicts they
+are given (a missing or unexpected key, or a shape that does not fit, raises ``ValueError``
+naming it by its path) and their inputs, build the masks, and call the sublayers on checked
+inputs — :func:`ffn`, :func:`normalise`, :func:`residual`, :func:`sublayer_attention` — which
+check nothing again; :mod:`jax_attention.models.transformer` and
+:mod:`jax_attention.models.transformer_cache` do the same one level up, so that a model's
+parameters are checked once per call (:func:`check_model`, :func:`check_stack`,
+:func:`check_block`), not at every level they pass through. The other helpers without an
+underscore (:func:`dense`, :func:`check_width`, :func:`project_one`, :func:`project_out`,
+:func:`kv_heads`, :func:`attend`, :func:`embed`, :func:`lengths_keep`, :func:`num_blocks`,
+:func:`fold_rng`, :func:`init_flat`, the parameter layout and the ``*_KEYS`` of the parameter
+dicts) are the building blocks the Transformer modules share.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from jax import lax
 
 from jax_attention._checks import (
     KeySet,
+    check_attention_inputs,
     check_bool,
     check_dropout,
     check_num_heads,
@@ -50,7 +57,8 @@ from jax_attention._checks import (
     check_param_shapes,
     check_size,
 )
-from jax_attention.nn.multihead import BIAS_KEYS, KERNEL_KEYS, attend_heads
+from jax_attention.nn.masking import attention_mask
+from jax_attention.nn.multihead import BIAS_KEYS, KERNEL_KEYS, assemble_heads, merge_heads
 from jax_attention.nn.positional import positional_encoding
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
@@ -121,11 +129,8 @@ def position_wise_ffn(params, X):
       ``(B, T, D)``.
     """
     check_param_keys("params", params, FFN_KEYS)
-    check_param_shapes("params", params, {"W_1": ("D", "F")})
-    D, F = jnp.shape(params["W_1"])
-    check_param_shapes("params", params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
-    X = check_width("X", X, D, "(..., D)")
-    return dense(params, jax.nn.relu(dense(params, X, "W_1", "b_1")), "W_2", "b_2")
+    D = check_ffn(params)
+    return ffn(params, check_width("X", X, D, "(..., D)"))
 
 
 def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
@@ -136,19 +141,7 @@ def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
         ``D >= 1``.
     """
     check_param_keys("params", params, NORM_KEYS)
-    check_param_shapes("params", params, {"gamma": ("D",)})
-    D = jnp.shape(params["gamma"])[0]
-    check_param_shapes("params", params, {"beta": (D,)})
-    X = check_width("X", X, D, "(..., D)")
-    if D == 0:
-        # The mean and variance of no feature are 0 / 0.
-        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
-    mean = jnp.mean(X, axis=-1, keepdims=True)
-    variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
-    shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
-    gamma = jnp.asarray(params["gamma"]).astype(X.dtype).reshape(shape)
-    beta = jnp.asarray(params["beta"]).astype(X.dtype).reshape(shape)
-    return (X - mean) / jnp.sqrt(variance + eps) * gamma + beta
+    return normalise(params, _checked_norm_input(params, X), eps)
 
 
 def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
@@ -163,7 +156,111 @@ def add_norm(params, X, Y, *, dropout: float = 0.0, dropout_rng=None):
     if X.shape != Y.shape:
         raise ValueError(f"X (the residual) and Y (the sublayer's output) must have the same "
                          f"shape, got X {X.shape} and Y {Y.shape}")
-    return layer_norm(params, _dropout(Y, check_dropout(dropout), dropout_rng) + X)
+    check_param_keys("params", params, NORM_KEYS)
+    X = _checked_norm_input(params, X)
+    return residual(params, X, Y, check_dropout(dropout), dropout_rng)
+
+
+def _checked_norm_input(params, X):
+    """``X`` ``(..., D)`` checked against the norm's ``{"gamma", "beta"}`` of width ``D >= 1``."""
+    D = check_norm(params)
+    X = check_width("X", X, D, "(..., D)")
+    if D == 0:
+        # The mean and variance of no feature are 0 / 0.
+        raise ValueError(f"X must have shape (..., D) with D >= 1, got {X.shape}")
+    return X
+
+
+# The sublayers on checked inputs: what the blocks, the encoder, the decoder and the cache call
+# once their public entry has checked the parameters, the inputs and built the masks.
+
+
+def ffn(params, X):
+    """:func:`position_wise_ffn` of checked ``params`` and ``X``."""
+    return dense(params, jax.nn.relu(dense(params, X, "W_1", "b_1")), "W_2", "b_2")
+
+
+def normalise(params, X, eps: float = LAYER_NORM_EPS):
+    """:func:`layer_norm` of checked ``params`` and ``X``."""
+    mean = jnp.mean(X, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
+    shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
+    gamma = jnp.asarray(params["gamma"]).astype(X.dtype).reshape(shape)
+    beta = jnp.asarray(params["beta"]).astype(X.dtype).reshape(shape)
+    return (X - mean) / jnp.sqrt(variance + eps) * gamma + beta
+
+
+def residual(params, X, Y, dropout: float, dropout_rng):
+    """:func:`add_norm` of checked ``params``, ``X`` and ``Y`` and a checked rate."""
+    return normalise(params, _dropout(Y, dropout, dropout_rng) + X)
+
+
+def sublayer_attention(params, queries, keys_values, keep, *, num_heads: int, dropout: float,
+                       dropout_rng):
+    """:func:`attention` of checked ``params`` and inputs, under the mask ``keep`` broadcastable
+    to ``(B, N, T, S)`` (built once for all the blocks that share it) or ``None``."""
+    num_kv_heads = jnp.shape(params["W_k"])[-1] * num_heads // jnp.shape(params["W_q"])[-1]
+
+    def with_dropout(heads_q, heads_k, heads_v, keep, bias):  # the Transformer takes no bias
+        return attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
+
+    return assemble_heads(params, queries, keys_values, keys_values, keep, with_dropout,
+                          num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+
+# The checks of the parameter dicts, shapes against the model width D: the public functions run
+# them once, at their entry, for every block they are given.
+
+
+def check_ffn(params, name: str = "params", D=None) -> int:
+    """The FFN's ``{"W_1": (D, F), "b_1": (F,), "W_2": (F, D), "b_2": (D,)}`` shapes (``D`` read
+    from ``W_1`` unless given); returns ``D``."""
+    check_param_shapes(name, params, {"W_1": ("D" if D is None else D, "F")})
+    D, F = jnp.shape(params["W_1"])
+    check_param_shapes(name, params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
+    return D
+
+
+def check_norm(params, name: str = "params", D=None) -> int:
+    """The norm's ``{"gamma": (D,), "beta": (D,)}`` shapes (``D`` read from ``gamma`` unless
+    given); returns ``D``."""
+    check_param_shapes(name, params, {"gamma": ("D" if D is None else D,)})
+    D = jnp.shape(params["gamma"])[0]
+    check_param_shapes(name, params, {"beta": (D,)})
+    return D
+
+
+def check_attention(params, D: int, num_heads: int, name: str = "params") -> int:
+    """An attention's parameters for the model width ``D``: ``W_q (D, N H)``, ``W_k (D, N_kv H)``
+    (:func:`kv_heads`), ``W_v (D, N_kv H_v)``, ``W_o (N H_v, D)`` (back to ``D``, for the
+    residual) and the biases of those widths; returns ``N_kv``."""
+    N_kv = kv_heads(params, num_heads, name)
+    inner, width_v = jnp.shape(params["W_q"])[-1], jnp.shape(params["W_v"])[-1]
+    H, H_v = inner // num_heads, width_v // N_kv
+    check_param_shapes(name, params, {
+        "W_q": (D, inner), "W_k": (D, N_kv * H), "W_v": (D, width_v), "W_o": (num_heads * H_v, D),
+        "b_q": (inner,), "b_k": (N_kv * H,), "b_v": (width_v,), "b_o": (D,)},
+        f" (D = {D}, N = {num_heads} heads of H = {H}, N_kv = {N_kv} key/value heads, "
+        f"H_v = {H_v})")
+    return N_kv
+
+
+def check_block(params, keys: dict, num_heads: int, name: str = "params", D=None) -> int:
+    """An encoder's or decoder's block (``keys``: :data:`ENCODER_BLOCK_KEYS` or
+    :data:`DECODER_BLOCK_KEYS`): its keys and every sublayer's shapes for the model width ``D``
+    (``None``: its first attention's ``W_q`` rows); returns ``D``."""
+    check_param_keys(name, params, keys)
+    if D is None:
+        D = jnp.shape(params[next(iter(keys))]["W_q"])[0]
+    for key, sublayer in keys.items():
+        path = f"{name}[{key!r}]"
+        if sublayer is ATTENTION_KEYS:
+            check_attention(params[key], D, num_heads, path)
+        elif sublayer is FFN_KEYS:
+            check_ffn(params[key], path, D)
+        else:
+            check_norm(params[key], path, D)
+    return D
 
 
 def project_one(params, X, name: str, num_heads: int):
@@ -175,6 +272,12 @@ def project_one(params, X, name: str, num_heads: int):
     out = dense(params, X, name, bias if bias in params else None)
     # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
     return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
+
+
+def project_out(params, heads):
+    """The heads ``(B, N, T, H_v)`` merged and projected by ``W_o`` (and ``b_o`` when
+    ``params`` has it): ``(B, T, D)``, the counterpart of :func:`project_one`."""
+    return dense(params, merge_heads(heads), "W_o", "b_o" if "b_o" in params else None)
 
 
 def kv_heads(params, num_heads: int, name: str = "params") -> int:
@@ -219,7 +322,7 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     """Multi-head attention of the Transformer with dropout on its weights — d2l §11.5.
 
     :func:`jax_attention.nn.multihead.multi_head_attention` on ``(queries, keys_values,
-    keys_values)`` — the same assembly (:func:`~jax_attention.nn.multihead.attend_heads`) and
+    keys_values)`` — the same assembly (:func:`~jax_attention.nn.multihead.assemble_heads`) and
     parameters — plus the book's dropout on the attention weights (:func:`attend`).
 
     Args:
@@ -236,16 +339,14 @@ def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,
     """
     check_param_keys("params", params, ATTENTION_KEYS)
     D = jnp.shape(params["W_q"])[0]
+    check_attention(params, D, num_heads)
     queries = check_width("queries", queries, D)
     keys_values = check_width("keys_values", keys_values, D, "(B, S, D)")
-    dropout = check_dropout(dropout)
-
-    def with_dropout(heads_q, heads_k, heads_v, keep, bias):  # the Transformer takes no bias
-        return attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
-
-    return attend_heads(params, queries, keys_values, keys_values, valid_lens, with_dropout,
-                        num_heads=num_heads, num_kv_heads=kv_heads(params, num_heads),
-                        is_causal=is_causal)
+    queries, keys_values = check_attention_inputs(queries, keys_values, same_depth=False)
+    keep = attention_mask((queries.shape[0], num_heads, queries.shape[1], keys_values.shape[1]),
+                          valid_lens, is_causal=is_causal)
+    return sublayer_attention(params, queries, keys_values, keep, num_heads=num_heads,
+                              dropout=check_dropout(dropout), dropout_rng=dropout_rng)
 
 
 def num_blocks(blocks) -> int:
@@ -253,23 +354,43 @@ def num_blocks(blocks) -> int:
     return check_numbered("blocks", blocks, "block")
 
 
-def check_stack(params, keys: dict, block_keys: dict, name: str = "params") -> int:
-    """An encoder's or decoder's dict: its keys (``keys``), then each block's (``block_keys``),
-    named by their path from ``name``; returns the number of blocks ``L``. Keys only: the
-    arrays are not read."""
+def lengths_keep(lengths, S: int):
+    """The padding mask ``(B, 1, 1, S)`` of checked int32 lengths ``(B,)``: key ``s < lengths[b]``
+    (traced lengths outside ``[0, S]`` act as clipped), for every head and query."""
+    return (jnp.arange(S, dtype=jnp.int32).reshape(1, S) < lengths.reshape(-1, 1))[:, None, None, :]
+
+
+def check_stack(params, keys: dict, block_keys: dict, num_heads: int,
+                name: str = "params") -> tuple[int, int]:
+    """An encoder's or decoder's dict, once for all its blocks: its keys (``keys``), the embedding
+    ``(V, D)``, then each block's keys and shapes (:func:`check_block`; a decoder's output dense
+    ``W (D, V_out)``, ``b (V_out,)`` too), named by their path from ``name``. Returns
+    ``(L, D)``, the number of blocks and the model width. Shapes only: no array is read."""
     check_param_keys(name, params, keys)
+    check_param_shapes(name, params, {"embedding": ("V", "D")})
+    D = jnp.shape(params["embedding"])[1]
     L = num_blocks(params["blocks"])
     for i in range(L):
-        check_param_keys(f"{name}['blocks']['block_{i}']", params["blocks"][f"block_{i}"],
-                         block_keys)
-    return L
+        check_block(params["blocks"][f"block_{i}"], block_keys, num_heads,
+                    f"{name}['blocks']['block_{i}']", D)
+    if "dense" in keys:
+        check_param_shapes(f"{name}['dense']", params["dense"], {"W": (D, "V")})
+        check_param_shapes(f"{name}['dense']", params["dense"],
+                           {"b": (jnp.shape(params["dense"]["W"])[1],)})
+    return L, D
 
 
-def check_model(params) -> None:
-    """The whole model's dict ``{"encoder", "decoder"}``, every nested key, named by its path."""
+def check_model(params, num_heads: int) -> None:
+    """The whole model's dict ``{"encoder", "decoder"}``: every nested key and every shape
+    (:func:`check_stack`), named by its path; both stacks of one width ``D``."""
     check_param_keys("params", params, MODEL_KEYS)
-    check_stack(params["encoder"], ENCODER_KEYS, ENCODER_BLOCK_KEYS, "params['encoder']")
-    check_stack(params["decoder"], DECODER_KEYS, DECODER_BLOCK_KEYS, "params['decoder']")
+    _, D = check_stack(params["encoder"], ENCODER_KEYS, ENCODER_BLOCK_KEYS, num_heads,
+                       "params['encoder']")
+    _, D_dec = check_stack(params["decoder"], DECODER_KEYS, DECODER_BLOCK_KEYS, num_heads,
+                           "params['decoder']")
+    if D_dec != D:
+        raise ValueError(f"params['decoder'] has the width D = {D_dec} and params['encoder'] "
+                         f"D = {D}: the decoder attends the encoder's outputs")
 
 
 def embed(params, tokens, offset_positions, max_positions: int, dtype):

@@ -221,14 +221,26 @@ def attend_heads(params, queries, keys, values, valid_lens, attend, *, num_heads
                           valid_lens, mask=mask, is_causal=is_causal,
                           local_window_size=local_window_size)
     params, num_kv_heads = _check_params(params, queries, keys, values, num_heads, num_kv_heads)
-    if keep is not None:
-        queries, keys, values = zero_unattended(keep, queries, keys, values, heads="shared")
-    heads, weights = attend(*_project(params, queries, keys, values, num_heads, num_kv_heads),
-                            keep, bias)
-    output = _combine(params, heads)
+    output, weights = assemble_heads(params, queries, keys, values, keep, attend,
+                                     num_heads=num_heads, num_kv_heads=num_kv_heads, bias=bias)
     if unbatched:  # an attend that returns no weights (the module sows them) gives None back
         return output[0], None if weights is None else weights[0]
     return output, weights
+
+
+def assemble_heads(params, queries, keys, values, keep, attend, *, num_heads: int,
+                   num_kv_heads: int, bias=None):
+    """:func:`attend_heads` on checked inputs ``(B, T, q)``, ``(B, S, k)``, ``(B, S, v)``, checked
+    parameters and the mask ``keep`` it built (or ``None``): zero what no head attends, project
+    and split the heads, ``attend``, merge and project. The Transformer's layers call it with a
+    mask built once for all their blocks. Not part of the user-facing API (``__all__``)."""
+    if keep is not None:
+        queries, keys, values = zero_unattended(keep, queries, keys, values, heads="shared")
+    dtype = queries.dtype
+    params = {name: jnp.asarray(array).astype(dtype) for name, array in params.items()}
+    heads, weights = attend(*_project(params, queries, keys, values, num_heads, num_kv_heads),
+                            keep, bias)
+    return _combine(params, heads), weights
 
 
 def _per_head(name, array):
