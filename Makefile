@@ -35,7 +35,7 @@ test: $(VENV)/.installed-test
 # The `slow` set that `make test` leaves out (setup.cfg): the long runs (the book's whole runs,
 # seeds 0-5; the multi-device runs beyond one; the whole-run benchmark). CI (.ci/run) runs both.
 # It compiles with XLA's defaults, as a user's process does: its runs execute far longer than
-# they compile, and the README's outputs are the default compiler's bits. (`make test` compiles
+# they compile, and the documented outputs (docs/) are the default compiler's bits. (`make test` compiles
 # at LLVM -O0, faster: tests/compiler_support.py.)
 test-slow: $(VENV)/.installed-test
 	JAX_ATTENTION_TEST_COMPILER=default $(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder -m slow $(PYTEST_ARGS)

@@ -136,8 +136,9 @@ def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *
                 local_window_size=None):
     """Checks the inputs, builds the mask of every head once and zeroes what nothing attends.
 
-    Named as its JAX twin (:func:`jax_attention.nn.multihead.mask_inputs`, which the Transformer
-    shares); not part of the user-facing API (``__all__``).
+    The first half of its JAX twin's multi-head assembly
+    (:func:`jax_attention.nn.multihead.attend_heads`); not part of the user-facing API
+    (``__all__``).
 
     Returns ``(keep, queries, keys, values)``: the boolean mask broadcastable to ``(B, N, T, S)``
     (or ``None``) and the inputs in which the queries that attend no key, and the keys and values

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Every benchmark of the README's "Performance" tables, one after the other, on a quiet machine.
+# Every benchmark of the "Performance" tables of docs/performance.md, one after the other, on a
+# quiet machine.
 usage() {
   cat <<'USAGE'
 usage: scripts/benchmarks.sh [OUT_DIR]     (default: bench-results)
 
-Runs the README's "Performance" benchmarks one after the other, seven runs of the four
+Runs the benchmarks of docs/performance.md one after the other, seven runs of the four
 'jax-attention bench' commands:
   whole-run-transformer   bench train --whole-run --model transformer --whole-run-cache both
   whole-run-bahdanau      bench train --whole-run --model bahdanau --whole-run-cache both
@@ -16,7 +17,7 @@ Runs the README's "Performance" benchmarks one after the other, seven runs of th
 Each writes OUT_DIR/<name>.json (every figure, the settings and the environment) and prints its
 table, also kept in OUT_DIR/<name>.txt; the time each took and the total are printed on stderr.
 The whole runs (3 rounds of each peer, book settings) take about 5 minutes per model on 2 cores;
-the others are not timed in the README: see the times printed at the end.
+the others are not timed in docs/performance.md: see the times printed at the end.
 
 The command is the checkout's .venv/bin/jax-attention (with the PyTorch peers the benchmarks
 need: python3 -m venv .venv && .venv/bin/pip install -e '.[test,torch]', or 'make test'), else

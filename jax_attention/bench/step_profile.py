@@ -21,7 +21,7 @@ path, a library (YNNPACK) fusion, an elementwise or reduction fusion, a copy) an
 shape, with the slowest kernels. The profiler adds a little time to each kernel: compare the
 shares, not the absolute times, with the wall.
 
-The README's "What limits it" paragraph comes from this record.
+docs/performance.md's "What limits it" comes from this record.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParse
 
 # Exit statuses besides 0 (done), 1 (a check that failed: conformance, a benchmark that measured
 # nothing) and argparse's 2 (bad arguments or inputs: a path that cannot be written, damaged
-# data, a checkpoint that cannot be resumed). README "Long runs" lists them.
+# data, a checkpoint that cannot be resumed). docs/long-runs.md lists them.
 EXIT_NONFINITE = 3
 EXIT_WRITE_FAILED = 4  # an output could not be written (a full disk); what it held was kept
 EXIT_BUSY = 5  # the training-checkpoint directory is in use by another run
@@ -284,7 +284,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, *, tensor_parallel: bo
     group = parser.add_argument_group(
         "devices", "data parallelism over devices and processes (jax.sharding); a multi-process "
                    "run starts when JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
-                   "JAX_PROCESS_ID are set (see the README, 'Many devices and hosts')")
+                   "JAX_PROCESS_ID are set (see docs/devices.md)")
     group.add_argument("--devices", metavar="N", type=positive_int, default=None,
                        help="train on N devices: the state replicated, each batch split over "
                             "them; --batch-size must divide by N (default: every device JAX "

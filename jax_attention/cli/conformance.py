@@ -23,7 +23,7 @@ __all__ = ["run_conformance_command"]
                       "jax runs our functional core and jax.nn, flax Flax's built-ins and our "
                       "NNX modules, torch PyTorch's built-ins and the book's PyTorch code; a "
                       "module name or .py file defining IMPLEMENTATIONS = {'<function>': "
-                      "callable} checks your own (see the README, 'Check your own "
+                      "callable} checks your own (see docs/conformance.md, 'Check your own "
                       "implementation'). Exits with status 1 when a row fails.")
 def _conformance(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (

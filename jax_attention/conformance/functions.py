@@ -33,7 +33,7 @@ class Function:
     Attributes:
       name: ``"<module>.<function>"``, e.g. ``"scoring.dot_product_attention"``.
       outputs: the names given to the returned arrays, in order.
-      signature: the reference call, for people (README, ``--help``).
+      signature: the reference call, for people (docs/conformance.md, ``--help``).
       call: ``call(module, inputs, params, config)`` runs ``module.<function>`` on a case, where
         ``module`` is ``reference_numpy.<stem>`` or its twin (:func:`module_of`); returns what the
         function returns (an array, a tuple, or for the Transformer a tuple holding a dict).

@@ -207,7 +207,7 @@ class TrainConfig(_Validated):
 
 @dataclass(frozen=True)
 class LongRunConfig(_Validated):
-    """Training checkpoints, resumption and non-finite steps (the README's "Long runs").
+    """Training checkpoints, resumption and non-finite steps (docs/long-runs.md).
 
     Attributes:
       checkpoint_dir: where training checkpoints go (:mod:`jax_attention.runtime.checkpointing`), or

@@ -5,7 +5,7 @@ about each seq2seq model, in one place.
 how to build the NNX module from a config, its parameter shapes, its decoder and translation,
 its export format tag, its default number of epochs and which command-line features it supports
 (tensor parallelism, beam search). Nothing outside this module branches on a model's name: a
-new model is one file (the model) and one entry here (see the README, "Architecture").
+new model is one file (the model) and one entry here (see docs/architecture.md, "Adding a model").
 """
 
 from __future__ import annotations

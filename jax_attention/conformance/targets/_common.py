@@ -14,7 +14,7 @@ from jax_attention.conformance.target import Implementation
 FULLY_MASKED_UNIFORM = (
     "known difference: {name} gives a query that may attend no key uniform weights over all "
     "keys (it fills masked scores with a large negative number, in effect the book's -1e6); "
-    "ours gives zero weights and a zero output, as documented in the README")
+    "ours gives zero weights and a zero output, as docs/masking.md explains")
 
 
 def fully_masked_reason(name: str) -> Callable[[Case], str | None]:
