@@ -620,21 +620,30 @@ class AddNorm(ParamTree):
         return add_norm(self.params_dict(), X, Y, dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerEncoderBlock(ParamTree):
-    """One encoder block — d2l §11.7.4; calls :func:`encoder_block` (``num_kv_heads``,
-    ``value_head_size`` and ``bias``: see :func:`param_shapes`; with ``bias=True`` it is PyTorch's
-    ``nn.TransformerEncoderLayer``)."""
+class _Block(ParamTree):
+    """An encoder or a decoder block's parameters (the layout of :attr:`layout`), the heads and
+    the options of :func:`param_shapes` (``num_kv_heads``, ``value_head_size``, ``bias``)."""
+
+    layout = staticmethod(encoder_block_shapes)
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
                  num_kv_heads: int | None = None, value_head_size: int | None = None,
                  bias: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  params: dict | None = None):
         attention = attention_shapes(check_size("num_hiddens", num_hiddens), num_heads,
-                                      num_kv_heads, value_head_size, bias)
+                                     num_kv_heads, value_head_size, bias)
         self.num_heads = num_heads
-        shapes = encoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
-                                       attention)
+        shapes = self.layout(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
+                             attention)
         self.hold(_initial(params, shapes, param_dtype, rngs))
+
+
+class TransformerEncoderBlock(_Block):
+    """One encoder block — d2l §11.7.4; calls :func:`encoder_block` (``num_kv_heads``,
+    ``value_head_size`` and ``bias``: see :func:`param_shapes`; with ``bias=True`` it is PyTorch's
+    ``nn.TransformerEncoderLayer``)."""
+
+    layout = staticmethod(encoder_block_shapes)
 
     def __call__(self, X, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
         """``(B, S, D) -> (output (B, S, D), weights (B, N, S, S))``."""
@@ -642,25 +651,25 @@ class TransformerEncoderBlock(ParamTree):
                              dropout=dropout, dropout_rng=dropout_rng)
 
 
-class TransformerDecoderBlock(ParamTree):
+class TransformerDecoderBlock(_Block):
     """One decoder block — d2l §11.7.5; calls :func:`decoder_block` (causal self-attention; with
     ``bias=True`` it is PyTorch's ``nn.TransformerDecoderLayer``)."""
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, *,
-                 num_kv_heads: int | None = None, value_head_size: int | None = None,
-                 bias: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 params: dict | None = None):
-        attention = attention_shapes(check_size("num_hiddens", num_hiddens), num_heads,
-                                      num_kv_heads, value_head_size, bias)
-        self.num_heads = num_heads
-        shapes = decoder_block_shapes(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
-                                       attention)
-        self.hold(_initial(params, shapes, param_dtype, rngs))
+    layout = staticmethod(decoder_block_shapes)
 
     def __call__(self, X, enc_outputs, src_valid_len, *, dropout: float = 0.0, dropout_rng=None):
         """``-> (output (B, T, D), self_weights (B, N, T, T), cross_weights (B, N, T, S))``."""
         return decoder_block(self.params_dict(), X, enc_outputs, src_valid_len,
                              num_heads=self.num_heads, dropout=dropout, dropout_rng=dropout_rng)
+
+
+def _blocks(block: type, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
+            num_layers: int, params, **options) -> nnx.List:
+    """``num_layers`` blocks of the class ``block`` (from ``params['blocks']`` when given)."""
+    return nnx.List([
+        block(num_hiddens, ffn_num_hiddens, num_heads, **options,
+              params=None if params is None else params["blocks"][f"block_{i}"])
+        for i in range(check_size("num_layers", num_layers))])
 
 
 class TransformerEncoder(ParamTree):
@@ -675,12 +684,10 @@ class TransformerEncoder(ParamTree):
         own = None if params is None else {"embedding": params["embedding"]}
         self.embedding = nnx.Param(_initial(own, {"embedding": shape}, param_dtype,
                                             rngs)["embedding"])
-        self.blocks = nnx.List([
-            TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    num_kv_heads=num_kv_heads, value_head_size=value_head_size,
-                                    bias=bias, param_dtype=param_dtype, rngs=rngs,
-                                    params=None if params is None else params["blocks"][f"block_{i}"])
-            for i in range(check_size("num_layers", num_layers))])
+        self.blocks = _blocks(TransformerEncoderBlock, num_hiddens, ffn_num_hiddens, num_heads,
+                              num_layers, params, num_kv_heads=num_kv_heads,
+                              value_head_size=value_head_size, bias=bias,
+                              param_dtype=param_dtype, rngs=rngs)
         self.num_heads = num_heads
         self.max_positions = check_size("max_positions", max_positions)
 
@@ -708,12 +715,10 @@ class TransformerDecoder(ParamTree):
         values = _initial(own, {"embedding": (V, D), "dense": {"W": (D, V), "b": (V,)}},
                           param_dtype, rngs)
         self.embedding = nnx.Param(values["embedding"])
-        self.blocks = nnx.List([
-            TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads,
-                                    num_kv_heads=num_kv_heads, value_head_size=value_head_size,
-                                    bias=bias, param_dtype=param_dtype, rngs=rngs,
-                                    params=None if params is None else params["blocks"][f"block_{i}"])
-            for i in range(check_size("num_layers", num_layers))])
+        self.blocks = _blocks(TransformerDecoderBlock, num_hiddens, ffn_num_hiddens, num_heads,
+                              num_layers, params, num_kv_heads=num_kv_heads,
+                              value_head_size=value_head_size, bias=bias,
+                              param_dtype=param_dtype, rngs=rngs)
         self.W, self.b = nnx.Param(values["dense/W"]), nnx.Param(values["dense/b"])
         self.num_heads = num_heads
         self.max_positions = check_size("max_positions", max_positions)
