@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # The same strings as in jax_attention/nn/multihead.py.
-PROJECT = "bti,io->bto"
+DENSE = "...i,io->...o"
 
 
 def split_heads(X, num_heads: int):
@@ -159,9 +159,14 @@ def mask_inputs(queries, keys, values, valid_lens, mask, is_causal, num_heads, *
             np.where(key_attended, values, zero))
 
 
-def _dense(X, params, kernel, bias):
-    out = np.einsum(PROJECT, X, params[kernel])
-    return out + params[bias].reshape(1, 1, -1) if bias in params else out
+def dense(params, X, kernel: str, bias: str | None = None):
+    """``X params[kernel] + params[bias]`` over the last axis; no bias when ``bias`` is ``None``
+    or ``params`` holds none by that name. Not part of the user-facing API (``__all__``)."""
+    out = np.einsum(DENSE, X, np.asarray(params[kernel]))
+    if bias is None or bias not in params:
+        return out
+    b = np.asarray(params[bias])
+    return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
 
 
 def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads=None):
@@ -182,7 +187,7 @@ def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads
     queries, keys, values = _check_inputs(queries, keys, values)
     params, num_kv_heads = _check_params(params, queries, keys, values, num_heads, num_kv_heads)
     return tuple(
-        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), heads)
+        split_heads(dense(params, X, f"W_{name}", f"b_{name}"), heads)
         for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
                                (values, "v", num_kv_heads))
     )
@@ -198,8 +203,7 @@ def combine_heads(params, heads):
     merged = merge_heads(heads)
     E = np.shape(params["W_o"])[-1]
     check_param_shapes("params", params, {"W_o": (merged.shape[-1], E), "b_o": (E,)})
-    out = np.einsum(PROJECT, merged, np.asarray(params["W_o"]))
-    return out + np.asarray(params["b_o"]).reshape(1, 1, -1) if "b_o" in params else out
+    return dense(params, merged, "W_o", "b_o")
 
 
 def _per_head(name, array):

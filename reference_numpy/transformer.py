@@ -36,7 +36,7 @@ from reference_numpy._checks import (
     check_tokens,
 )
 from reference_numpy.bahdanau import masked_cross_entropy, teacher_forcing_inputs
-from reference_numpy.multihead import BIAS_KEYS, KERNEL_KEYS, multi_head_attention
+from reference_numpy.multihead import BIAS_KEYS, KERNEL_KEYS, dense, multi_head_attention
 from reference_numpy.positional import positional_encoding
 
 __all__ = [
@@ -57,11 +57,9 @@ __all__ = [
 MAX_POSITIONS = 1000
 LAYER_NORM_EPS = 1e-5
 
-# The same strings as in jax_attention/models/transformer.py.
-DENSE = "...i,io->...o"
-
-# The keys of the parameter dicts, for check_param_keys (as in jax_attention/models/transformer_layers.py):
-# a key maps to the keys of the dict under it.
+# The keys of the parameter dicts, for check_param_keys (as in
+# jax_attention/models/transformer_layers.py): a key maps to the keys of the dict under it. The
+# dense layers are reference_numpy.multihead.dense, as in JAX.
 ATTENTION_KEYS = KeySet(KERNEL_KEYS, BIAS_KEYS)  # the book's bias=False: no biases
 FFN_KEYS = ("W_1", "b_1", "W_2", "b_2")
 NORM_KEYS = ("gamma", "beta")
@@ -104,11 +102,6 @@ def _check_width(name: str, X, D: int, what: str = "(B, T, D)"):
     return X
 
 
-def _dense(params, X, kernel: str, bias: str | None):
-    out = np.einsum(DENSE, X, np.asarray(params[kernel]))
-    return out if bias is None else out + np.asarray(params[bias])
-
-
 def position_wise_ffn(params, X):
     """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2. ``(B, T, D) -> (B, T, D)``; ``params``
     holds exactly ``W_1, b_1, W_2, b_2`` (``ValueError`` naming a missing or unexpected key)."""
@@ -117,7 +110,7 @@ def position_wise_ffn(params, X):
     D, F = np.shape(params["W_1"])
     check_param_shapes("params", params, {"b_1": (F,), "W_2": (F, D), "b_2": (D,)})
     X = _check_width("X", X, D, "(..., D)")
-    return _dense(params, np.maximum(_dense(params, X, "W_1", "b_1"), 0.0), "W_2", "b_2")
+    return dense(params, np.maximum(dense(params, X, "W_1", "b_1"), 0.0), "W_2", "b_2")
 
 
 def layer_norm(params, X, eps: float = LAYER_NORM_EPS):
@@ -246,7 +239,7 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
                                 num_heads=num_heads)
         self_weights.append(s)
         cross_weights.append(c)
-    return _dense(params["dense"], X, "W", "b"), {"decoder_self": np.stack(self_weights),
+    return dense(params["dense"], X, "W", "b"), {"decoder_self": np.stack(self_weights),
                                                   "encoder_decoder": np.stack(cross_weights)}
 
 

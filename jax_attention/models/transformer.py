@@ -73,6 +73,7 @@ from jax_attention.models.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
 from jax_attention.nn.masking import causal_mask
+from jax_attention.nn.multihead import dense
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold
 from jax_attention.models.transformer_cache import (
@@ -107,7 +108,6 @@ from jax_attention.models.transformer_layers import (
     sublayer_attention,
 )
 from jax_attention.models.transformer_layers import check_width
-from jax_attention.models.transformer_layers import dense as _dense
 from jax_attention.models.transformer_layers import embed
 from jax_attention.models.transformer_layers import fold_rng, init_flat
 from jax_attention.models.translation import (
@@ -330,7 +330,7 @@ def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads
                                  dropout_rng=fold_rng(dropout_rng, i + 1))
         self_weights.append(s)
         cross_weights.append(c)
-    logits = _dense(params["dense"], X, "W", "b")
+    logits = dense(params["dense"], X, "W", "b")
     return logits, {"decoder_self": jnp.stack(self_weights),
                     "encoder_decoder": jnp.stack(cross_weights)}
 

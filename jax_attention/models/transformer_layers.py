@@ -58,7 +58,13 @@ from jax_attention._checks import (
     check_size,
 )
 from jax_attention.nn.masking import attention_mask
-from jax_attention.nn.multihead import BIAS_KEYS, KERNEL_KEYS, assemble_heads, merge_heads
+from jax_attention.nn.multihead import (
+    BIAS_KEYS,
+    KERNEL_KEYS,
+    assemble_heads,
+    dense,
+    merge_heads,
+)
 from jax_attention.nn.positional import positional_encoding
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
@@ -72,9 +78,6 @@ __all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "param_shapes", "init_params", "po
 #: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
 MAX_POSITIONS = 1000
 LAYER_NORM_EPS = 1e-5
-
-# The same strings as in reference_numpy/transformer.py.
-DENSE = "...i,io->...o"
 
 # The keys of the parameter dicts (the structure of jax_attention.models.transformer.param_shapes), for
 # check_param_keys: a key maps to the keys of the dict under it. Same names in the NumPy file.
@@ -95,16 +98,6 @@ def fold_rng(dropout_rng, index: int):
     """The key of part ``index`` of a layer (:func:`jax_attention.nn.dropout.fold`), or ``None``
     without dropout."""
     return None if dropout_rng is None else fold(dropout_rng, index)
-
-
-def dense(params, X, kernel: str, bias: str | None):
-    """``X params[kernel] + params[bias]`` (no bias when ``bias`` is ``None``), in ``X``'s dtype."""
-    W = jnp.asarray(params[kernel]).astype(X.dtype)
-    out = jnp.einsum(DENSE, X, W)
-    if bias is None:
-        return out
-    b = jnp.asarray(params[bias]).astype(X.dtype)
-    return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
 
 
 def check_width(name: str, X, D: int, what: str = "(B, T, D)"):
@@ -268,8 +261,7 @@ def project_one(params, X, name: str, num_heads: int):
     ``(B, T, D) -> (B, N, T, H)`` (``num_heads`` = ``N_kv`` for ``W_k`` and ``W_v``:
     ``(B, N_kv, T, H)``, ``H_v`` for ``W_v``)."""
     B, T, _ = X.shape
-    bias = "b" + name[1:]
-    out = dense(params, X, name, bias if bias in params else None)
+    out = dense(params, X, name, "b" + name[1:])
     # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
     return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
 
@@ -277,7 +269,7 @@ def project_one(params, X, name: str, num_heads: int):
 def project_out(params, heads):
     """The heads ``(B, N, T, H_v)`` merged and projected by ``W_o`` (and ``b_o`` when
     ``params`` has it): ``(B, T, D)``, the counterpart of :func:`project_one`."""
-    return dense(params, merge_heads(heads), "W_o", "b_o" if "b_o" in params else None)
+    return dense(params, merge_heads(heads), "W_o", "b_o")
 
 
 def kv_heads(params, num_heads: int, name: str = "params") -> int:

@@ -50,8 +50,8 @@ __all__ = [
     "MultiHeadAttention",
 ]
 
-# The same strings as in reference_numpy/multihead.py.
-PROJECT = "bti,io->bto"
+# The same string as in reference_numpy/multihead.py: a dense layer over the last axis.
+DENSE = "...i,io->...o"
 
 
 def split_heads(X, num_heads: int):
@@ -141,15 +141,23 @@ def _check_inputs(queries, keys, values):
     return tuple(check_attention_inputs(q, k, v, same_depth=False))
 
 
-def _dense(X, params, kernel, bias):
-    out = jnp.einsum(PROJECT, X, params[kernel])
-    return out + params[bias].reshape(1, 1, -1) if bias in params else out
+def dense(params, X, kernel: str, bias: str | None = None):
+    """``X params[kernel] + params[bias]`` over the last axis, ``(..., i) -> (..., o)``, in
+    ``X``'s dtype; no bias when ``bias`` is ``None`` or ``params`` holds none by that name (the
+    projections' optional biases). The one dense layer of the package: the projections here, the
+    Transformer's FFN, output layer and key/value cache. Not part of the user-facing API
+    (``__all__``)."""
+    out = jnp.einsum(DENSE, X, jnp.asarray(params[kernel]).astype(X.dtype))
+    if bias is None or bias not in params:
+        return out
+    b = jnp.asarray(params[bias]).astype(X.dtype)
+    return out + b.reshape((1,) * (out.ndim - 1) + b.shape)
 
 
 def _project(params, queries, keys, values, num_heads: int, num_kv_heads: int):
     """:func:`project_heads` on checked inputs and parameters (cast to the inputs' dtype)."""
     return tuple(
-        split_heads(_dense(X, params, f"W_{name}", f"b_{name}"), heads)
+        split_heads(dense(params, X, f"W_{name}", f"b_{name}"), heads)
         for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
                                (values, "v", num_kv_heads))
     )
@@ -157,7 +165,7 @@ def _project(params, queries, keys, values, num_heads: int, num_kv_heads: int):
 
 def _combine(params, heads):
     """:func:`combine_heads` with checked parameters: ``(B, N, T, H_v) -> (B, T, E)``."""
-    return _dense(merge_heads(heads), params, "W_o", "b_o")
+    return dense(params, merge_heads(heads), "W_o", "b_o")
 
 
 def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads=None):
