@@ -111,10 +111,9 @@ def check_positions(name: str, length: int, max_positions: int, shape=None) -> N
 
 
 def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> None:
-    """``num_heads`` a positive integer dividing ``num_hiddens``; ``context`` (e.g. the shape the
-    width comes from) is added to the message."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    """``num_heads`` an integer ``>= 1`` (:func:`check_int`) dividing ``num_hiddens``;
+    ``context`` (e.g. the shape the width comes from) is added to the message."""
+    num_heads = check_int("num_heads", num_heads, 1)
     if num_hiddens is not None and num_hiddens % num_heads:
         raise ValueError(
             f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} and "
@@ -123,15 +122,14 @@ def check_num_heads(num_hiddens: int | None, num_heads, context: str = "") -> No
 
 
 def check_num_kv_heads(num_heads: int, num_kv_heads) -> int:
-    """``num_kv_heads`` (``None``: ``num_heads``) a positive integer dividing ``num_heads``: the
-    key/value heads of grouped-query attention (1 = multi-query attention)."""
+    """``num_kv_heads`` (``None``: ``num_heads``) an integer ``>= 1`` (:func:`check_int`) dividing
+    ``num_heads``: the key/value heads of grouped-query attention (1 = multi-query attention)."""
     if num_kv_heads is None:
         return num_heads
-    if (isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, (int, np.integer))
-            or num_kv_heads < 1 or num_heads % num_kv_heads):
-        raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads = "
-                         f"{num_heads}, got {num_kv_heads!r}")
-    return int(num_kv_heads)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads must divide num_heads = {num_heads}, got {num_kv_heads}")
+    return num_kv_heads
 
 
 def check_static_bool(name: str, value) -> bool:

@@ -496,9 +496,9 @@ def _call_both(xnp, *, params=None, inputs=None, **kwargs):
 
 @pytest.mark.parametrize("num_heads, message", [
     (3, "num_hiddens must be divisible by num_heads, got num_hiddens=8 and num_heads=3"),
-    (0, "num_heads must be a positive integer, got 0"),
-    (True, "num_heads must be a positive integer, got True"),
-    (2.0, "num_heads must be a positive integer, got 2.0"),
+    (0, "num_heads must be an integer >= 1, got 0"),
+    (True, "num_heads must be an integer >= 1, got True"),
+    (2.0, "num_heads must be an integer >= 1, got 2.0"),
 ])
 def test_bad_num_heads(num_heads, message):
     for xnp in (jnp, np):
@@ -571,7 +571,7 @@ def test_bad_head_layouts():
         message = "X must have shape (B * N, T, H) with N = 3, got (4, 3, 2)"
         with pytest.raises(ValueError, match=re.escape(message)):
             transpose_output(xnp.zeros((4, 3, 2)), 3)
-        with pytest.raises(ValueError, match="num_heads must be a positive integer, got 0"):
+        with pytest.raises(ValueError, match="num_heads must be an integer >= 1, got 0"):
             transpose_output(xnp.zeros((4, 3, 2)), 0)
     for merge_heads, xnp in _both("merge_heads"):
         with pytest.raises(ValueError, match=re.escape("X must have shape (B, N, T, H), got (4, 3, 2)")):
@@ -750,9 +750,9 @@ def test_gqa_under_jit_and_vmap():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"num_kv_heads": 3}, "num_kv_heads must be a positive integer dividing num_heads = 4, got 3"),
-    ({"num_kv_heads": 0}, "num_kv_heads must be a positive integer dividing num_heads = 4, got 0"),
-    ({"num_kv_heads": True}, "num_kv_heads must be a positive integer dividing num_heads = 4"),
+    ({"num_kv_heads": 3}, "num_kv_heads must divide num_heads = 4, got 3"),
+    ({"num_kv_heads": 0}, "num_kv_heads must be an integer >= 1, got 0"),
+    ({"num_kv_heads": True}, "num_kv_heads must be an integer >= 1, got True"),
     ({"value_head_size": 0}, "value_head_size must be an integer >= 1, got 0"),
 ])
 def test_bad_module_head_settings(kwargs, message):
@@ -765,7 +765,7 @@ def test_num_kv_heads_must_fit_the_parameters():
     inputs = [np.asarray(a) for a in _inputs()]
     for mh in (jax_mh, np_mh):
         with pytest.raises(ValueError, match=re.escape(
-                "num_kv_heads must be a positive integer dividing num_heads = 2, got 3")):
+                "num_kv_heads must divide num_heads = 2, got 3")):
             mh.multi_head_attention(params, *inputs, num_heads=2, num_kv_heads=3)
         with pytest.raises(ValueError, match=re.escape(
                 "params['W_k'] must have shape (5, 4), got (5, 8)")):

@@ -50,6 +50,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from jax_attention._checks import check_num_heads, check_num_kv_heads
+
 __all__ = [
     "sequence_mask",
     "valid_lens_mask",
@@ -374,12 +376,6 @@ def transpose_output(X, num_heads: int):
     return X.reshape(X.shape[0], X.shape[1], -1)
 
 
-def _check_heads(num_hiddens: int, num_heads: int) -> None:
-    if num_heads < 1 or num_hiddens % num_heads:
-        raise ValueError(f"num_hiddens must be divisible by num_heads, got num_hiddens={num_hiddens} "
-                         f"and num_heads={num_heads}")
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with dropout on the weights — d2l §11.5.
 
@@ -402,11 +398,8 @@ class MultiHeadAttention(nn.Module):
                  query_size: int | None = None, key_size: int | None = None,
                  value_size: int | None = None, num_kv_heads: int | None = None):
         super().__init__()
-        _check_heads(num_hiddens, num_heads)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads = "
-                             f"{num_heads}, got {num_kv_heads!r}")
+        check_num_heads(num_hiddens, num_heads)
+        num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         kv_width = num_kv_heads * (num_hiddens // num_heads)
         self.attention = DotProductAttention(dropout)
