@@ -63,7 +63,8 @@ from jax_attention.nn.multihead import (
     KERNEL_KEYS,
     assemble_heads,
     dense,
-    merge_heads,
+    from_heads,
+    to_heads,
 )
 from jax_attention.nn.positional import positional_encoding
 from jax_attention.params import flatten_params, unflatten_params
@@ -260,16 +261,13 @@ def project_one(params, X, name: str, num_heads: int):
     """``X W_name + b_name`` (no bias when ``params`` has none) split into heads:
     ``(B, T, D) -> (B, N, T, H)`` (``num_heads`` = ``N_kv`` for ``W_k`` and ``W_v``:
     ``(B, N_kv, T, H)``, ``H_v`` for ``W_v``)."""
-    B, T, _ = X.shape
-    out = dense(params, X, name, "b" + name[1:])
-    # Explicit H rather than -1, which an empty sequence (T = 0) leaves undetermined.
-    return out.reshape(B, T, num_heads, out.shape[-1] // num_heads).transpose(0, 2, 1, 3)
+    return to_heads(dense(params, X, name, "b" + name[1:]), num_heads)
 
 
 def project_out(params, heads):
     """The heads ``(B, N, T, H_v)`` merged and projected by ``W_o`` (and ``b_o`` when
     ``params`` has it): ``(B, T, D)``, the counterpart of :func:`project_one`."""
-    return dense(params, merge_heads(heads), "W_o", "b_o")
+    return dense(params, from_heads(heads), "W_o", "b_o")
 
 
 def kv_heads(params, num_heads: int, name: str = "params") -> int:

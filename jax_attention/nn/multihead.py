@@ -60,8 +60,7 @@ def split_heads(X, num_heads: int):
     if X.ndim != 3:
         raise ValueError(f"X must have shape (B, T, D), got {X.shape}")
     check_num_heads(X.shape[-1], num_heads, f"D from X of shape {X.shape}")
-    B, T, D = X.shape
-    return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
+    return to_heads(X, num_heads)
 
 
 def merge_heads(X):
@@ -69,6 +68,18 @@ def merge_heads(X):
     X = jnp.asarray(X)
     if X.ndim != 4:
         raise ValueError(f"X must have shape (B, N, T, H), got {X.shape}")
+    return from_heads(X)
+
+
+def to_heads(X, num_heads: int):
+    """:func:`split_heads` of a checked ``X``; not part of the user-facing API (``__all__``).
+    ``H`` is explicit rather than ``-1``, which an empty sequence (``T = 0``) leaves open."""
+    B, T, D = X.shape
+    return X.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
+
+
+def from_heads(X):
+    """:func:`merge_heads` of a checked ``X``; not part of the user-facing API (``__all__``)."""
     B, N, T, H = X.shape
     return X.transpose(0, 2, 1, 3).reshape(B, T, N * H)
 
@@ -157,7 +168,7 @@ def dense(params, X, kernel: str, bias: str | None = None):
 def _project(params, queries, keys, values, num_heads: int, num_kv_heads: int):
     """:func:`project_heads` on checked inputs and parameters (cast to the inputs' dtype)."""
     return tuple(
-        split_heads(dense(params, X, f"W_{name}", f"b_{name}"), heads)
+        to_heads(dense(params, X, f"W_{name}", f"b_{name}"), heads)
         for X, name, heads in ((queries, "q", num_heads), (keys, "k", num_kv_heads),
                                (values, "v", num_kv_heads))
     )
@@ -165,7 +176,7 @@ def _project(params, queries, keys, values, num_heads: int, num_kv_heads: int):
 
 def _combine(params, heads):
     """:func:`combine_heads` with checked parameters: ``(B, N, T, H_v) -> (B, T, E)``."""
-    return dense(params, merge_heads(heads), "W_o", "b_o")
+    return dense(params, from_heads(heads), "W_o", "b_o")
 
 
 def project_heads(params, queries, keys, values, *, num_heads: int, num_kv_heads=None):
