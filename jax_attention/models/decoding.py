@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_attention._checks import check_id, check_int, check_max_len
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = ["greedy_search", "beam_search"]
 
@@ -94,12 +95,11 @@ def greedy_search(step: Callable, state, batch_size: int, *, bos_id: int, eos_id
     return jnp.swapaxes(tokens, 0, 1), lengths, jnp.swapaxes(weights, 0, 1)
 
 
-
 def _score_dtype(dtype):
-    """Log-probabilities in float32 at least (float64 logits stay float64)."""
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits >= 32:
-        return jnp.dtype(dtype)
-    return jnp.dtype(jnp.float32)
+    """Log-probabilities in float32 at least: the package's half-precision rule
+    (:func:`~jax_attention.nn.precision.compute_dtype`; float64 logits stay float64), and
+    float32 for logits that are not floats."""
+    return compute_dtype(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(jnp.float32)
 
 
 def _check_beam_arguments(state, batch_size, *, beam_size, bos_id, eos_id, pad_id, max_len,

@@ -67,6 +67,7 @@ from jax_attention.nn.multihead import (
     to_heads,
 )
 from jax_attention.nn.positional import positional_encoding
+from jax_attention.nn.precision import is_half
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
                                    weighted_sum)
@@ -300,7 +301,7 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
     :func:`jax_attention.nn.scoring.dropout_attention`: the same forward values, a hand-written
     backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``)."""
     if (dropout_rng is not None and dropout > 0.0 and heads_q.shape[1] == heads_k.shape[1]
-            and jnp.finfo(heads_q.dtype).bits >= 32):
+            and not is_half(heads_q.dtype)):
         return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
     weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
     dropped = _dropout(weights, dropout, dropout_rng)
