@@ -14,6 +14,9 @@ import numpy as np
 
 __all__ = ["GOLDEN", "hash32", "key_seed", "fold", "keep_threshold", "keep_mask", "dropout"]
 
+#: ``2**32 / phi``, odd (the golden-ratio constant of :mod:`jax_attention.nn.dropout`, the same
+#: value): the start of :func:`key_seed` and the multiplier that spreads consecutive indices and
+#: positions over the 32-bit range in :func:`fold` and :func:`keep_mask`.
 GOLDEN = 0x9E3779B9
 _MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
 

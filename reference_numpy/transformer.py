@@ -54,7 +54,12 @@ __all__ = [
     "greedy_decode",
 ]
 
+#: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table, the longest
+#: sequence :func:`encoder` and :func:`decoder` embed (as
+#: :data:`jax_attention.models.transformer_layers.MAX_POSITIONS`).
 MAX_POSITIONS = 1000
+#: The ``eps`` added to the variance in :func:`layer_norm`: PyTorch's ``nn.LayerNorm`` default,
+#: which the book's ``AddNorm`` uses.
 LAYER_NORM_EPS = 1e-5
 
 # The keys of the parameter dicts, for check_param_keys (as in

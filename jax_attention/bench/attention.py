@@ -63,10 +63,18 @@ __all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "win
            "window_band", "padding_lens", "forward_backward", "bench_attention",
            "format_attention", "format_sources"]
 
+#: The implementations :func:`bench_attention` can run, in the order they are reported (see the
+#: module docstring for what each one is and its layout); the default ``peers`` and the choices of
+#: ``jax-attention bench attention --peers``.
 PEERS = ("ours", "ours_plain", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
-# (B, N, T = S, H), from many short sequences to one long one; B·N·T² is 1M, 8M, 32M, 64M.
+#: The default ``(B, N, T, H)`` shapes (batch, heads, sequence length ``T = S``, head size), from
+#: many short sequences to one long one; ``B·N·T²`` is 1M, 8M, 32M, 64M.
 DEFAULT_SHAPES = ((8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (1, 1, 8192, 64))
+#: The masking cases: ``"none"`` (every key attended) and ``"padding"`` (per-row valid key lengths
+#: from :func:`padding_lens`, about 25% padded); ``--mask both`` runs the two.
 MASKS = ("none", "padding")
+#: The input dtypes of the compiled peers (NumPy always computes in float64, on inputs rounded to
+#: this dtype); the choices of ``--dtype``.
 DTYPES = ("float32", "bfloat16")
 PADDING_FRACTION = 0.25
 # The peers the ratios are taken against: the built-ins a user would otherwise call.

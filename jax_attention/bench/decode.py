@@ -56,7 +56,9 @@ from jax_attention.models.registry import get_model
 __all__ = ["MODELS", "greedy_decode_recompute", "kv_cache_footprint", "bench_decode",
            "format_decode"]
 
-MODELS = ("transformer", "bahdanau")  # the registry's models, in the order they are run
+#: The models :func:`bench_decode` can decode with, in the order they are run: the names of
+#: :data:`jax_attention.models.registry.MODELS` (``bench decode --models`` chooses among them).
+MODELS = ("transformer", "bahdanau")
 
 
 # --------------------------------------------------------------------------- the baseline decoder

@@ -41,8 +41,14 @@ __all__ = ["VARIANTS", "DEFAULT_SIZES", "DEFAULT_CAP_BYTES", "plain_estimate_byt
            "ru_maxrss_bytes", "run_child", "bench_memory", "format_memory", "nothing_measured",
            "child_main"]
 
+#: The attention implementations measured: ``"plain"`` (whole ``N x N`` scores) and
+#: ``"efficient"`` (chunked); the default ``variants`` of :func:`bench_memory` and the choices of
+#: ``bench memory --variants``.
 VARIANTS = ("plain", "efficient")
+#: The default sequence lengths ``N`` (``T = S = N``), each measured in fresh child processes.
 DEFAULT_SIZES = (4096, 8192, 16384, 32768, 65536)
+#: The default ``cap_bytes``, 8 GiB: plain attention is skipped (and recorded as skipped) at the
+#: sizes where :func:`plain_estimate_bytes` exceeds it; ``bench memory --cap-gib`` sets it.
 DEFAULT_CAP_BYTES = 8 * 2**30
 _CHILD_VARIANTS = VARIANTS + ("baseline",)
 _ITEMSIZE = {"float32": 4, "bfloat16": 2}

@@ -45,6 +45,9 @@ from jax_attention.bench.common import environment, format_table, load_average
 __all__ = ["PHASES", "CONTAINERS", "kernel_table", "kernel_events", "phase_of", "kind_of",
            "profile_train_step", "format_step_profile"]
 
+#: The phases a kernel's time is counted in (:func:`phase_of`), in the order they are reported:
+#: ``"forward"`` (JAX's ``jvp(...)`` operations), ``"backward"`` (``transpose(jvp(...))``) and
+#: ``"update"`` (everything else: clipping, Adam, the non-finite check, the dropout stream).
 PHASES = ("forward", "backward", "update")
 
 #: Instructions whose trace events hold other kernels' (a loop, a conditional, a call): counting

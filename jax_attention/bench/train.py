@@ -65,6 +65,9 @@ from jax_attention.runtime import distributed
 __all__ = ["MODELS", "BOOK_MODELS", "bench_train", "format_train", "bench_train_devices",
            "format_train_devices", "child_main", "our_training", "stack_batches", "OurRounds"]
 
+#: The models :func:`bench_train` can train: the names of
+#: :data:`jax_attention.models.registry.MODELS`, in its order (the choices of ``bench train
+#: --model``).
 MODELS = tuple(registry.MODELS)
 
 #: The book's model settings (d2l §11.4.3 and §11.7.6): each config's defaults, less the data's

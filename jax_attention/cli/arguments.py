@@ -43,9 +43,12 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
 
+    parse.__doc__ = (f"argparse type: ``text`` as an integer >= {minimum}; anything else raises "
+                     f"``argparse.ArgumentTypeError`` (a usage error, exit status 2).")
     return parse
 
 
+#: argparse type of sizes and counts (``--num-steps``, ``--num-hiddens``, ...): an integer ``>= 1``.
 positive_int = int_at_least(1)
 
 
@@ -60,6 +63,8 @@ def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
                                              f"got {value}")
         return value
 
+    parse.__doc__ = (f"argparse type: ``text`` as an integer in ``[{minimum}, {maximum}]``; anything "
+                     f"else raises ``argparse.ArgumentTypeError`` (a usage error, exit status 2).")
     return parse
 
 
@@ -226,12 +231,24 @@ def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParse
 # Exit statuses besides 0 (done), 1 (a check that failed: conformance, a benchmark that measured
 # nothing) and argparse's 2 (bad arguments or inputs: a path that cannot be written, damaged
 # data, a checkpoint that cannot be resumed). docs/long-runs.md lists them.
+#: Exit status of a training run stopped by a NaN or infinite loss, gradient or update (without
+#: ``--skip-nonfinite``); no checkpoint of that state is written.
 EXIT_NONFINITE = 3
-EXIT_WRITE_FAILED = 4  # an output could not be written (a full disk); what it held was kept
-EXIT_BUSY = 5  # the training-checkpoint directory is in use by another run
-EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED  # 130: Ctrl-C, as a shell reports it
+#: Exit status when an output (the ``--json`` report, a plot, a checkpoint) could not be written, a
+#: full disk say; the error line says what was kept and where (:func:`finish_outputs`).
+EXIT_WRITE_FAILED = 4
+#: Exit status when the training-checkpoint directory (``--checkpoint-dir``) is locked by another
+#: run (:mod:`jax_attention.runtime.directory_lock`).
+EXIT_BUSY = 5
+#: Exit status of a command stopped by Ctrl-C: 130 (128 + SIGINT), as a shell reports it; the
+#: value of :data:`jax_attention.runtime.interrupts.EXIT_INTERRUPTED`.
+EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED
+#: The program name: the console script ``jax-attention``, used as the parser's ``prog`` and as
+#: the prefix of its error and warning lines.
 PROG = "jax-attention"
 
+#: The ``--help`` epilog of the seq2seq ``train`` commands (set by :func:`add_long_run_arguments`):
+#: checkpoints, resumption, Ctrl-C, non-finite steps and the exit statuses, in one paragraph.
 LONG_RUNS_EPILOG = (
     "Long runs: with --checkpoint-dir DIR, training checkpoints (parameters, optimizer state, "
     "dropout stream, step, data position and loss history; Orbax, written atomically) are saved "

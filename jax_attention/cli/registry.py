@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 __all__ = ["Configure", "Command", "COMMANDS", "register", "register_group", "children"]
 
+#: The type of a command's ``configure``: called with the command's own subparser, it adds the
+#: arguments and sets ``handler`` (``parser.set_defaults(handler=...)``); returns nothing.
 Configure = Callable[[argparse.ArgumentParser], None]
 
 

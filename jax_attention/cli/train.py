@@ -217,7 +217,12 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     return EXIT_WRITE_FAILED if failures else 0
 
 
+#: Handler of ``train bahdanau``: :func:`run_train_seq2seq` bound to the registry's Bahdanau
+#: (GRU encoder-decoder with additive attention) spec; called as ``(args, parser)``, returns the
+#: exit status.
 run_train_bahdanau = functools.partial(run_train_seq2seq, MODELS["bahdanau"])
+#: Handler of ``train transformer``: :func:`run_train_seq2seq` bound to the registry's Transformer
+#: spec; called as ``(args, parser)``, returns the exit status.
 run_train_transformer = functools.partial(run_train_seq2seq, MODELS["transformer"])
 
 

@@ -66,8 +66,10 @@ __all__ = [
 
 #: The file name of the archive (d2l's, in the user cache and beside the checkout).
 ARCHIVE_NAME = "fra-eng.zip"
-#: d2l's published archive (``d2l.DATA_HUB['fra-eng']``) and the SHA-1 the book pins for it.
+#: d2l's published archive (``d2l.DATA_HUB['fra-eng']``), where the archive is downloaded from.
 DATA_URL = "http://d2l-data.s3-accelerate.amazonaws.com/fra-eng.zip"
+#: The SHA-1 (hex) the book pins for :data:`DATA_URL`'s archive: a download is kept only if it
+#: matches (unless :data:`SHA1_VAR` names another), and it is one of :data:`KNOWN_ARCHIVE_SHA1S`.
 DATA_SHA1 = "94646ad1522d915e7b0f9296181140edcf86a4f5"
 #: The SHA-1s of the ``fra-eng.zip`` archives known to hold the book's data; reading any other
 #: ``fra-eng.zip`` gives one :class:`UnknownArchiveWarning` (it is still used if its CRCs pass).
@@ -99,6 +101,8 @@ NO_DOWNLOAD_VAR = "JAX_ATTENTION_NO_DOWNLOAD"
 #: For testing mirrors only: the URL and the SHA-1 to download instead of :data:`DATA_URL` and
 #: :data:`DATA_SHA1` (both read at the time of the download).
 URL_VAR = "JAX_ATTENTION_DATA_URL"
+#: For testing mirrors only: the environment variable holding the SHA-1 (hex) a download must
+#: match instead of :data:`DATA_SHA1` (read at the time of the download; goes with :data:`URL_VAR`).
 SHA1_VAR = "JAX_ATTENTION_DATA_SHA1"
 #: Seconds to wait for the server to answer (and for each read) before giving up.
 DOWNLOAD_TIMEOUT = 30

@@ -68,6 +68,9 @@ from jax_attention.params import flatten_params, unflatten_params
 
 __all__ = ["COMPONENTS", "to_torch", "from_torch"]
 
+#: The ``component`` names :func:`to_torch` and :func:`from_torch` convert: each names a PyTorch
+#: module whose ``state_dict`` keys and weight layouts the conversion follows (the list in the
+#: module docstring says which); any other name raises ``ValueError``.
 COMPONENTS = (
     "additive_attention",
     "multihead",

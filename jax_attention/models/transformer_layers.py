@@ -79,6 +79,8 @@ __all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "param_shapes", "init_params", "po
 
 #: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
 MAX_POSITIONS = 1000
+#: The ``eps`` added to the variance in :func:`layer_norm`: PyTorch's ``nn.LayerNorm`` default,
+#: which the book's ``AddNorm`` uses.
 LAYER_NORM_EPS = 1e-5
 
 # The keys of the parameter dicts (the structure of jax_attention.models.transformer.param_shapes), for

@@ -87,6 +87,10 @@ __all__ = ["TRAINING_CHECKPOINT_FORMAT", "DEFAULT_KEEP", "LOCK_FILE", "TrainingC
            "CheckpointWriteError", "CheckpointDirectoryError", "CheckpointDirectoryBusy",
            "ForeignEntryError", "state_arrays", "config_differences", "step_directories"]
 
+#: The ``"format"`` of a training checkpoint's progress record (the JSON saved beside its arrays,
+#: with the step, the configuration and the arrays' checksum): written with each save, and a step
+#: whose record holds another value is unreadable (reported, moved aside) rather than resumed.
+#: The ``/1`` is the layout's version.
 TRAINING_CHECKPOINT_FORMAT = "jax-attention.training-checkpoint/1"
 # Settings that may change between a run and its resumption without changing its results: the
 # number of epochs (a run can be extended; each epoch's batches depend only on the seed and the

@@ -26,7 +26,9 @@ from pathlib import Path
 
 __all__ = ["LOCK_FILE", "DirectoryLock", "CheckpointDirectoryBusy"]
 
-# The lock file of a directory opened for writing (a dot name: never a step to Orbax).
+#: The name of the lock file inside a checkpoint directory opened for writing (``DIR/.lock``,
+#: holding its holder's PID, host and start time as JSON); a dot name, so Orbax never takes it
+#: for a step.
 LOCK_FILE = ".lock"
 
 

@@ -49,7 +49,12 @@ __all__ = ["DATA_AXIS", "MODEL_AXIS", "COORDINATOR_VARIABLES", "DISTRIBUTED_VARI
            "tensor_parallel_spec", "state_shardings", "place_state", "shard_batches", "to_local",
            "to_host", "is_main_process"]
 
+#: The name of the mesh axis that batches are split along (data parallelism): each batch's rows
+#: go to the devices of this axis, ``PartitionSpec(None, DATA_AXIS)`` for stacked ``(K, B, ...)``
+#: batches; the state is replicated over it.
 DATA_AXIS = "data"
+#: The name of the mesh axis that the Transformer's attention heads and FFN width are split along
+#: (tensor parallelism, :data:`TENSOR_PARALLEL_SPECS`); size 1 unless asked for.
 MODEL_AXIS = "model"
 
 #: Set all three to start a multi-process run by hand (each process its own ``JAX_PROCESS_ID``):

@@ -38,6 +38,9 @@ from jax_attention.params import flatten_params, unflatten_params
 __all__ = ["ExportedModel", "save_model", "load_model", "EXPORT_FILES", "FORMATS", "Checkpoint",
            "save_checkpoint", "load_checkpoint"]
 
+#: The files of an exported model's directory (see the module docstring for what each holds):
+#: :func:`save_model` writes them all, and :func:`load_model` raises ``FileNotFoundError`` naming
+#: the ones missing.
 EXPORT_FILES = ("config.json", "params.npz", "src_vocab.json", "tgt_vocab.json")
 #: Format tag -> registry name.
 FORMATS = {spec.export_format: name for name, spec in MODELS.items()}

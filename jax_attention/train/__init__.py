@@ -39,8 +39,11 @@ from jax_attention.train.seq2seq import (
     train_transformer,
 )
 
-#: The export format tags of the two book models (earlier names).
+#: The export format tag of the Bahdanau model (``config.json``'s ``"format"`` in its exported
+#: directory): ``MODELS["bahdanau"].export_format``, kept under its earlier name.
 CHECKPOINT_FORMAT = MODELS["bahdanau"].export_format
+#: The export format tag of the Transformer model (``"jax-attention.transformer-checkpoint/1"``):
+#: ``MODELS["transformer"].export_format``, kept under its earlier name.
 TRANSFORMER_CHECKPOINT_FORMAT = MODELS["transformer"].export_format
 
 __all__ = ["KernelRegressionResult", "train_kernel_regression", "summed_squared_error",
