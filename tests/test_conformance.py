@@ -76,7 +76,11 @@ def test_cases_cover_every_function_and_edge_case(stored):
     assert {case.function for case in stored.values()} == set(FUNCTIONS)
     assert DEFAULT_CASES_PATH.stat().st_size < 300 * 1024
     tags = {tag for case in stored.values() for tag in case.tags}
-    assert tags == {"fully_masked_row", "nan_in_padding"}
+    assert tags == {"fully_masked_row", "nan_in_padding", "large_scores"}
+    # Scores past exp's overflow for every function with a softmax a user writes by hand.
+    large = {case.function for case in stored.values() if "large_scores" in case.tags}
+    assert large == {"masking.masked_softmax", "scoring.dot_product_attention",
+                     "multihead.multi_head_attention"}
     # The fully masked row appears for every attention function, with valid lengths of both
     # shapes; each kind of mask and the causal flag appear.
     empty = {case.function for case in stored.values() if "fully_masked_row" in case.tags}
@@ -96,6 +100,62 @@ def test_cases_cover_every_function_and_edge_case(stored):
                 finite = value[np.isfinite(value)]
                 assert (finite.astype(np.float32).astype(np.float64) == finite).all(), key
                 assert (np.round(finite / GRID) * GRID == finite).all(), key
+
+
+def _softmax_scores(case) -> np.ndarray:
+    """The scores a large-score case's softmax sees, computed here from the inputs (not by the
+    kit's own helper): X, q k^T / sqrt(d), or the same per head after the projections."""
+    i, p = case.inputs, case.params
+    if case.function == "masking.masked_softmax":
+        return i["X"]
+    q, k = i["queries"], i["keys"]
+    if case.function == "multihead.multi_head_attention":
+        N = case.config["num_heads"]
+
+        def heads(X, name):  # (B, L, N H) -> (B, N, L, H)
+            Y = X @ p[f"W_{name}"] + p[f"b_{name}"]
+            return Y.reshape(*Y.shape[:2], N, -1).transpose(0, 2, 1, 3)
+
+        q, k = heads(q, "q"), heads(k, "k")
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+
+
+def _naive_softmax(scores: np.ndarray) -> np.ndarray:
+    """exp(x) / sum(exp(x)) over the last axis: no maximum subtracted."""
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        exps = np.exp(scores)
+        return exps / exps.sum(axis=-1, keepdims=True)
+
+
+def test_large_score_cases_overflow_a_naive_softmax_in_both_dtypes(stored):
+    """Each large-score case has rows whose scores all lie beyond exp's float64 range (so that a
+    softmax without the maximum subtracted gives NaN in float64, and in float32, whose range ends
+    at 88.7), its weights spread within a row (not one-hot), finite expected outputs, and — for
+    the dot-product and multi-head cases — scores exact in float32, so that a float32 run
+    measures the softmax rather than the rounding of a score of 900."""
+    large = [case for case in stored.values() if "large_scores" in case.tags]
+    assert len(large) == 3
+    for case in large:
+        scores = _softmax_scores(case)
+        assert 300 < np.abs(scores).max() < 2000, case.name
+        for dtype in (np.float64, np.float32):
+            naive = _naive_softmax(scores.astype(dtype))
+            rows = ~np.isfinite(naive).all(axis=-1)
+            assert rows.sum() >= 2, (case.name, dtype)
+        assert all(np.isfinite(value).all() for value in case.outputs.values()), case.name
+        weights = case.outputs["weights"]
+        assert (weights.max(axis=-1) < 0.99).mean() > 0.6, case.name  # spread, mostly
+        assert np.abs(case.outputs.get("output", weights)).max() < 100  # docs' error bound
+        if case.function != "masking.masked_softmax":
+            f32 = {name: value.astype(np.float32) for name, value in case.inputs.items()}
+            cast = type(case)(case.name, case.function, case.config, "", f32,
+                              {n: v.astype(np.float32) for n, v in case.params.items()})
+            assert np.array_equal(_softmax_scores(cast), scores), case.name
+    # A row of the masked softmax past float64's range, one past float32's only.
+    X = next(case for case in large if case.function == "masking.masked_softmax").inputs["X"]
+    row_max = X.max(axis=-1)
+    assert (row_max > 710).any() and ((88.8 < row_max) & (row_max < 709)).any()
+    assert (row_max < -746).any()  # and one that underflows: 0 / 0
 
 
 def _variants(stored, function):
@@ -341,6 +401,213 @@ def test_docstring_example_module_passes(tmp_path):
         assert len(rows) == sum(case.function == "scoring.dot_product_attention"
                                 for case in load_cases().values())
         assert not report.failed and report.unknown == []
+
+
+#: A user's masked softmax, dot-product and multi-head attention from scratch in NumPy, every
+#: variant of the cases included; ``MAX_SUBTRACTION = False`` plants the bug the large-score
+#: cases are there to catch: exp(x) / sum(exp(x)), which overflows.
+SCRATCH_MODULE = """
+    import numpy as np
+
+    MAX_SUBTRACTION = True
+
+    def softmax(scores, keep):
+        # Over the last axis, where keep is True; a row with nothing to keep gets zeros.
+        if MAX_SUBTRACTION:
+            shift = np.max(np.where(keep, scores, -np.inf), axis=-1, keepdims=True)
+            shift = np.where(np.isfinite(shift), shift, 0.0)
+        else:
+            shift = np.zeros(scores.shape[:-1] + (1,), scores.dtype)
+        exps = np.where(keep, np.exp(np.where(keep, scores - shift, 0.0)), 0.0)
+        total = exps.sum(axis=-1, keepdims=True)
+        return exps / np.where(total == 0, 1.0, total)
+
+    def masked_softmax(inputs, params, config):
+        X = inputs["X"]
+        keep = np.ones(X.shape, bool)
+        if "valid_lens" in inputs:
+            lens = inputs["valid_lens"]
+            keep &= np.arange(X.shape[-1]) < lens.reshape(lens.shape + (1,) * (X.ndim - lens.ndim))
+        if "mask" in inputs:
+            keep &= inputs["mask"]
+        return {"weights": softmax(X, keep)}
+
+    def dot_product_attention(inputs, params, config):
+        q, k, v = inputs["queries"], inputs["keys"], inputs["values"]
+        lens, mask, bias = (inputs.get(name) for name in ("valid_lens", "mask", "bias"))
+        unbatched = q.ndim == 2
+        if unbatched:
+            q, k, v = q[None], k[None], v[None]
+            lens = None if lens is None else lens[None]
+        if q.ndim == 4:  # heads; fewer key/value heads: grouped-query attention
+            k, v = (np.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
+        T, S = q.shape[-2], k.shape[-2]
+        scale = config.get("scale")
+        scores = q @ np.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        if config.get("logit_softcap") is not None:
+            scores = config["logit_softcap"] * np.tanh(scores / config["logit_softcap"])
+        if bias is not None:
+            scores = scores + bias
+        keep = np.ones(scores.shape, bool)
+        if lens is not None:  # (B,) -> (B, [1,] 1, 1); (B, T) -> (B, [1,] T, 1)
+            keep &= np.arange(S) < lens.reshape(len(lens), *[1] * (q.ndim - 3), -1, 1)
+        if mask is not None:
+            keep &= mask
+        t, s = np.arange(T)[:, None], np.arange(S)
+        if config.get("is_causal", False):
+            keep &= s <= t
+        if config.get("local_window_size") is not None:
+            left, right = config["local_window_size"]
+            keep &= (t - left <= s) & (s <= t + right)
+        weights = softmax(scores, keep)
+        output = weights @ v
+        if unbatched:
+            output, weights = output[0], weights[0]
+        return {"output": output, "weights": weights}
+
+    def multi_head_attention(inputs, params, config):
+        unbatched = inputs["queries"].ndim == 2  # (T, q): a batch of one
+        batched = {name: value[None] if unbatched else value for name, value in inputs.items()}
+        N = config["num_heads"]
+        H = params["W_q"].shape[1] // N
+        N_kv = config.get("num_kv_heads") or params["W_k"].shape[1] // H
+
+        def heads(X, name, num):  # (B, L, num * size) -> (B, num, L, size)
+            Y = X @ params["W_" + name] + params.get("b_" + name, 0.0)
+            return Y.reshape(*Y.shape[:2], num, -1).transpose(0, 2, 1, 3)
+
+        batched.update(queries=heads(batched["queries"], "q", N),
+                       keys=heads(batched["keys"], "k", N_kv),
+                       values=heads(batched["values"], "v", N_kv))
+        variants = {name: config[name] for name in ("is_causal", "scale", "local_window_size",
+                                                     "logit_softcap") if name in config}
+        attended = dot_product_attention(batched, {}, variants)
+        heads_out, weights = attended["output"], attended["weights"]
+        B, _, T, _ = heads_out.shape  # (B, N, T, H_v) -> (B, T, N H_v)
+        merged = heads_out.transpose(0, 2, 1, 3).reshape(B, T, -1)
+        output = merged @ params["W_o"] + params.get("b_o", 0.0)
+        if unbatched:
+            output, weights = output[0], weights[0]
+        return {"output": output, "weights": weights}
+
+    IMPLEMENTATIONS = {"masking.masked_softmax": masked_softmax,
+                       "scoring.dot_product_attention": dot_product_attention,
+                       "multihead.multi_head_attention": multi_head_attention}
+"""
+_SOFTMAX_FUNCTIONS = {"masking.masked_softmax", "scoring.dot_product_attention",
+                      "multihead.multi_head_attention"}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
+def test_softmax_without_the_maximum_subtracted_fails_exactly_the_large_score_cases(
+        tmp_path, dtype, stored):
+    """A user's from-scratch NumPy attention passes every case of its three functions; the same
+    file without the row's maximum subtracted in its softmax (the bug that 10 planted bugs showed
+    the kit missed) fails exactly the large-score cases, in both dtypes, with NaN."""
+    cases = {name for name, case in stored.items() if case.function in _SOFTMAX_FUNCTIONS}
+    large = {name for name, case in stored.items() if "large_scores" in case.tags}
+    assert large < cases
+    stable = _user_module(tmp_path, SCRATCH_MODULE)
+    report = run_conformance(str(stable), dtype=dtype)
+    assert {r.case for r in report.results} == cases
+    assert [(r.case, r.note) for r in report.results if r.status != "PASS"] == []
+    assert not report.failed
+    naive = tmp_path / "naive_attention.py"
+    naive.write_text(stable.read_text().replace("MAX_SUBTRACTION = True",
+                                                "MAX_SUBTRACTION = False"))
+    report = run_conformance(str(naive), dtype=dtype)
+    failed = {r.case: r for r in report.results if r.status == "FAIL"}
+    assert set(failed) == large
+    assert {r.status for r in report.results if r.case not in large} == {"PASS"}
+    for row in failed.values():
+        assert "weights: non-finite values" in row.note, row.note
+        assert not row.outputs["weights"].passed
+    assert report.failed and report.verdict() == f"{len(large)} of {len(cases)} checked rows failed"
+
+
+#: A user's dot-product attention that cannot express some cases and says so.
+PARTIAL_MODULE = """
+    from reference_numpy import scoring
+
+    def dot_product_attention(inputs, params, config):
+        if config.get("is_causal"):
+            raise NotImplementedError("no causal flag:\\nmy function has no is_causal argument")
+        if "mask" in inputs:
+            raise NotImplementedError  # no message
+        if config.get("logit_softcap") is not None:
+            raise ValueError("soft-capping went wrong")  # any other error still fails the row
+        output, weights = scoring.dot_product_attention(
+            inputs["queries"], inputs["keys"], inputs["values"], inputs.get("valid_lens"),
+            bias=inputs.get("bias"), **config)
+        return {"output": output, "weights": weights}
+
+    IMPLEMENTATIONS = {"scoring.dot_product_attention": dot_product_attention}
+"""
+
+
+def test_not_implemented_error_makes_the_row_not_applicable(tmp_path, capsys):
+    """NotImplementedError("why") from a user's function: that case is n/a with the message (as a
+    built-in's documented difference), not a failure; with every other row passing the command
+    exits 0. Any other exception still fails its row."""
+    path = _user_module(tmp_path, PARTIAL_MODULE)
+    dot = {name for name, case in load_cases().items() if case.function == _DOT}
+    report = run_conformance(str(path))
+    by_case = {r.case: r for r in report.results}
+    assert set(by_case) == dot
+    causal = {name for name in dot if load_cases()[name].config.get("is_causal")}
+    masked = {name for name in dot if "mask" in load_cases()[name].inputs}
+    assert causal and masked and not causal & masked
+    for name in causal:
+        assert by_case[name].status == "n/a"
+        assert by_case[name].note == ("raised NotImplementedError: no causal flag: my function "
+                                      "has no is_causal argument")
+        assert by_case[name].max_abs_err is None and by_case[name].outputs == {}
+    for name in masked:
+        assert (by_case[name].status, by_case[name].note) == (
+            "n/a", "raised NotImplementedError (no message)")
+    assert by_case["dot_product_attention.logit_softcap"].status == "FAIL"
+    assert "raised ValueError: soft-capping went wrong" in by_case[
+        "dot_product_attention.logit_softcap"].note
+    passing = dot - causal - masked - {"dot_product_attention.logit_softcap"}
+    assert {name for name, r in by_case.items() if r.status == "PASS"} == passing
+    # Without the failing case the command exits 0: n/a neither passes nor fails.
+    record_path = tmp_path / "partial.json"
+    assert main(["conformance", "--against", str(path), "--only", "dot_product_attention.",
+                 "--json", str(record_path)]) == 1
+    capsys.readouterr()
+    no_softcap = path.with_name("no_softcap.py")
+    no_softcap.write_text(path.read_text().replace('"logit_softcap"', '"no_such_config"'))
+    assert main(["conformance", "--against", str(no_softcap), "--json", str(record_path)]) == 0
+    printed = capsys.readouterr().out
+    summary = next(line for line in printed.splitlines() if line.startswith(("OK", "FAILED")))
+    assert summary.startswith(f"OK: {len(passing) + 1} passed, 0 failed, "
+                              f"{len(causal) + len(masked)} n/a")
+    assert "raised NotImplementedError: no causal flag: my function has no is_causal" in printed
+    record = json.loads(record_path.read_text())
+    assert record["summary"]["ok"] is True
+    assert record["summary"]["not_applicable"] == len(causal) + len(masked)
+    assert {row["note"] for row in record["results"] if row["status"] == "n/a"} == {
+        "raised NotImplementedError: no causal flag: my function has no is_causal argument",
+        "raised NotImplementedError (no message)"}
+
+
+def test_every_row_not_implemented_checks_nothing_and_fails(tmp_path, capsys):
+    """A module whose every function raises NotImplementedError has checked nothing: the
+    summary says so and the command exits 1 (as for any run where every row is n/a)."""
+    path = _user_module(tmp_path, f"""
+        def attend(inputs, params, config):
+            raise NotImplementedError("not written yet")
+
+        IMPLEMENTATIONS = {{"{_DOT}": attend}}
+    """)
+    assert main(["conformance", "--against", str(path)]) == 1
+    printed = capsys.readouterr().out
+    summary = printed.strip().splitlines()[-1]
+    assert summary.startswith("FAILED: 0 passed, 0 failed, ")
+    assert summary.endswith("; no case was checked: every row is n/a")
+    assert "raised NotImplementedError: not written yet" in printed
 
 
 @pytest.mark.parametrize(("argv", "message"), [

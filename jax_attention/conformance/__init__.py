@@ -48,7 +48,8 @@ keys:
 
   ``config`` holds the non-array arguments (JSON numbers, booleans and, for
   ``local_window_size``, a list ``[left, right]``); ``tags`` mark edge cases
-  (``fully_masked_row``, ``nan_in_padding``). Reading a case without this package::
+  (``fully_masked_row``, ``nan_in_padding``, ``large_scores``: scores beyond where ``exp``
+  overflows in float32 and float64). Reading a case without this package::
 
       import json, numpy as np
       with np.load("cases.npz") as f:
@@ -70,8 +71,11 @@ functions without parameters) and ``config`` a dict of Python scalars (and the l
 ``[left, right]`` of a ``local_window_size``). It returns a dict
 ``{output name: array-like}`` (NumPy, JAX, PyTorch tensors, lists); outputs it leaves out are
 not compared (and the row says so), unknown names fail the row, exceptions fail the row with
-the message. Functions you do not list are reported as not covered. The functions, with their
-inputs (``?`` = optional), params, config and outputs, in the reference's argument order:
+the message — except ``NotImplementedError("why")``, which says your code cannot express the case
+(no argument for a mask, the causal flag, a variant...): that row is ``n/a`` with the message,
+as a built-in's documented difference is. Functions you do not list are reported as not covered.
+The functions, with their inputs (``?`` = optional), params, config and outputs, in the
+reference's argument order:
 
 * ``masking.sequence_mask``: X, valid_len; config value -> output
 * ``masking.masked_softmax``: X, valid_lens?, mask? -> weights
@@ -159,8 +163,10 @@ scaled dot-product attention written from scratch in NumPy, with every mask the 
 
 ``jax-attention conformance --against my_attention.py`` then checks it on every dot-product
 case (valid lengths of both shapes, a boolean mask, the causal mask, a score bias, fully masked
-rows, a scale, sliding windows, soft-capping, grouped-query and multi-query heads, unbatched
-inputs) and reports every other function as not covered.
+rows, scores of several hundred that overflow ``exp`` unless the row's maximum is subtracted, a
+scale, sliding windows, soft-capping, grouped-query and multi-query heads, unbatched inputs) and
+reports every other function as not covered. ``docs/guides/check-your-implementation.md`` walks
+through it step by step.
 
 Platforms and precision: ``--platform cpu|gpu|tpu`` picks the JAX device for the JAX-based
 targets (``jax``, ``flax`` and user modules, default JAX's default backend); ``--precision``

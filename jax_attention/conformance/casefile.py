@@ -35,7 +35,9 @@ __all__ = [
     "write_cases",
 ]
 
+#: The ``"format"`` of the ``__index__`` JSON: what marks a ``.npz`` file as a case file.
 FORMAT = "jax-attention-conformance"
+#: The ``"version"`` of the ``__index__`` JSON; :func:`load_cases` reads this version only.
 FORMAT_VERSION = 1
 
 #: The tolerance of a case unless it states its own, elementwise
@@ -47,13 +49,19 @@ DEFAULT_TOLERANCES = {
     "float32": {"rtol": 1e-5, "atol": 1e-6},
 }
 
+#: The case file shipped in the package, ``jax_attention/conformance/cases.npz`` (rebuilt by
+#: ``jax-attention conformance --regenerate``); read when no other file is given.
 DEFAULT_CASES_PATH = Path(__file__).with_name("cases.npz")
 
-#: Tags a case may carry; targets use them to mark documented differences ("n/a").
+#: Tags a case may carry, ``{tag: what it says of the case's data}`` (each claim is checked when
+#: the cases are built). They let a reader pick out the edge cases, and targets use them to mark
+#: documented differences ("n/a": a built-in's uniform weights on a fully masked row).
 TAGS = {
     "fully_masked_row": "some query may attend no key (valid length 0): its weights are all zero "
                         "and its output zero (or b_o)",
     "nan_in_padding": "NaN and Inf stored in masked positions",
+    "large_scores": "scores in the hundreds, beyond where exp overflows (float32 past 88.7, "
+                    "float64 past 709.8): a softmax must subtract the row's maximum",
 }
 
 # Fixed zip timestamp (the earliest zip allows), so that regenerating unchanged cases rewrites
@@ -90,6 +98,7 @@ class Case:
 
     @property
     def component(self) -> str:
+        """The component of :attr:`function`, e.g. ``"scoring"``."""
         return self.function.split(".")[0]
 
     def index_entry(self) -> dict:

@@ -46,6 +46,7 @@ class Function:
 
     @property
     def component(self) -> str:
+        """The reference module's stem: ``"scoring"`` of ``"scoring.dot_product_attention"``."""
         return self.name.split(".")[0]
 
 

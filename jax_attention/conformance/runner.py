@@ -10,7 +10,11 @@ for every entry of every output returned, with the case's tolerance for the run'
 An implementation may declare a case *not applicable* ("n/a", with the reason) where its
 documented semantics differ from ours — e.g. ``jax.nn.dot_product_attention`` gives a fully masked
 row uniform weights, ours gives zeros — or where it cannot express the case (sizes it does not
-accept). n/a is neither a pass nor a failure; the reason is printed with the table.
+accept). Your own implementation says so by raising ``NotImplementedError("why")`` for the case
+(it has no argument for a mask, the causal flag, a variant...): that row is n/a with the message,
+where any other exception fails the row. n/a is neither a pass nor a failure; the reason is
+printed with the table. A run passes when no row fails and at least one row passed: every row n/a
+(or no row at all) checked nothing, and fails.
 """
 
 from __future__ import annotations
@@ -42,8 +46,11 @@ __all__ = [
     "run_conformance",
 ]
 
+#: The dtypes a run can cast the cases to (``dtype=`` of :func:`run_conformance`, ``--dtype``).
 DTYPES = ("float64", "float32")
+#: JAX's default matmul precisions a run can set (``precision=``, ``--precision``).
 PRECISIONS = ("highest", "high", "default")
+#: A row's status: within the tolerance, not, or not applicable (a reason instead of errors).
 PASS, FAIL, NOT_APPLICABLE = "PASS", "FAIL", "n/a"
 
 
@@ -77,9 +84,11 @@ class Result:
 
     @property
     def component(self) -> str:
+        """The component of :attr:`function`, e.g. ``"scoring"``."""
         return self.function.split(".")[0]
 
     def to_dict(self) -> dict:
+        """The row as the JSON record writes it (non-finite errors as ``null``)."""
         return {"case": self.case, "component": self.component, "function": self.function,
                 "implementation": self.implementation, "status": self.status,
                 "max_abs_err": _json_float(self.max_abs_err),
@@ -146,6 +155,14 @@ def compare(got, expected: np.ndarray, rtol: float, atol: float) -> OutputError:
     return OutputError(max_abs, max_rel, bool(within.all()), note)
 
 
+def _not_implemented_note(error: NotImplementedError) -> str:
+    """The n/a note of a row whose implementation raised ``NotImplementedError``: its message on
+    one line, ``"raised NotImplementedError: <message>"`` (``"... (no message)"`` without one)."""
+    message = one_line(error)
+    return f"raised NotImplementedError: {message}" if message else (
+        "raised NotImplementedError (no message)")
+
+
 def _run_one(case: Case, implementation: Implementation, inputs: dict, params: dict, dtype: str,
              check_dtype: bool) -> Result:
     tolerance_dtype = implementation.tolerance_dtype or dtype
@@ -167,6 +184,9 @@ def _run_one(case: Case, implementation: Implementation, inputs: dict, params: d
     except SystemExit as stop:  # sys.exit() in the implementation: a failure, not the end
         result.note = "; ".join(notes + [exit_call(stop)])
         result.exit_call = exit_call(stop)
+        return result
+    except NotImplementedError as error:  # "I cannot express this case": n/a, with its words
+        result.status, result.note = NOT_APPLICABLE, _not_implemented_note(error)
         return result
     except Exception as error:  # the row fails, with the error; the other rows still run
         result.note = "; ".join(notes + [f"raised {type(error).__name__}: {one_line(error)}"])
@@ -223,6 +243,7 @@ class Report:
 
     @property
     def counts(self) -> dict[str, int]:
+        """``{"PASS": n, "FAIL": n, "n/a": n}``: the rows of each status."""
         return {status: sum(r.status == status for r in self.results)
                 for status in (PASS, FAIL, NOT_APPLICABLE)}
 

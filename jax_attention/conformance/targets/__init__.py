@@ -12,6 +12,8 @@ from jax_attention.conformance.target import Target
 
 __all__ = ["BUILTIN_TARGETS", "make_target"]
 
+#: The targets ``--against`` names by a word (anything else is a user module or ``.py`` file):
+#: the NumPy reference recomputed, JAX (our core and ``jax.nn``), Flax, PyTorch.
 BUILTIN_TARGETS = ("numpy", "jax", "flax", "torch")
 
 

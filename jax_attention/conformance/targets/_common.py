@@ -11,6 +11,8 @@ import numpy as np
 from jax_attention.conformance.cases import Case
 from jax_attention.conformance.target import Implementation
 
+#: The n/a reason of a built-in that gives a fully masked row uniform weights (``{name}``: its
+#: label), as :func:`fully_masked_reason` words it.
 FULLY_MASKED_UNIFORM = (
     "known difference: {name} gives a query that may attend no key uniform weights over all "
     "keys (it fills masked scores with a large negative number, in effect the book's -1e6); "

@@ -585,6 +585,7 @@ def _our_modules(device, dtype_name: str) -> dict[str, list[Implementation]]:
 
 
 def make_flax_target(dtype: str, platform: str | None, precision: str) -> Target:
+    """``--against flax``: Flax's built-ins and our NNX modules, on the JAX ``platform``."""
     from flax import nnx
 
     device, context, environment = jax_setup(dtype, platform, precision)

@@ -107,6 +107,7 @@ def _jax_nn_dot_product_attention(device) -> Implementation:
 
 
 def make_jax_target(dtype: str, platform: str | None, precision: str) -> Target:
+    """``--against jax``: our functional core (jit) and ``jax.nn``, on the JAX ``platform``."""
     import jax
 
     device, context, environment = jax_setup(dtype, platform, precision)

@@ -19,6 +19,7 @@ def _reference(function: str) -> Implementation:
 
 
 def make_numpy_target(dtype: str) -> Target:
+    """``--against numpy``: :mod:`reference_numpy` for every function."""
     # check_dtype off: the reference computes some outputs in float64 whatever the inputs (the
     # positional tables, by design).
     return Target("numpy", "the float64 NumPy reference (reference_numpy), recomputed",

@@ -98,11 +98,14 @@ class _Torch:
         return None if tree is None else self.torch.from_numpy(np.ascontiguousarray(tree))
 
     def loaded(self, module, state_dict):
+        """``module`` in the run's dtype with ``state_dict`` loaded (strictly), in eval mode."""
         module = module.to(self.dtype)
         module.load_state_dict(state_dict)  # strict: every key and shape must match
         return module.eval()
 
     def state(self, params, component):
+        """Our ``params`` as the ``state_dict`` of ``component``'s PyTorch module, in the run's
+        dtype."""
         return self.to_torch(params, component, dtype=self.dtype)
 
     def implementation(self, label, forward, not_applicable=None) -> Implementation:
@@ -115,8 +118,9 @@ class _Torch:
         return Implementation(label, run, not_applicable or (lambda case: None))
 
 
-# The book's PyTorch code: jax_attention.interop.torch_models.
+#: The label of FlexAttention's rows.
 FLEX = "torch.nn.attention.flex_attention"
+#: The prefix of the rows of the book's PyTorch code (jax_attention.interop.torch_models).
 MIRROR = "torch_models."
 
 
@@ -341,6 +345,7 @@ def _batched_only(name: str):
 
 
 _MHA = "torch.nn.MultiheadAttention"
+#: The label of the multi-head rows computed by PyTorch's projections and SDPA.
 MHA_SDPA = "torch.nn.functional.linear + scaled_dot_product_attention"
 
 
@@ -596,6 +601,11 @@ def _transformer_model(t: _Torch) -> dict[str, list[Implementation]]:
 
 
 def make_torch_target(dtype: str) -> Target:
+    """``--against torch``: PyTorch's built-ins and the book's PyTorch code (on the CPU).
+
+    Raises:
+      RuntimeError: PyTorch is not installed.
+    """
     torch = _import_torch()
     from jax_attention.interop import to_torch
     from jax_attention.interop import torch_models as tm

@@ -91,6 +91,16 @@ def _wrap(prefix: str, implementation) -> Implementation:
 
 
 def make_user_target(against: str, dtype: str, platform: str | None, precision: str) -> Target:
+    """The target of a user module (a dotted name or a ``.py`` path) and its
+    ``IMPLEMENTATIONS``.
+
+    A callable may raise ``NotImplementedError("why")`` for a case it cannot express: the runner
+    reports that row n/a with the message (any other exception fails the row).
+
+    Raises:
+      ValueError: the module cannot be loaded, or defines no ``IMPLEMENTATIONS`` mapping of
+        callables.
+    """
     module, label = _import(against)
     given = getattr(module, "IMPLEMENTATIONS", None)
     if not isinstance(given, Mapping):
