@@ -12,7 +12,13 @@ Every page is held to the same rules, whichever page the text lives on:
 - an ``sh`` block holds commands: every ``jax-attention`` command in it parses with the
   command's own parser (tests/test_readme.py);
 - a block without a language is a picture in words (a diagram, a tree);
+- a ``{toctree}`` block is the site's table of contents (the docs build checks its entries);
 - a block of any other language fails tests/test_readme.py: nothing checks it.
+
+The tutorials and guides kept as MyST notebooks (:func:`notebooks`: pages whose front matter names
+a Jupyter kernel) are not such pages: their code cells run in tests/test_tutorials.py and in the
+docs build, which shows what they print. The pages the docs build generates (``docs/reference/``)
+and its own files (``docs/_*``) are not read here either.
 
 A test names the page that holds the text it checks (``"docs/models.md"``), so that text moved
 to another page, or lost, fails the test rather than leaving it checking nothing.
@@ -30,15 +36,37 @@ DOCS = ROOT / "docs"
 
 #: The languages a fenced block may have, and what checks it (see the module docstring).
 LANGUAGES = {"python": "runs", "text": "is compared with its command's output",
-             "sh": "its jax-attention commands parse", "": "a picture in words"}
+             "sh": "its jax-attention commands parse", "": "a picture in words",
+             "{toctree}": "the site's table of contents"}
+
+#: The folders under docs/ the docs build writes (generated pages), not sources of these tests.
+GENERATED = ("reference",)
 
 # A fence opens at the start of a line, with its language, and closes at the start of a line.
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", flags=re.M | re.S)
 
 
+def is_notebook(path: Path) -> bool:
+    """Whether a Markdown file is a MyST notebook (jupytext front matter naming a kernel)."""
+    text = path.read_text(encoding="utf-8")
+    return text.startswith("---\n") and "\nkernelspec:" in text.partition("\n---\n")[0]
+
+
+def _source_pages() -> list[Path]:
+    return sorted(path for path in DOCS.rglob("*.md")
+                  if not any(part.startswith("_") or part in GENERATED
+                             for part in path.relative_to(DOCS).parts[:-1]))
+
+
+def notebooks() -> list[Path]:
+    """The MyST notebooks under docs/ (tutorials, their translations, guides)."""
+    return [path for path in _source_pages() if is_notebook(path)]
+
+
 def documentation_files() -> list[Path]:
-    """README.md and every Markdown page under docs/ (its folders included)."""
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    """README.md and every Markdown page under docs/ (its folders included) but the notebooks
+    and the generated pages."""
+    return [README, *(path for path in _source_pages() if not is_notebook(path))]
 
 
 def pages() -> list[str]:
