@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 OUT ?= plots
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slow clean
+SITE ?= site
+
+.PHONY: run test test-slow docs test-site clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +17,10 @@ $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-# The test extras include PyTorch (the CPU wheel pinned in setup.cfg) for the cross-framework tests.
+# The test extras include PyTorch (the CPU wheel pinned in setup.cfg) for the cross-framework tests,
+# and the docs extra: the suite runs the tutorials and checks the API and command-line references.
 $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,docs]'
 	touch $@ $(VENV)/.installed
 
 # The project's main job: the book's Transformer (d2l §11.7) with the book's settings: prints the
@@ -40,5 +43,19 @@ test: $(VENV)/.installed-test
 test-slow: $(VENV)/.installed-test
 	JAX_ATTENTION_TEST_COMPILER=default $(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder -m slow $(PYTEST_ARGS)
 
+# The docs site: Sphinx builds docs/ into build/docs/html, executing the tutorials (a failing cell,
+# an undocumented public name or any warning fails it), then it replaces $(SITE)/. Offline: open
+# $(SITE)/index.html, or serve it (python -m http.server -d $(SITE)). Then `make test-site`.
+docs: $(VENV)/.installed-test
+	rm -rf build/docs/html
+	$(BIN)/python -m sphinx -W --keep-going -q -b html -d build/docs/doctrees docs build/docs/html
+	rm -rf $(SITE) && cp -a build/docs/html $(SITE)
+
+# The built site in headless Chromium (Debian's package, installed where missing) with the network
+# off: every page, link, anchor, image and the search (tests/test_site.py).
+test-site: $(VENV)/.installed-test
+	scripts/ensure-chromium
+	JAX_ATTENTION_SITE=$(SITE) $(BIN)/python -m pytest -m site tests/test_site.py $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info build $(SITE) docs/reference

@@ -1,0 +1,80 @@
+"""The site's own Sphinx extension: generates the API and command-line references before the
+build reads them, fails the build on an undocumented public name, puts the language switch and the
+executed notebook's download link on every page, and copies the executed notebooks into the site.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import api_reference
+import cli_reference
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+#: The Chinese pages live under this folder, mirroring the English ones' paths.
+ZH = "zh/"
+
+
+def generate_references(app) -> None:
+    """Write the generated pages; warn (an error under ``-W``) for each undocumented public name."""
+    srcdir = Path(app.srcdir)
+    api_reference.write_pages(srcdir)
+    cli_reference.write_page(srcdir)
+    for problem in api_reference.undocumented():
+        logger.warning("public name missing from the API reference: %s", problem,
+                       type="jax_attention", subtype="api")
+
+
+def counterpart(docname: str, found) -> tuple[str, str]:
+    """The page in the other language (its docname and that language's name); the other
+    language's home page when the page has no translation."""
+    if docname.startswith(ZH):
+        other, language = docname[len(ZH):], "English"
+        home = "index"
+    else:
+        other, language = ZH + docname, "简体中文"
+        home = ZH + "index"
+    return (other if other in found else home), language
+
+
+def _notebook(app, docname: str) -> Path | None:
+    folder = getattr(app.env, "mystnb_config", None)
+    if folder is None or not folder.output_folder:
+        return None
+    path = Path(folder.output_folder, *docname.split("/")).with_suffix(".ipynb")
+    return path if path.is_file() else None
+
+
+def page_context(app, pagename, templatename, context, doctree) -> None:
+    """The language switch and, for an executed notebook, its download link."""
+    if doctree is None:  # search, index and the source-code pages
+        context["language_switch"] = None
+        return
+    other, language = counterpart(pagename, app.env.found_docs)
+    context["language_switch"] = (context["pathto"](other), language)
+    notebook = _notebook(app, pagename)
+    context["notebook_download"] = context["pathto"](pagename + ".ipynb", 1) if notebook else None
+    if pagename.startswith(ZH):
+        context["language"] = "zh-CN"
+
+
+def copy_notebooks(app, exception) -> None:
+    """Copy each executed notebook beside its page, for the download link."""
+    if exception is not None or app.builder.format != "html":
+        return
+    for docname in app.env.found_docs:
+        notebook = _notebook(app, docname)
+        if notebook is not None:
+            target = Path(app.outdir, *docname.split("/")).with_suffix(".ipynb")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(notebook, target)
+
+
+def setup(app):
+    app.connect("builder-inited", generate_references)
+    app.connect("html-page-context", page_context)
+    app.connect("build-finished", copy_notebooks)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,201 @@
+"""The built docs site in a real browser: `make docs`, then `make test-site`.
+
+The site (``$JAX_ATTENTION_SITE``, default site/) is served on 127.0.0.1 and every page is opened in
+headless Chromium (Debian's package, ``$JAX_ATTENTION_CHROMIUM`` or ``chromium`` on the PATH) with
+the network off: every host name but 127.0.0.1 fails to resolve, and a request for anything not
+served here is refused and counted. On every page: no console error, no uncaught exception, no
+failed or refused request, every image loaded, the maths typeset (MathJax from the site itself);
+every internal link leads to a page of the site and, with a ``#fragment``, to an element of it;
+every page has the language switch and each tutorial its executed notebook. The search finds the
+pages about the masked softmax. Screenshots of the home page, a tutorial in each language and an
+API page are written to ``$JAX_ATTENTION_SCREENSHOTS`` (default build/docs/screenshots/).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlparse
+
+import pytest
+
+from tests.docs_support import ROOT
+
+pytestmark = pytest.mark.site
+
+SITE = Path(os.environ.get("JAX_ATTENTION_SITE", ROOT / "site")).resolve()
+SCREENSHOTS = Path(os.environ.get("JAX_ATTENTION_SCREENSHOTS", ROOT / "build" / "docs" / "screenshots"))
+
+#: Pages photographed for the reader of the closing note (and for anyone changing the theme).
+SCREENSHOT_PAGES = {"home": "index.html", "tutorial-en": "tutorials/self-attention.html",
+                    "tutorial-zh": "zh/tutorials/self-attention.html",
+                    "api": "reference/api/jax_attention.nn.masking.html"}
+
+#: The generated pages that are not the site's content (no language switch on them).
+UTILITY_PAGES = ("search.html", "genindex.html", "py-modindex.html")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site in {SITE}: run `make docs` first")
+    handler = functools.partial(_Quiet, directory=str(SITE))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    executable = os.environ.get("JAX_ATTENTION_CHROMIUM") or shutil.which("chromium")
+    if executable is None:
+        pytest.fail("no chromium: run scripts/ensure-chromium (make test-site does)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable,
+            args=["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"])
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """One page opened in the browser, with what went wrong while it loaded."""
+
+    def __init__(self, browser, server: str):
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.problems: list[str] = []
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("console", lambda message: message.type == "error" and self.problems.append(
+            f"console error: {message.text}"))
+        self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
+        self.page.on("requestfailed", lambda request: self.problems.append(
+            f"request failed: {request.url} ({request.failure})"))
+        self.page.on("response", lambda response: response.status >= 400 and self.problems.append(
+            f"HTTP {response.status}: {response.url}"))
+
+    def _route(self, route):
+        if route.request.url.startswith(self.server) or route.request.url.startswith("data:"):
+            route.continue_()
+        else:
+            self.problems.append(f"request off the site: {route.request.url}")
+            route.abort("internetdisconnected")
+
+    def open(self, path: str):
+        self.problems.clear()
+        self.page.goto(self.server + path, wait_until="load")
+        self.page.wait_for_load_state("networkidle")
+        return self.page
+
+
+def _pages() -> list[str]:
+    return sorted(path.relative_to(SITE).as_posix() for path in SITE.rglob("*.html"))
+
+
+_IMAGES = """() => Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))
+                                         .map(i => i.currentSrc || i.src)"""
+_LINKS = """() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)"""
+_IDS = """() => Array.from(document.querySelectorAll('[id]')).map(e => e.id)
+               .concat(Array.from(document.querySelectorAll('a[name]')).map(a => a.name))"""
+_MATHS = """async () => {
+    if (!document.querySelector('.math')) return [0, 0];
+    await window.MathJax.startup.promise;
+    return [document.querySelectorAll('.math').length, document.querySelectorAll('mjx-container').length];
+}"""
+
+
+def _page_of(url: str, server: str) -> tuple[str, str]:
+    address, fragment = urldefrag(url)
+    path = unquote(urlparse(address).path).lstrip("/")
+    if path == "" or path.endswith("/"):
+        path += "index.html"
+    return path, fragment
+
+
+def test_every_page_loads_cleanly_offline(browser, server):
+    visit = Visit(browser, server)
+    problems, ids, links = [], {}, []
+    pages = _pages()
+    assert len(pages) > 100, pages
+    for path in pages:
+        page = visit.open(path)
+        typeset = page.evaluate(_MATHS)
+        if typeset[0] and not typeset[1]:
+            visit.problems.append(f"{typeset[0]} formulas not typeset")
+        broken = page.evaluate(_IMAGES)
+        visit.problems += [f"image not loaded: {src}" for src in broken]
+        content = path not in UTILITY_PAGES and not path.startswith("_modules/")
+        if content and not page.query_selector("a.language-switch"):
+            visit.problems.append("no language switch")
+        ids[path] = set(page.evaluate(_IDS))
+        links += [(path, href) for href in page.evaluate(_LINKS) if href.startswith(server)]
+        problems += [f"{path}: {problem}" for problem in visit.problems]
+    visit.context.close()
+    for path, href in links:
+        target, fragment = _page_of(href, server)
+        if not (SITE / target).is_file():
+            problems.append(f"{path}: broken link {href}")
+        elif fragment and target.endswith(".html") and fragment not in ids.get(target, set()):
+            problems.append(f"{path}: no anchor #{fragment} in {target}")
+    assert not problems, "\n".join(problems[:50])
+
+
+def test_each_tutorial_offers_its_executed_notebook(browser, server):
+    visit = Visit(browser, server)
+    tutorials = [path for path in _pages() if "tutorials/" in path or path.startswith("guides/")]
+    assert len(tutorials) >= 13, tutorials
+    for path in tutorials:
+        page = visit.open(path)
+        link = page.query_selector("a.notebook-download")
+        assert link is not None, f"{path}: no notebook download"
+        target, _ = _page_of(link.evaluate("a => a.href"), server)
+        notebook = json.loads((SITE / target).read_text(encoding="utf-8"))
+        outputs = [output for cell in notebook["cells"] if cell["cell_type"] == "code"
+                   for output in cell["outputs"]]
+        assert outputs, f"{target}: not executed"
+        if "tutorials/" in path:  # the book's figures
+            assert any("image/png" in output.get("data", {}) for output in outputs), target
+        assert not visit.problems, visit.problems
+    visit.context.close()
+
+
+def test_the_search_finds_the_masked_softmax(browser, server):
+    visit = Visit(browser, server)
+    page = visit.open("search.html?q=masked+softmax")
+    page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+    found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
+    pages = {_page_of(href, server)[0] for href in found}
+    assert {"masking.html", "tutorials/attention-scoring.html",
+            "reference/api/jax_attention.nn.masking.html"} <= pages, sorted(pages)
+    assert not visit.problems, visit.problems
+    visit.context.close()
+
+
+def test_screenshots(browser, server):
+    """The pages a reviewer looks at, photographed whole (tall pages: the first 4000 pixels)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    visit = Visit(browser, server)
+    for name, path in SCREENSHOT_PAGES.items():
+        page = visit.open(path)
+        page.evaluate(_MATHS)
+        height = min(page.evaluate("document.body.scrollHeight"), 4000)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"),
+                        clip={"x": 0, "y": 0, "width": 1280, "height": height}, full_page=True)
+        assert not visit.problems, (path, visit.problems)
+    visit.context.close()
