@@ -25,7 +25,8 @@ def names():
 
 
 def test_every_public_name_is_documented(names):
-    assert api_reference.undocumented(names) == []
+    problems = api_reference.undocumented(names)
+    assert not problems, "public names missing from the API reference:\n" + "\n".join(problems)
 
 
 def test_the_packages_and_their_rooms_are_covered(names):
