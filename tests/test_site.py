@@ -17,6 +17,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -169,6 +170,10 @@ def test_each_tutorial_offers_its_executed_notebook(browser, server):
         outputs = [output for cell in notebook["cells"] if cell["cell_type"] == "code"
                    for output in cell["outputs"]]
         assert outputs, f"{target}: not executed"
+        prose = "".join(cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+                        for cell in notebook["cells"] if cell["cell_type"] == "markdown")
+        han = len(re.findall(r"[\u4e00-\u9fff]", prose)) / len(re.findall(r"[A-Za-z\u4e00-\u9fff]", prose))
+        assert (han > 0.3) == path.startswith("zh/"), (target, han)  # the page's language
         if "tutorials/" in path:  # the book's figures
             assert any("image/png" in output.get("data", {}) for output in outputs), target
         assert not visit.problems, visit.problems
