@@ -17,8 +17,8 @@ Every page is held to the same rules, whichever page the text lives on:
 
 The tutorials and guides kept as MyST notebooks (:func:`notebooks`: pages whose front matter names
 a Jupyter kernel) are not such pages: their code cells run in tests/test_tutorials.py and in the
-docs build, which shows what they print. The pages the docs build generates (``docs/reference/``)
-and its own files (``docs/_*``) are not read here either.
+docs build, which shows what they print. The pages the docs build generates (the folders of
+:data:`GENERATED`) and its own files (``docs/_*``) are not read here either.
 
 A test names the page that holds the text it checks (``"docs/models.md"``), so that text moved
 to another page, or lost, fails the test rather than leaving it checking nothing.
