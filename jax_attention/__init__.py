@@ -39,6 +39,7 @@ _EXPORTS = {
     "AdditiveAttention": "nn.scoring", "DotProductAttention": "nn.scoring",
     "additive_attention": "nn.scoring", "dot_product_attention": "nn.scoring",
     "load_model": "runtime.export", "show_heatmaps": "viz.plotting",
+    "attention_view": "viz.attention_view", "translation_view": "viz.attention_view",
     "BahdanauSeq2Seq": "models.bahdanau", "TransformerSeq2Seq": "models.transformer",
     "train_bahdanau": "train.seq2seq", "train_seq2seq": "train.seq2seq",
     "train_transformer": "train.seq2seq",
@@ -67,6 +68,7 @@ __all__ = [
     "RelativePositionBias",
     "TransformerSeq2Seq",
     "additive_attention",
+    "attention_view",
     "average_pooling",
     "causal_mask",
     "dot_product_attention",
@@ -83,4 +85,5 @@ __all__ = [
     "train_bahdanau",
     "train_seq2seq",
     "train_transformer",
+    "translation_view",
 ]

@@ -56,7 +56,7 @@ def test_load_model_reads_kind_heads_and_sizes_and_translates(transformer_export
 
 # Examples that need what a test run does not have (a trained export, a figure written to disk):
 # their `>>>` lines are checked to be there, not run.
-NOT_RUN = {"load_model", "show_heatmaps", "BahdanauSeq2Seq"}
+NOT_RUN = {"load_model", "show_heatmaps", "BahdanauSeq2Seq", "translation_view"}
 
 
 @pytest.mark.parametrize("name", sorted(jax_attention.__all__))

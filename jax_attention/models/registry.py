@@ -41,7 +41,8 @@ class ModelSpec:
       translate: ``translate(params, sentences, src_vocab, tgt_vocab, config, *, max_len=None,
         beam_size=1) -> list`` of translations (:mod:`jax_attention.models.translation`).
       attention_plots: ``attention_plots(translation, out_dir) -> {name: path}``: the book's
-        attention figures of one translation, written as PNG.
+        attention figures of one translation, written as PNG, and its interactive view
+        (``"view"``, an HTML page: :func:`jax_attention.viz.attention_view.translation_view`).
       torch_mirror: ``torch_mirror(config) -> torch.nn.Module``: the book's PyTorch model
         mirroring ours (:mod:`jax_attention.interop.torch_models`; weights by
         ``interop.to_torch(params, name)``).
@@ -129,9 +130,11 @@ def _bahdanau_translate(params, sentences, src_vocab, tgt_vocab, config: Bahdana
 
 
 def _bahdanau_plots(translation, out_dir: Path) -> dict:
+    from jax_attention.viz.attention_view import translation_view
     from jax_attention.viz.plotting import bahdanau_attention_plots
 
-    return bahdanau_attention_plots(translation, out_dir)
+    view = translation_view(translation).save(Path(out_dir) / "bahdanau_attention.html")
+    return {**bahdanau_attention_plots(translation, out_dir), "view": view}
 
 
 def _bahdanau_torch(config: BahdanauConfig):
@@ -199,9 +202,11 @@ def _transformer_check_shards(config: TransformerConfig, shards: int) -> None:
 
 
 def _transformer_plots(translation, out_dir: Path) -> dict:
+    from jax_attention.viz.attention_view import translation_view
     from jax_attention.viz.plotting import transformer_attention_plots
 
-    return transformer_attention_plots(translation, out_dir)
+    view = translation_view(translation).save(Path(out_dir) / "transformer_attention.html")
+    return {**transformer_attention_plots(translation, out_dir), "view": view}
 
 
 #: The registered seq2seq models, by name.

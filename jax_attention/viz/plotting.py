@@ -31,6 +31,7 @@ __all__ = [
     "plot_positional_columns",
     "plot_positional_heatmap",
     "translation_heatmap",
+    "translation_title",
     "layer_head_heatmaps",
     "bahdanau_attention_plots",
     "transformer_attention_plots",
@@ -325,8 +326,8 @@ def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figu
 # --------------------------------------------------------------------------- one translation's weights
 
 
-def _quoted(translation) -> str:
-    """``"source" → "translation"``, for a figure's title."""
+def translation_title(translation) -> str:
+    """``“source” → “translation”`` of a translation result, for a figure's or a view's title."""
     return f"\u201c{translation.source}\u201d \u2192 \u201c{translation.translation}\u201d"
 
 
@@ -361,7 +362,7 @@ def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
         what = ("Bahdanau (additive) attention" if cross is None else
                 f"Transformer encoder\u2013decoder attention,\nlayer {cross.shape[0]} of "
                 f"{cross.shape[0]} (last), mean over {cross.shape[1]} heads")
-        title = f"{what}\n{_quoted(translation)}"
+        title = f"{what}\n{translation_title(translation)}"
     return show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
                          ylabel="Translation (queries)",
                          figsize=(max(3.5, 0.45 * keys + 1.2), max(3.0, 0.35 * steps + 1.8)),
@@ -437,14 +438,14 @@ def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict
     layer_head_heatmaps(t.encoder_self, plots["encoder_self"], xlabel="Key positions",
                         ylabel="Query positions", xticks=t.source_tokens, yticks=t.source_tokens,
                         title=f"Transformer encoder self-attention, every layer and head\n"
-                              f"{_quoted(t)}")
+                              f"{translation_title(t)}")
     layer_head_heatmaps(t.decoder_self, plots["decoder_self"], xlabel="Key positions",
                         ylabel="Query positions", xticks=inputs, yticks=inputs,
                         title=f"Transformer decoder self-attention (causal), every layer and "
-                              f"head\n{_quoted(t)}")
+                              f"head\n{translation_title(t)}")
     layer_head_heatmaps(t.encoder_decoder, plots["encoder_decoder"],
                         xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)",
                         xticks=t.source_tokens, yticks=inputs,
                         title=f"Transformer encoder\u2013decoder attention, every layer and "
-                              f"head\n{_quoted(t)}")
+                              f"head\n{translation_title(t)}")
     return plots
