@@ -40,7 +40,8 @@ from tests.docs_support import read
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
-           "BOOK_RUNS_PAGE", "book_run_text", "book_run_seed_counts", "run_main"]
+           "BOOK_RUNS_PAGE", "book_run_text", "book_run_seed_counts", "run_main",
+           "run_main_counting_compilations"]
 
 #: The documentation page that shows the book's runs of both models, their output and their
 #: figures over seeds (tests/docs_support.py reads it).
@@ -174,6 +175,25 @@ class SharedRuns:
         """The shared runs this process used whose files a test changed."""
         return [run.root.name for run, digest in self._runs.values()
                 if _digest(run.root) != digest]
+
+
+def run_main_counting_compilations(argv: list[str]) -> tuple[int, str, str, int]:
+    """:func:`run_main`, with the number of XLA programs it compiled: ``(status, stdout, stderr,
+    compiled)`` (a command that refuses its arguments before any work compiles none)."""
+    import jax
+
+    compiled = []
+
+    def count(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        status, out, err = run_main(argv)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    return status, out, err, len(compiled)
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:

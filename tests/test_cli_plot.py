@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib.image
 import numpy as np
@@ -74,6 +75,70 @@ def test_plot_attention_with_other_sizes(tmp_path):
     _assert_png(tmp_path / "multihead_attention.png")
 
 
+def _view(path) -> dict:
+    """The data of the one view of the HTML page ``path``, which must be a whole page."""
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>\n") and text.endswith("</body>\n</html>\n")
+    assert text.count('<div class="ja-view">') == 1
+    (block,) = re.findall(r'<script type="application/json" class="ja-view-data">(.*?)</script>',
+                          text, flags=re.S)
+    return json.loads(block)
+
+
+def test_plot_attention_writes_the_interactive_view(tmp_path, capsys):
+    out, page = tmp_path / "a", tmp_path / "views" / "attention.html"
+    record_path = tmp_path / "r.json"
+    assert main(["plot", "attention", "--out", str(out), "--html", str(page), "--json",
+                 str(record_path), "--num-heads", "4", "--batch-size", "3", "--num-queries", "5",
+                 "--valid-lens", "5", "2", "0"]) == 0
+    _assert_png(out / "multihead_attention.png")  # the PNG as before
+    printed = capsys.readouterr().out
+    assert f"wrote {page}" in printed
+    record = json.loads(record_path.read_text())
+    assert record["plots"] == {"attention": str(out / "multihead_attention.png"),
+                               "view": str(page)}
+    view = _view(page)
+    assert "Multi-head self-attention" in view["title"] and view["steps"] is None
+    (tab,) = view["tabs"]
+    # One "layer" per sequence of the batch, the heads as heads, the positions as tokens.
+    assert tab["layers"] == ["Sequence 1 (valid length 5)", "Sequence 2 (valid length 2)",
+                             "Sequence 3 (valid length 0)"]
+    assert tab["heads"] == ["Head 1", "Head 2", "Head 3", "Head 4"]
+    assert tab["queries"] == tab["keys"] == ["0", "1", "2", "3", "4"]
+    assert (tab["xlabel"], tab["ylabel"]) == ("Key positions", "Query positions")
+    # The keys past each sequence's valid length are masked, and only those.
+    masked = np.asarray(tab["masked"])
+    expected = np.arange(5)[None, :] >= np.asarray([5, 2, 0])[:, None]  # (B, S)
+    np.testing.assert_array_equal(masked, np.broadcast_to(expected[:, None, None, :],
+                                                          (3, 4, 5, 5)).astype(int))
+    weights = np.asarray(tab["weights"])
+    assert weights.shape == (3, 4, 5, 5) and record["shapes"]["weights"] == [3, 4, 5, 5]
+    # Each row sums to 1 over its valid keys; a sequence of valid length 0 attends nowhere.
+    sums = np.broadcast_to(np.asarray([1.0, 1.0, 0.0])[:, None, None], (3, 4, 5))
+    np.testing.assert_allclose(weights.sum(-1), sums, rtol=1e-5)
+    np.testing.assert_array_equal(weights[masked == 1], 0)
+
+
+def test_plot_attention_html_that_cannot_be_written_is_refused_before_any_work(tmp_path,
+                                                                               monkeypatch):
+    from jax_attention.nn import multihead
+    from tests.fault_support import assert_one_line, read_only_dir, tree_snapshot
+    from tests.shared_runs import run_main
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the attention was built before the --html check")
+
+    monkeypatch.setattr(multihead, "MultiHeadAttention", no_work)
+    with read_only_dir(tmp_path) as read_only:
+        before = tree_snapshot(tmp_path)
+        status, out, err = run_main(["plot", "attention", "--out", str(tmp_path / "out"),
+                                     "--html", str(read_only / "view.html")])
+        assert status == 2, err
+        assert_one_line(err, "argument --html:", str(read_only / "view.html"), "cannot be written")
+        assert "usage:" not in err and out == ""
+        assert tree_snapshot(tmp_path) == before  # nothing written, not even --out
+
+
 @pytest.mark.parametrize("argv", [["plot"], ["plot", "positional-encoding"], ["plot", "attention"]])
 def test_help_exits_0(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -102,6 +167,14 @@ def test_help_exits_0(argv, capsys):
      "--num-steps: expected an integer >= 1"),
     (["plot", "positional-encoding", "--out", "{file}"], "--out: '{file}' exists and is not a directory"),
     (["plot", "attention", "--out", "{tmp}", "--json", "{tmp}"], "--json: '{tmp}' is a directory"),
+    (["plot", "attention", "--out", "{tmp}/out", "--html", "{tmp}"],
+     "--html: '{tmp}' is a directory, expected a file path"),
+    (["plot", "attention", "--out", "{tmp}/out", "--html", "{file}/view.html"],
+     "--html: '{file}/view.html' cannot be created: '{file}' is a file"),
+    (["plot", "attention", "--out", "{tmp}/out", "--html", "{tmp}/r.json", "--json",
+      "{tmp}/r.json"], "--html: must differ from --json"),
+    (["plot", "positional-encoding", "--out", "{tmp}", "--html", "{tmp}/v.html"],
+     "unrecognized arguments: --html"),
     (["plot", "no-such-figure"], "invalid choice: 'no-such-figure'"),
     (["plot"], "required: COMMAND"),
 ])

@@ -19,6 +19,7 @@ from jax_attention.models import decoding, transformer
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint
 from tests.shared_runs import EPOCHS
+from tests.test_attention_view import page_views
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -49,7 +50,12 @@ def test_train_writes_checkpoint_json_and_plots(trained):
     names = ["transformer_loss.png", "transformer_encoder_self_attention.png",
              "transformer_decoder_self_attention.png",
              "transformer_encoder_decoder_attention.png"]
-    assert sorted(p.name for p in trained["out"].iterdir()) == sorted(names)
+    # Beside the PNGs, the interactive view of the last sentence (its three attentions as tabs).
+    assert sorted(p.name for p in trained["out"].iterdir()) == sorted(
+        [*names, "transformer_attention.html"])
+    (view,) = page_views(trained["out"] / "transformer_attention.html")
+    assert len(view["tabs"]) == 3 and "i'm home ." in view["title"]
+    assert f"wrote {trained['out'] / 'transformer_attention.html'}" in printed
     for name in names:
         path = trained["out"] / name
         assert path.read_bytes()[:8] == PNG_SIGNATURE
@@ -63,7 +69,9 @@ def test_train_writes_checkpoint_json_and_plots(trained):
     assert record["validation"]["num_pairs"] == 16
     assert 0 <= record["validation"]["corpus_bleu"] <= 1
     assert 0 <= record["validation"]["mean_sentence_bleu"] <= 1
-    assert set(record["plots"]) == {"loss", "encoder_self", "decoder_self", "encoder_decoder"}
+    assert set(record["plots"]) == {"loss", "encoder_self", "decoder_self", "encoder_decoder",
+                                    "view"}
+    assert record["plots"]["view"] == str(trained["out"] / "transformer_attention.html")
 
 
 def test_checkpoint_loads_with_its_kind_and_translates_as_training_did(trained):
@@ -82,10 +90,10 @@ def test_checkpoint_loads_with_its_kind_and_translates_as_training_did(trained):
     "1", pytest.param("3", marks=pytest.mark.skipif(not hasattr(decoding, "beam_search"),
                                                     reason="decoding.beam_search missing"))])
 def test_translate_detects_the_model_and_writes_heatmaps(trained, tmp_path, beam):
-    out, path = tmp_path / "plots", tmp_path / "translations.json"
+    out, path, page = tmp_path / "plots", tmp_path / "translations.json", tmp_path / "t.html"
     status, printed = _run(["translate", "--checkpoint", str(trained["checkpoint"]), "--beam",
-                            beam, "--out", str(out), "--json", str(path), "he's calm .",
-                            "go ."])
+                            beam, "--out", str(out), "--json", str(path), "--html", str(page),
+                            "he's calm .", "go ."])
     assert status == 0
     assert "he's calm . => " in printed and "go . => " in printed
     record = json.loads(path.read_text())
@@ -93,6 +101,18 @@ def test_translate_detects_the_model_and_writes_heatmaps(trained, tmp_path, beam
     assert (out / "translation_hes-calm.png").read_bytes()[:8] == PNG_SIGNATURE
     weights = np.asarray(record["translations"][1]["attention_weights"])
     assert weights.shape[1] == len(record["translations"][1]["source_tokens"])
+    # --html: one view per sentence, each with the Transformer's three attentions as tabs.
+    assert record["plots"]["view"] == str(page) and f"wrote {page}" in printed
+    assert "<title>Transformer attention: 2 translations" in page.read_text()
+    views = page_views(page)
+    assert len(views) == 2
+    for view, result in zip(views, record["translations"]):
+        assert f"\u201c{result['source']}\u201d" in view["title"]  # in order
+        encoder, decoder, cross = view["tabs"]
+        assert encoder["keys"] == encoder["queries"] == result["source_tokens"]
+        assert cross["keys"] == result["source_tokens"] and cross["queries"] == decoder["keys"]
+        assert decoder["queries"][0] == "<bos>" and decoder["masked"] is not None
+        assert view["steps"] is None
 
 
 def test_translate_refuses_the_wrong_model(trained, capsys):

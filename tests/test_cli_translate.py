@@ -19,7 +19,9 @@ from jax_attention.models.bahdanau import flatten_params, translate
 from jax_attention.cli import main
 from jax_attention.train import BOOK_PAIRS, load_checkpoint, save_checkpoint, train_bahdanau
 from tests.reproducibility import assert_same_params
-from tests.shared_runs import EPOCHS, tiny_flags, tiny_settings
+from tests.shared_runs import (EPOCHS, run_main, run_main_counting_compilations, tiny_flags,
+                               tiny_settings)
+from tests.test_attention_view import page_views
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY_ARGS = tiny_flags("bahdanau")
@@ -46,10 +48,19 @@ def test_train_writes_checkpoint_json_and_plots(trained):
         "model", "plots", "run.json", "train"]
 
     plots = {"loss": trained["out"] / "bahdanau_loss.png",
-             "attention": trained["out"] / "bahdanau_attention.png"}
-    for path in plots.values():
+             "attention": trained["out"] / "bahdanau_attention.png",
+             "view": trained["out"] / "bahdanau_attention.html"}
+    assert sorted(p.name for p in trained["out"].iterdir()) == sorted(
+        path.name for path in plots.values())
+    for path in (plots["loss"], plots["attention"]):
         assert path.read_bytes()[:8] == PNG_SIGNATURE
         assert matplotlib.image.imread(path).ndim == 3
+    # The interactive view of the last sentence, step by step, listed like the PNGs.
+    (view,) = page_views(plots["view"])
+    assert view["steps"]["source"] == view["tabs"][0]["keys"]
+    assert "i'm home ." in view["title"]
+    for path in plots.values():
+        assert f"wrote {path}" in printed
 
     record = json.loads(trained["json"].read_text())
     assert record["command"] == "train bahdanau"
@@ -94,6 +105,74 @@ def test_translate_prints_the_translations(trained, tmp_path, capsys):
     direct = translate(checkpoint.params, "i lost .", checkpoint.src_vocab, checkpoint.tgt_vocab,
                        checkpoint.config["num_steps"])
     assert lines[0] == f"i lost . => {direct.translation}"
+
+
+def test_translate_writes_one_html_page_of_every_sentence(trained, tmp_path, capsys):
+    page, record_path = tmp_path / "views" / "translations.html", tmp_path / "t.json"
+    sentences = ["i lost .", "zorglub .", "he's calm ."]
+    status = main(["translate", "--checkpoint", str(trained["checkpoint"]), "--html", str(page),
+                   "--json", str(record_path), *sentences])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {page}" in printed
+    record = json.loads(record_path.read_text())
+    assert record["plots"] == {"view": str(page)}  # listed like --out's heatmaps
+    assert "<title>Bahdanau seq2seq attention: 3 translations" in page.read_text()
+    views = page_views(page)
+    assert len(views) == 3  # one per sentence, in order
+    for view, sentence, result in zip(views, sentences, record["translations"]):
+        assert sentence in view["title"] and result["translation"] in view["title"]
+        (tab,) = view["tabs"]
+        outputs = result["translation"].split() + (["<eos>"] if result["finished"] else [])
+        assert tab["keys"] == result["source_tokens"] == view["steps"]["source"]
+        assert tab["queries"] == outputs == view["steps"]["outputs"]
+        # The weights the JSON record holds, to the float32.
+        np.testing.assert_array_equal(np.asarray(tab["weights"], np.float32)[0, 0],
+                                      np.asarray(result["attention_weights"], np.float32))
+    assert "<unk>" in views[1]["tabs"][0]["keys"]  # zorglub is read as <unk>
+
+
+def _unwritable_html(case, tmp_path, read_only):
+    afile = tmp_path / "afile"
+    afile.write_text("a user's file\n")
+    return {"under a file": (afile / "t.html", "cannot be created"),
+            "a directory": (tmp_path, "is a directory"),
+            "read-only": (read_only / "t.html", "cannot be written"),
+            "the --json file": (tmp_path / "t.json", "must differ from --json")}[case]
+
+
+@pytest.mark.parametrize("case", ["under a file", "a directory", "read-only", "the --json file"])
+def test_an_html_path_that_cannot_be_written_is_refused_before_any_work(trained, tmp_path, case):
+    from tests.fault_support import assert_one_line, read_only_dir, tree_snapshot
+
+    with read_only_dir(tmp_path) as read_only:
+        html, reason = _unwritable_html(case, tmp_path, read_only)
+        before = tree_snapshot(tmp_path)
+        status, out, err, compiled = run_main_counting_compilations(
+            ["translate", "--checkpoint", str(trained["checkpoint"]), "--html", str(html),
+             "--json", str(tmp_path / "t.json"), "i lost ."])
+        assert status == 2, err
+        line = assert_one_line(err, "argument --html:", reason)
+        assert "usage:" not in err
+        assert out == "" and compiled == 0, (out, compiled)  # nothing loaded or translated
+        assert tree_snapshot(tmp_path) == before, line  # nothing written
+
+
+def test_a_full_disk_under_html_is_one_line_and_exit_status_4(trained, tmp_path):
+    """The check passes (the folder takes a small file) but the page does not fit: the
+    translations are printed all the same, the error is one line, no partial page is left."""
+    from jax_attention.cli.arguments import EXIT_WRITE_FAILED
+    from tests.fault_support import assert_one_line, fill, full_dir
+
+    with full_dir(tmp_path, size_kib=256) as full:
+        fill(full, leave_bytes=8 * 1024)  # a view is about 30 KB
+        before = sorted(full.iterdir())
+        status, out, err = run_main(["translate", "--checkpoint", str(trained["checkpoint"]),
+                                     "--html", str(full / "t.html"), "i lost .", "go ."])
+        assert status == EXIT_WRITE_FAILED, err
+        assert_one_line(err, f"could not write {full / 't.html'}", "No space left")
+        assert out.startswith("i lost . => ") and "\ngo . => " in out
+        assert sorted(full.iterdir()) == before  # no page, no temporary left behind
 
 
 def test_checkpoint_round_trip(trained, tmp_path):

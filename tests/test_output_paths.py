@@ -15,7 +15,6 @@ import io
 import json
 from pathlib import Path
 
-import jax
 import pytest
 
 from jax_attention.data import nmt as data
@@ -25,23 +24,12 @@ from jax_attention.cli import EXIT_WRITE_FAILED
 from jax_attention.runtime.export import load_model
 from tests.fault_support import (assert_one_line, command_env, fill, full_dir, read_only_dir,
                                  run_command, tree_snapshot)
-from tests.shared_runs import run_main, tiny_flags
+from tests.shared_runs import run_main_counting_compilations, tiny_flags
 
 
 def _cli(*argv) -> tuple[int, str, str, int]:
     """``jax-attention *argv`` in-process: (exit status, stdout, stderr, XLA programs compiled)."""
-    compiled = []
-
-    def count(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
-        status, out, err = run_main(list(argv))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
-    return status, out, err, len(compiled)
+    return run_main_counting_compilations(list(argv))
 
 
 def _train(*argv) -> list[str]:

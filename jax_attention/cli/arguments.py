@@ -132,7 +132,8 @@ def start_compilation_cache(args: argparse.Namespace, parser: argparse.ArgumentP
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """``--out DIR``, ``--json FILE`` and ``--no-progress``, shared by the long-running commands."""
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,
-                        help="write the plots (PNG) into DIR (created if missing)")
+                        help="write the plots (PNG; for a seq2seq model also the interactive "
+                             "view of its attention, HTML) into DIR (created if missing)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the run's figures (losses, parameters, metrics, versions) "
                              "to FILE as JSON")

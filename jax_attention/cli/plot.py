@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jax_attention.cli.arguments import (check_output_arguments, finish_outputs, int_at_least,
-                                         positive_int, seed)
+from jax_attention.cli.arguments import (check_output_arguments, check_writable, finish_outputs,
+                                         int_at_least, positive_int, seed)
 from jax_attention.cli.registry import register, register_group
 
 __all__ = ["run_plot_positional_encoding", "run_plot_attention"]
@@ -72,7 +72,8 @@ def run_plot_positional_encoding(args: argparse.Namespace, parser: argparse.Argu
                       "of heatmaps per example of the batch, one column per head. The defaults are "
                       "the book's example (d2l §11.5.3 and §11.6.1): 100 hiddens, 5 heads, a batch "
                       "of 2 with 4 tokens and valid lengths 3 and 2. Writes "
-                      "multihead_attention.png into --out.")
+                      "multihead_attention.png into --out and, with --html FILE, the same weights "
+                      "as an interactive page.")
 def _plot_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-hiddens", metavar="D", type=positive_int, default=100,
                         help="model width D (default: %(default)s)")
@@ -86,6 +87,12 @@ def _plot_attention(parser: argparse.ArgumentParser) -> None:
                         help="valid length of each example, or one for all, each <= --num-queries "
                              "(default: 3 2)")
     _add_plot_arguments(parser, "seeds the batch X and the initial weights (default: %(default)s)")
+    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
+                        help="also write the weights as one interactive page (self-contained "
+                             "HTML, works offline) to FILE: a selector of the sequence of the "
+                             "batch, the heads side by side or one, the positions on both axes, "
+                             "the weight under the pointer, and the keys past each sequence's "
+                             "valid length drawn as masked")
     parser.set_defaults(handler=run_plot_attention)
 
 
@@ -106,6 +113,10 @@ def _valid_lens(args: argparse.Namespace, parser: argparse.ArgumentParser) -> li
 def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``plot attention``; see its ``--help``."""
     check_output_arguments(args, parser)
+    check_writable(args.html, "--html", parser, directory=False)
+    if args.html is not None and args.json is not None \
+            and args.html.absolute() == args.json.absolute():
+        parser.error("argument --html: must differ from --json (both would be written there)")
     if args.num_hiddens % args.num_heads:
         parser.error(f"argument --num-heads: must divide --num-hiddens = {args.num_hiddens}, "
                      f"got {args.num_heads}")
@@ -136,6 +147,19 @@ def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser
                            f"{args.num_hiddens} hiddens, random initial weights)\n"
                            "one row per sequence of the batch, one column per head",
                   path=plots["attention"])
+    if args.html is not None:
+        from jax_attention.viz.attention_view import attention_view
+
+        # One "layer" per sequence of the batch; its keys past the valid length are masked.
+        keep = np.arange(args.num_queries)[None, :] < np.asarray(valid_lens)[:, None]  # (B, S)
+        plots["view"] = attention_view(
+            np.asarray(weights), positions, positions, mask=keep[:, None, None, :],
+            title=f"Multi-head self-attention weights ({args.num_heads} heads, "
+                  f"{args.num_hiddens} hiddens, random initial weights, seed {args.seed})",
+            xlabel="Key positions", ylabel="Query positions",
+            layer_names=[f"Sequence {b} (valid length {length})"
+                         for b, length in enumerate(valid_lens, start=1)],
+            head_names=[f"Head {n}" for n in range(1, args.num_heads + 1)]).save(args.html)
     record = {"seed": args.seed, "num_hiddens": args.num_hiddens, "num_heads": args.num_heads,
               "batch_size": args.batch_size, "num_queries": args.num_queries,
               "valid_lens": valid_lens,

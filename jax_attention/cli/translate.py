@@ -8,9 +8,10 @@ import re
 import sys
 from pathlib import Path
 
-from jax_attention.runtime import interrupts
-from jax_attention.cli.arguments import (add_compilation_cache_argument, check_output_arguments,
-                                         finish_outputs, positive_int, start_compilation_cache)
+from jax_attention.runtime import interrupts, provenance
+from jax_attention.cli.arguments import (EXIT_WRITE_FAILED, add_compilation_cache_argument,
+                                         check_output_arguments, check_writable, finish_outputs,
+                                         positive_int, start_compilation_cache)
 from jax_attention.cli.registry import register
 from jax_attention.models.registry import MODELS
 
@@ -30,7 +31,8 @@ RUNS = Path("runs")
                       "(with --model, the newest of that kind), and a note on stderr says which. "
                       "Unknown words are read as <unk>; a sentence longer than the model's "
                       "num_steps is cut, with a note; an empty sentence is a usage error. Quote "
-                      "each sentence.")
+                      "each sentence. --out writes a heatmap (PNG) per sentence, --html one "
+                      "interactive page of them all.")
 def _translate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sentences", metavar="SENTENCE", nargs="+",
                         help="an English sentence, e.g. \"i lost .\"")
@@ -51,6 +53,14 @@ def _translate(parser: argparse.ArgumentParser) -> None:
                         help="write the attention heatmap of each sentence into DIR, named "
                              "after it (translation_i-lost.png, ...); a name already there gets "
                              "a number (translation_i-lost-2.png), with a note")
+    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
+                        help="write one interactive page (self-contained HTML, works offline) "
+                             "to FILE with the attention weights of every sentence, in order: "
+                             "for a Transformer its encoder self-, decoder self- and "
+                             "encoder-decoder attention as tabs, every layer and head, the "
+                             "tokens on both axes and the weight under the pointer; for "
+                             "Bahdanau the alignment step by step (choose an output token, see "
+                             "the source weights that produced it)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the translations, notes and attention weights to FILE as JSON")
     add_compilation_cache_argument(parser)
@@ -183,9 +193,19 @@ def plot_name(directory: Path, sentence: str, taken: set[str]) -> tuple[str, Pat
         stem = f"{base}-{number}"
 
 
+def _check_html_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before the work starts when ``--html`` names a directory or a file that cannot be
+    written, or the file of ``--json``."""
+    check_writable(args.html, "--html", parser, directory=False)
+    if args.html is not None and args.json is not None \
+            and args.html.absolute() == args.json.absolute():
+        parser.error("argument --html: must differ from --json (both would be written there)")
+
+
 def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``translate``; see its ``--help``."""
     check_output_arguments(args, parser)
+    _check_html_argument(args, parser)
     _check_sentences(args.sentences, parser)
     args.checkpoint = _choose_checkpoint(args, parser)
     start_compilation_cache(args, parser)
@@ -205,21 +225,48 @@ def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(str(error))
     interrupts.phase("evaluation")
     results = model.translate(args.sentences, max_len=args.max_len, beam_size=args.beam)
+    failures: list[str] = []
+    plots = _write_views(args, results, model, failures)
+    record = {"checkpoint": str(args.checkpoint), "model": kind, "beam": args.beam,
+              "translations": [_record(r) for r in results]}
+    finish_outputs(args, "translate", record, plots, failures=failures)
+    for failure in failures:
+        print(f"{parser.prog}: error: {failure}", file=sys.stderr)
+    return EXIT_WRITE_FAILED if failures else 0
+
+
+def _write_views(args: argparse.Namespace, results: list, model, failures: list[str]) -> dict:
+    """Print each translation and write its heatmap (``--out``) and the page of every view
+    (``--html``); returns ``{name: path}`` of the files written. A file that cannot be written
+    (a full disk) is a line in ``failures``, the translations printed all the same."""
+    plots = {}
     if args.out is not None:
         from jax_attention.viz.plotting import translation_heatmap
-    plots = {}
     for result in results:
         print(f"{result.source} => {result.translation}")
         for note in result.notes:
             print(f"  note: {note}")
-        if args.out is not None:
+        if args.out is not None and not failures:
             stem, kept = plot_name(args.out, result.source, set(plots))
-            plots[stem] = args.out / f"{stem}.png"
             if kept is not None:
                 print(f"  note: {kept} exists (an earlier translation); not overwritten, this "
-                      f"heatmap goes to {plots[stem]}")
+                      f"heatmap goes to {args.out / f'{stem}.png'}")
             interrupts.phase("plots")
-            translation_heatmap(result, plots[stem])
-    record = {"checkpoint": str(args.checkpoint), "model": kind, "beam": args.beam,
-              "translations": [_record(r) for r in results]}
-    return finish_outputs(args, "translate", record, plots)
+            try:
+                translation_heatmap(result, args.out / f"{stem}.png")
+                plots[stem] = args.out / f"{stem}.png"
+            except OSError as error:
+                failures.append(f"could not write the heatmaps into {args.out} "
+                                f"({provenance.os_reason(error)})")
+    if args.html is not None:
+        from jax_attention.viz.attention_view import save_views, translation_view
+
+        interrupts.phase("plots")
+        count = f"{len(results)} translation{'s' if len(results) != 1 else ''}"
+        try:
+            plots["view"] = save_views(args.html, [translation_view(r) for r in results],
+                                       title=f"{model.spec.title} attention: {count} "
+                                             f"({args.checkpoint})")
+        except OSError as error:
+            failures.append(f"could not write {args.html} ({provenance.os_reason(error)})")
+    return plots
