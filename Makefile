@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 SITE ?= site
 
-.PHONY: run test test-slow docs test-site clean
+.PHONY: run test test-slow docs test-browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,17 +45,18 @@ test-slow: $(VENV)/.installed-test
 
 # The docs site: Sphinx builds docs/ into build/docs/html, executing the tutorials (a failing cell,
 # an undocumented public name or any warning fails it), then it replaces $(SITE)/. Offline: open
-# $(SITE)/index.html, or serve it (python -m http.server -d $(SITE)). Then `make test-site`.
+# $(SITE)/index.html, or serve it (python -m http.server -d $(SITE)). Then `make test-browser`.
 docs: $(VENV)/.installed-test
 	rm -rf build/docs/html
 	$(BIN)/python -m sphinx -W --keep-going -q -b html -d build/docs/doctrees docs build/docs/html
 	rm -rf $(SITE) && cp -a build/docs/html $(SITE)
 
-# The built site in headless Chromium (Debian's package, installed where missing) with the network
-# off: every page, link, anchor, image and the search (tests/test_site.py).
-test-site: $(VENV)/.installed-test
+# The tests in headless Chromium (Debian's package, installed where missing), network off: the built
+# site (tests/test_site.py: every page, link, anchor, image, the search) and the interactive
+# attention views (tests/test_attention_view_browser.py).
+test-browser: $(VENV)/.installed-test
 	scripts/ensure-chromium
-	JAX_ATTENTION_SITE=$(SITE) $(BIN)/python -m pytest -m site tests/test_site.py $(PYTEST_ARGS)
+	JAX_ATTENTION_SITE=$(SITE) $(BIN)/python -m pytest -m browser $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) runs .pytest_cache .hypothesis *.egg-info build $(SITE) docs/reference

@@ -1,4 +1,4 @@
-"""The built docs site in a real browser: `make docs`, then `make test-site`.
+"""The built docs site in a real browser: `make docs`, then `make test-browser`.
 
 The site (``$JAX_ATTENTION_SITE``, default site/) is served on 127.0.0.1 and every page is opened in
 headless Chromium (Debian's package, ``$JAX_ATTENTION_CHROMIUM`` or ``chromium`` on the PATH) with
@@ -18,16 +18,16 @@ import http.server
 import json
 import os
 import re
-import shutil
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 
+from tests.browser_support import Visit, browser  # noqa: F401  (a fixture)
 from tests.docs_support import ROOT
 
-pytestmark = pytest.mark.site
+pytestmark = pytest.mark.browser
 
 SITE = Path(os.environ.get("JAX_ATTENTION_SITE", ROOT / "site")).resolve()
 SCREENSHOTS = Path(os.environ.get("JAX_ATTENTION_SCREENSHOTS", ROOT / "build" / "docs" / "screenshots"))
@@ -57,52 +57,6 @@ def server():
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
     httpd.shutdown()
     httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    executable = os.environ.get("JAX_ATTENTION_CHROMIUM") or shutil.which("chromium")
-    if executable is None:
-        pytest.fail("no chromium: run scripts/ensure-chromium (make test-site does)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable,
-            args=["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"])
-        yield browser
-        browser.close()
-
-
-class Visit:
-    """One page opened in the browser, with what went wrong while it loaded."""
-
-    def __init__(self, browser, server: str):
-        self.server = server
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
-        self.problems: list[str] = []
-        self.context.route("**/*", self._route)
-        self.page = self.context.new_page()
-        self.page.on("console", lambda message: message.type == "error" and self.problems.append(
-            f"console error: {message.text}"))
-        self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
-        self.page.on("requestfailed", lambda request: self.problems.append(
-            f"request failed: {request.url} ({request.failure})"))
-        self.page.on("response", lambda response: response.status >= 400 and self.problems.append(
-            f"HTTP {response.status}: {response.url}"))
-
-    def _route(self, route):
-        if route.request.url.startswith(self.server) or route.request.url.startswith("data:"):
-            route.continue_()
-        else:
-            self.problems.append(f"request off the site: {route.request.url}")
-            route.abort("internetdisconnected")
-
-    def open(self, path: str):
-        self.problems.clear()
-        self.page.goto(self.server + path, wait_until="load")
-        self.page.wait_for_load_state("networkidle")
-        return self.page
 
 
 def _pages() -> list[str]:
@@ -193,7 +147,8 @@ def test_the_search_finds_the_masked_softmax(browser, server):
 
 
 def test_screenshots(browser, server):
-    """The pages a reviewer looks at, photographed whole (tall pages: the first 4000 pixels)."""
+    """The pages a reviewer looks at, photographed whole (tall pages: the first 4000 pixels), and
+    the interactive views two tutorials embed."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     visit = Visit(browser, server)
     for name, path in SCREENSHOT_PAGES.items():
@@ -202,5 +157,13 @@ def test_screenshots(browser, server):
         height = min(page.evaluate("document.body.scrollHeight"), 4000)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"),
                         clip={"x": 0, "y": 0, "width": 1280, "height": height}, full_page=True)
+        assert not visit.problems, (path, visit.problems)
+    # The interactive view a tutorial embeds, drawn inside the page by its own script.
+    for name, path in {"tutorial-view-transformer": "tutorials/transformer.html",
+                       "tutorial-view-bahdanau-zh": "zh/tutorials/bahdanau.html"}.items():
+        page = visit.open(path)
+        view = page.locator(".ja-view").first
+        assert view.locator("table.ja-matrix").count() >= 1, path
+        view.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
         assert not visit.problems, (path, visit.problems)
     visit.context.close()
