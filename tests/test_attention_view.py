@@ -46,11 +46,11 @@ def page_views(path) -> list[dict]:
 
 def book_translation(seed=0) -> Translation:
     """A translation with the book Transformer's shapes (2 layers × 4 heads, 10 tokens each way)."""
-    source = ["i", "lost", ".", "<eos>", "he", "is", "calm", "and", "i", "<eos>"][:10]
-    tokens = ["j'ai", "perdu", ".", "il", "est", "calme", "et", "je", "."]
+    source = ["i", "lost", "my", "keys", "and", "he", "is", "calm", ".", "<eos>"]
+    tokens = ["j'ai", "perdu", "mes", "clés", "et", "il", "est", "calme", "."]
     steps, S = len(tokens) + 1, len(source)
     return Translation(
-        source="i lost .", source_tokens=source, tokens=tokens, translation=" ".join(tokens),
+        source="i lost my keys and he is calm .", source_tokens=source, tokens=tokens, translation=" ".join(tokens),
         weights=softmax_weights((steps, S), seed), finished=True, truncated=False, unknown_words=[],
         notes=[], encoder_self=softmax_weights((2, 4, S, S), seed + 1),
         decoder_self=np.tril(softmax_weights((2, 4, steps, steps), seed + 2)),

@@ -119,6 +119,15 @@ def test_plot_attention_writes_the_interactive_view(tmp_path, capsys):
     np.testing.assert_array_equal(weights[masked == 1], 0)
 
 
+def test_plot_attention_html_alone_writes_only_the_page(tmp_path, capsys):
+    page = tmp_path / "attention.html"
+    assert main(["plot", "attention", "--html", str(page)]) == 0
+    assert capsys.readouterr().out == f"wrote {page}\n"
+    assert sorted(tmp_path.iterdir()) == [page]  # no PNG without --out
+    (tab,) = _view(page)["tabs"]
+    assert np.asarray(tab["weights"]).shape == (2, 5, 4, 4)  # the book's example
+
+
 def test_plot_attention_html_that_cannot_be_written_is_refused_before_any_work(tmp_path,
                                                                                monkeypatch):
     from jax_attention.nn import multihead
@@ -151,7 +160,7 @@ def test_help_exits_0(argv, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["plot", "attention"], "the following arguments are required: --out"),
+    (["plot", "attention"], "one of the arguments --out --html is required"),
     (["plot", "attention", "--out", "{tmp}", "--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
     (["plot", "attention", "--out", "{tmp}", "--num-heads", "3"],
      "--num-heads: must divide --num-hiddens = 100, got 3"),

@@ -21,7 +21,7 @@ from jax_attention.runtime import interrupts, provenance
 __all__ = ["int_at_least", "int_in_range", "seed", "positive_int", "positive_float", "dropout_rate",
            "add_output_arguments", "check_output_arguments", "check_json_argument",
            "check_checkpoint_argument", "add_data_argument", "check_data_argument",
-           "check_writable",
+           "check_writable", "add_html_argument", "check_html_argument",
            "writable_problem", "EXIT_NONFINITE", "EXIT_WRITE_FAILED", "EXIT_BUSY", "PROG",
            "EXIT_INTERRUPTED", "LONG_RUNS_EPILOG", "add_long_run_arguments",
            "add_device_arguments", "check_long_run_arguments",
@@ -179,6 +179,23 @@ def check_writable(path: Path | None, argument: str, parser: argparse.ArgumentPa
     problem = writable_problem(path, directory=directory)
     if problem is not None:
         parser.error(f"argument {argument}: {problem}")
+
+
+def add_html_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--html FILE``: the interactive attention view (:mod:`jax_attention.viz.attention_view`)
+    of what the command computes, ``what`` saying what the page shows."""
+    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
+                        help="write one interactive page (self-contained HTML, works offline) to "
+                             f"FILE: {what}")
+
+
+def check_html_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail before the work starts when ``--html`` names a directory or a file that cannot be
+    written, or the file of ``--json``."""
+    check_writable(args.html, "--html", parser, directory=False)
+    if args.html is not None and args.json is not None \
+            and args.html.absolute() == args.json.absolute():
+        parser.error("argument --html: must differ from --json (both would be written there)")
 
 
 def check_json_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jax_attention.cli.arguments import (check_output_arguments, check_writable, finish_outputs,
-                                         int_at_least, positive_int, seed)
+from jax_attention.cli.arguments import (add_html_argument, check_html_argument,
+                                         check_output_arguments, finish_outputs, int_at_least,
+                                         positive_int, seed)
 from jax_attention.cli.registry import register, register_group
 
 __all__ = ["run_plot_positional_encoding", "run_plot_attention"]
@@ -14,9 +15,11 @@ __all__ = ["run_plot_positional_encoding", "run_plot_attention"]
 register_group("plot", help="draw the chapter's figures (PNG)")
 
 
-def _add_plot_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
-    """``--out DIR`` (required), ``--json FILE`` and ``--seed``, shared by the ``plot`` commands."""
-    parser.add_argument("--out", metavar="DIR", type=Path, required=True,
+def _add_plot_arguments(parser: argparse.ArgumentParser, seed_help: str, *,
+                        out_required: bool = True) -> None:
+    """``--out DIR`` (required unless ``out_required=False``), ``--json FILE`` and ``--seed``,
+    shared by the ``plot`` commands."""
+    parser.add_argument("--out", metavar="DIR", type=Path, required=out_required,
                         help="write the plots (PNG) into DIR (created if missing)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the paths written, the shapes and the seed to FILE as JSON")
@@ -73,7 +76,7 @@ def run_plot_positional_encoding(args: argparse.Namespace, parser: argparse.Argu
                       "the book's example (d2l §11.5.3 and §11.6.1): 100 hiddens, 5 heads, a batch "
                       "of 2 with 4 tokens and valid lengths 3 and 2. Writes "
                       "multihead_attention.png into --out and, with --html FILE, the same weights "
-                      "as an interactive page.")
+                      "as an interactive page; one of them is required.")
 def _plot_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-hiddens", metavar="D", type=positive_int, default=100,
                         help="model width D (default: %(default)s)")
@@ -86,13 +89,12 @@ def _plot_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--valid-lens", metavar="L", type=int_at_least(0), nargs="+", default=[3, 2],
                         help="valid length of each example, or one for all, each <= --num-queries "
                              "(default: 3 2)")
-    _add_plot_arguments(parser, "seeds the batch X and the initial weights (default: %(default)s)")
-    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
-                        help="also write the weights as one interactive page (self-contained "
-                             "HTML, works offline) to FILE: a selector of the sequence of the "
-                             "batch, the heads side by side or one, the positions on both axes, "
-                             "the weight under the pointer, and the keys past each sequence's "
-                             "valid length drawn as masked")
+    _add_plot_arguments(parser, "seeds the batch X and the initial weights (default: %(default)s)",
+                        out_required=False)
+    add_html_argument(parser, "the same weights, a selector of the sequence of the batch, the "
+                              "heads side by side or one, the positions on both axes, the weight "
+                              "under the pointer, and the keys past each sequence's valid length "
+                              "drawn as masked")
     parser.set_defaults(handler=run_plot_attention)
 
 
@@ -110,23 +112,14 @@ def _valid_lens(args: argparse.Namespace, parser: argparse.ArgumentParser) -> li
     return valid_lens
 
 
-def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Handler of ``plot attention``; see its ``--help``."""
-    check_output_arguments(args, parser)
-    check_writable(args.html, "--html", parser, directory=False)
-    if args.html is not None and args.json is not None \
-            and args.html.absolute() == args.json.absolute():
-        parser.error("argument --html: must differ from --json (both would be written there)")
-    if args.num_hiddens % args.num_heads:
-        parser.error(f"argument --num-heads: must divide --num-hiddens = {args.num_hiddens}, "
-                     f"got {args.num_heads}")
-    valid_lens = _valid_lens(args, parser)
+def _attention_weights(args: argparse.Namespace, valid_lens: list[int]):
+    """The book's multi-head self-attention on a random batch: ``(X, output, weights (B, N, T,
+    S))``."""
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
     from jax_attention.nn.multihead import MultiHeadAttention
-    from jax_attention.viz.plotting import show_heatmaps
 
     shape = (args.batch_size, args.num_queries, args.num_hiddens)
     X = jnp.asarray(np.random.default_rng(args.seed).normal(size=shape), jnp.float32)
@@ -136,30 +129,55 @@ def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser
     output, intermediates = nnx.capture(model, nnx.Intermediate)(
         X, X, X, jnp.asarray(valid_lens, jnp.int32))
     (weights,) = intermediates["attention"]["attention_weights"].get_value()  # (B, N, T, S)
-    plots = {"attention": args.out / "multihead_attention.png"}
+    return X, output, np.asarray(weights)
+
+
+def _attention_outputs(args: argparse.Namespace, weights, valid_lens: list[int]) -> dict:
+    """Draw the heatmaps (``--out``) and the interactive view (``--html``); ``{name: path}``."""
+    import numpy as np
+
+    plots = {}
     positions = [str(position) for position in range(args.num_queries)]
-    show_heatmaps(weights, xlabel="Key positions", ylabel="Query positions",
-                  titles=[f"Head {n}" for n in range(1, args.num_heads + 1)],
-                  row_titles=[f"Sequence {b}\n(valid length {length})"
-                              for b, length in enumerate(valid_lens, start=1)],
-                  xticklabels=positions, yticklabels=positions, figsize=(2, 2),
-                  suptitle=f"Multi-head self-attention weights ({args.num_heads} heads, "
-                           f"{args.num_hiddens} hiddens, random initial weights)\n"
-                           "one row per sequence of the batch, one column per head",
-                  path=plots["attention"])
+    heads = [f"Head {n}" for n in range(1, args.num_heads + 1)]
+    what = f"{args.num_heads} heads, {args.num_hiddens} hiddens, random initial weights"
+    if args.out is not None:
+        from jax_attention.viz.plotting import show_heatmaps
+
+        plots["attention"] = args.out / "multihead_attention.png"
+        show_heatmaps(
+            weights, xlabel="Key positions", ylabel="Query positions", titles=heads,
+            row_titles=[f"Sequence {b}\n(valid length {length})"
+                        for b, length in enumerate(valid_lens, start=1)],
+            xticklabels=positions, yticklabels=positions, figsize=(2, 2),
+            suptitle=f"Multi-head self-attention weights ({what})\n"
+                     "one row per sequence of the batch, one column per head",
+            path=plots["attention"])
     if args.html is not None:
         from jax_attention.viz.attention_view import attention_view
 
         # One "layer" per sequence of the batch; its keys past the valid length are masked.
         keep = np.arange(args.num_queries)[None, :] < np.asarray(valid_lens)[:, None]  # (B, S)
         plots["view"] = attention_view(
-            np.asarray(weights), positions, positions, mask=keep[:, None, None, :],
-            title=f"Multi-head self-attention weights ({args.num_heads} heads, "
-                  f"{args.num_hiddens} hiddens, random initial weights, seed {args.seed})",
-            xlabel="Key positions", ylabel="Query positions",
+            weights, positions, positions, mask=keep[:, None, None, :],
+            title=f"Multi-head self-attention weights ({what}, seed {args.seed})",
+            xlabel="Key positions", ylabel="Query positions", head_names=heads,
             layer_names=[f"Sequence {b} (valid length {length})"
-                         for b, length in enumerate(valid_lens, start=1)],
-            head_names=[f"Head {n}" for n in range(1, args.num_heads + 1)]).save(args.html)
+                         for b, length in enumerate(valid_lens, start=1)]).save(args.html)
+    return plots
+
+
+def run_plot_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Handler of ``plot attention``; see its ``--help``."""
+    if args.out is None and args.html is None:
+        parser.error("one of the arguments --out --html is required")
+    check_output_arguments(args, parser)
+    check_html_argument(args, parser)
+    if args.num_hiddens % args.num_heads:
+        parser.error(f"argument --num-heads: must divide --num-hiddens = {args.num_hiddens}, "
+                     f"got {args.num_heads}")
+    valid_lens = _valid_lens(args, parser)
+    X, output, weights = _attention_weights(args, valid_lens)
+    plots = _attention_outputs(args, weights, valid_lens)
     record = {"seed": args.seed, "num_hiddens": args.num_hiddens, "num_heads": args.num_heads,
               "batch_size": args.batch_size, "num_queries": args.num_queries,
               "valid_lens": valid_lens,

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from jax_attention.runtime import interrupts, provenance
 from jax_attention.cli.arguments import (EXIT_WRITE_FAILED, add_compilation_cache_argument,
-                                         check_output_arguments, check_writable, finish_outputs,
-                                         positive_int, start_compilation_cache)
+                                         add_html_argument, check_html_argument,
+                                         check_output_arguments, finish_outputs, positive_int,
+                                         start_compilation_cache)
 from jax_attention.cli.registry import register
 from jax_attention.models.registry import MODELS
 
@@ -53,14 +54,12 @@ def _translate(parser: argparse.ArgumentParser) -> None:
                         help="write the attention heatmap of each sentence into DIR, named "
                              "after it (translation_i-lost.png, ...); a name already there gets "
                              "a number (translation_i-lost-2.png), with a note")
-    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
-                        help="write one interactive page (self-contained HTML, works offline) "
-                             "to FILE with the attention weights of every sentence, in order: "
-                             "for a Transformer its encoder self-, decoder self- and "
-                             "encoder-decoder attention as tabs, every layer and head, the "
-                             "tokens on both axes and the weight under the pointer; for "
-                             "Bahdanau the alignment step by step (choose an output token, see "
-                             "the source weights that produced it)")
+    add_html_argument(parser, "the attention weights of every sentence, in order: for a "
+                              "Transformer its encoder self-, decoder self- and encoder-decoder "
+                              "attention as tabs, every layer and head, the tokens on both axes "
+                              "and the weight under the pointer; for Bahdanau the alignment step "
+                              "by step (choose an output token, see the source weights that "
+                              "produced it)")
     parser.add_argument("--json", metavar="FILE", type=Path, default=None,
                         help="write the translations, notes and attention weights to FILE as JSON")
     add_compilation_cache_argument(parser)
@@ -193,19 +192,10 @@ def plot_name(directory: Path, sentence: str, taken: set[str]) -> tuple[str, Pat
         stem = f"{base}-{number}"
 
 
-def _check_html_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail before the work starts when ``--html`` names a directory or a file that cannot be
-    written, or the file of ``--json``."""
-    check_writable(args.html, "--html", parser, directory=False)
-    if args.html is not None and args.json is not None \
-            and args.html.absolute() == args.json.absolute():
-        parser.error("argument --html: must differ from --json (both would be written there)")
-
-
 def run_translate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``translate``; see its ``--help``."""
     check_output_arguments(args, parser)
-    _check_html_argument(args, parser)
+    check_html_argument(args, parser)
     _check_sentences(args.sentences, parser)
     args.checkpoint = _choose_checkpoint(args, parser)
     start_compilation_cache(args, parser)
