@@ -4,7 +4,10 @@ Timings of tiny models on a shared machine say nothing about speed: the tests ch
 peers ran the real training code on the same data and weights (without dropout their losses
 agree to float32 rounding after the same steps) and that the record holds what the schema
 promises. The data settings are the book's (600 pairs, batch 64, 10 steps), so that the CLI test
-reuses the fixture's compiled step.
+reuses the fixture's compiled step. The named sizes (``--size small``, ``base``) are checked by
+building their models, not by training them; the ``torch-compile`` peer trains a tiny model
+(marked ``slow``: inductor's first compilation of even a tiny step takes 1–2 minutes on the
+project's 2-core machine) and its failure is simulated.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
+
+from jax_attention.bench import torch_support  # noqa: E402
 from jax_attention.bench import train as bench  # noqa: E402
+from jax_attention.bench import train_sizes  # noqa: E402
 from jax_attention.cli import main  # noqa: E402
 
 TINY = {
@@ -55,6 +62,19 @@ def test_record_schema(record):
     assert record["peers"]["ours"]["steps_trained"] == record["peers"]["torch"]["steps_trained"]
     assert record["peers"]["ours"]["compile_s"] >= 0
     assert record["peers"]["torch"]["threads"] >= 1
+    # Each peer named, with its settings: the same sizes, dtype and parameter count for both.
+    assert record["size"] == record["settings"]["size"] == "book"
+    assert record["settings"]["peers"] == ["ours", "torch"] == list(record["peers"])
+    assert set(record["ratios_tokens_per_s"]) == {"torch"}
+    settings = {name: peer["settings"] for name, peer in record["peers"].items()}
+    for name, peer in record["peers"].items():
+        assert peer["status"] == "ok" and peer["description"] == bench.PEERS[name]
+        assert settings[name]["model"] == record["settings"]["model"]
+        assert (settings[name]["batch_size"], settings[name]["num_steps"],
+                settings[name]["num_examples"]) == (64, 10, 600)
+        assert settings[name]["dtype"] == "float32" and settings[name]["size"] == "book"
+    assert settings["torch"]["threads"] == record["peers"]["torch"]["threads"]
+    assert settings["ours"]["parameters"] == settings["torch"]["parameters"] > 0
     assert record["load_average"]["before"] is None or len(record["load_average"]["before"]) == 3
     assert {"cpu", "jax", "torch"} <= set(record["environment"])
     json.dumps(record)  # JSON-ready
@@ -103,11 +123,199 @@ def test_cli_writes_json(tmp_path, capsys, monkeypatch, record):
     assert _positive(written["ratio_tokens_per_s"])
 
 
-def test_cli_rejects_bad_options(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "gpt"], "--model"),
+    (["--repeats", "3"], "--repeats"),
+    (["--size", "huge"], "--size"),
+    (["--model", "bahdanau", "--num-heads", "2"], "--num-heads: the bahdanau model has no "
+                                                  "num_heads"),
+    (["--model", "transformer", "--num-heads", "3"], "num_hiddens must be divisible by "
+                                                     "num_heads"),
+    (["--peers", "ours,torch-compile"], "--peers"),
+    (["--peers", "ours,torch,jax"], "--peers"),
+    (["--whole-run", "--size", "base"], "--size: not with --whole-run"),
+    (["--whole-run", "--peers", "ours,torch,torch-compile"], "--peers: not with --whole-run"),
+    (["--devices", "1", "--peers", "ours,torch,torch-compile"], "--peers: not with --devices"),
+])
+def test_cli_rejects_bad_options(capsys, argv, message):
     with pytest.raises(SystemExit) as error:
-        main(["bench", "train", "--model", "gpt"])
+        main(["bench", "train", *argv, "--no-progress"])
     assert error.value.code == 2
-    with pytest.raises(SystemExit) as error:
-        main(["bench", "train", "--repeats", "3"])
-    assert error.value.code == 2
-    assert "--repeats" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the named sizes
+
+
+def _parameter_counts(model: str, run: dict, vocab=(40, 50)) -> tuple[int, int, dict, dict]:
+    """Ours and the PyTorch mirror built as bench_train builds them, at ``run``'s settings:
+    ``(ours' count, torch's count, ours' shapes, the registry's shapes)``."""
+    import jax
+
+    from jax_attention.models import registry
+
+    ours = bench.our_model(model, run["model"], *vocab, 0, run["num_steps"])
+    params = jax.tree.map(np.asarray, ours.params_dict())
+    config = bench.model_config(model, run["model"], *vocab, run["num_steps"])
+    mirror = torch_support.torch_model(model, config, params)
+    shapes = jax.tree.map(np.shape, params)
+    expected = jax.tree.map(tuple, registry.get_model(model).param_shapes(config),
+                            is_leaf=lambda x: isinstance(x, (tuple, list)))
+    return (sum(int(np.size(a)) for a in jax.tree.leaves(params)),
+            sum(p.numel() for p in mirror.parameters()), shapes, expected)
+
+
+@pytest.mark.parametrize("model", bench.MODELS)
+def test_named_sizes_reach_both_peers(model):
+    """Each size's settings build ours and the mirror alike: the shapes the registry gives for the
+    size, the same parameter count in both frameworks, growing with the size."""
+    counts = []
+    for size in bench.SIZE_NAMES:
+        run = train_sizes.train_sizes(model, size)
+        assert run["model"] == {**bench.BOOK_MODELS[model], **bench.SIZES[size]["models"][model]}
+        ours, torch, shapes, expected = _parameter_counts(model, run)
+        assert shapes == expected, size
+        assert ours == torch, (size, ours, torch)
+        counts.append(ours)
+    assert counts == sorted(counts) and len(set(counts)) == len(counts)
+
+
+def test_the_named_sizes():
+    """The sizes the issue states, in one place; book is the book's (the configs' defaults)."""
+    from jax_attention.models.configs import TrainConfig
+
+    assert bench.SIZE_NAMES == ("book", "small", "base")
+    assert bench.SIZES["book"]["data"] == {"batch_size": TrainConfig().batch_size,
+                                           "num_steps": 10,
+                                           "num_examples": TrainConfig().num_examples}
+    assert bench.SIZES["base"]["data"] == {"batch_size": 128, "num_steps": 20,
+                                           "num_examples": 5000}
+    assert bench.SIZES["small"]["data"] == {"batch_size": 128, "num_steps": 20,
+                                            "num_examples": 2000}
+    base = train_sizes.train_sizes("transformer", "base")["model"]
+    small = train_sizes.train_sizes("transformer", "small")["model"]
+    assert (base["num_hiddens"], base["ffn_num_hiddens"], base["num_heads"],
+            base["num_layers"]) == (256, 1024, 8, 4)
+    assert (small["num_hiddens"], small["ffn_num_hiddens"], small["num_heads"],
+            small["num_layers"]) == (128, 512, 4, 2)
+    run = train_sizes.train_sizes("transformer", "base", {"num_heads": 4}, batch_size=32)
+    assert run["model"]["num_heads"] == 4 and run["batch_size"] == 32
+    assert run["num_examples"] == 5000
+    with pytest.raises(ValueError, match="the bahdanau model has no num_heads"):
+        train_sizes.train_sizes("bahdanau", "base", {"num_heads": 2})
+    with pytest.raises(ValueError, match="size must be one of"):
+        bench.bench_train("bahdanau", size="huge")
+    with pytest.raises(ValueError, match="peers must include ours and torch"):
+        bench.bench_train("bahdanau", peers=("ours",))
+
+
+def test_help_states_the_sizes(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for size in bench.SIZE_NAMES:
+        assert f"{size}: {train_sizes.describe_size(size)}" in text
+    assert "transformer: hidden 256, FFN 1024, heads 8, layers 4+4" in text
+    assert "batch 128, num_steps 20, 5000 pairs" in text
+    assert "--peers" in text and "torch-compile" in text
+
+
+def test_cli_size_and_overrides_reach_both_peers(tmp_path, capsys):
+    """``--size small`` with single settings changed (a tiny model, fewer pairs): the data's and
+    the model's settings in the JSON, the same for both peers."""
+    path = tmp_path / "train.json"
+    status = main(["bench", "train", "--model", "transformer", "--size", "small",
+                   "--num-hiddens", "8", "--ffn-num-hiddens", "16", "--num-layers", "1",
+                   "--num-examples", "600", "--steps", "2", "--repeats", "5", "--warmup", "0",
+                   "--gemm-size", "64", "--torch-threads", "1", "--json", str(path),
+                   "--no-progress"])
+    assert status == 0
+    table = capsys.readouterr().out
+    assert "bench train --model transformer --size small:" in table
+    assert "batch 128, num_steps 20, 600 pairs" in table
+    written = json.loads(path.read_text())
+    expected = {**bench.BOOK_MODELS["transformer"], "num_hiddens": 8, "ffn_num_hiddens": 16,
+                "num_heads": 4, "num_layers": 1}
+    assert written["size"] == "small" and written["settings"]["model"] == expected
+    ours, torch = (written["peers"][name]["settings"] for name in ("ours", "torch"))
+    for settings in (ours, torch):
+        assert settings["model"] == expected and settings["size"] == "small"
+        assert (settings["batch_size"], settings["num_steps"], settings["num_examples"]) == \
+            (128, 20, 600)
+    assert ours["parameters"] == torch["parameters"]
+    assert torch["threads"] == 1
+
+
+# --------------------------------------------------------------------------- torch-compile
+
+
+class _NoCompiler(RuntimeError):
+    pass
+
+
+def _failing_compile(function, **options):
+    """What ``torch.compile`` gives without a C++ compiler: a function that fails when called."""
+    def compiled(*args, **kwargs):
+        raise _NoCompiler("InvalidCxxCompiler: No working C++ compiler found in\n"
+                          "torch._inductor.config.cpp.cxx: (None, 'g++')")
+    return compiled
+
+
+def test_torch_compile_failure_skips_the_peer(tmp_path, capsys, monkeypatch):
+    """An inductor that cannot compile: the peer is skipped with one line, the others run and the
+    command succeeds."""
+    import torch
+
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    monkeypatch.setitem(bench.BOOK_MODELS, "bahdanau",
+                        {**bench.BOOK_MODELS["bahdanau"], **TINY["bahdanau"]})
+    path = tmp_path / "train.json"
+    status = main(["bench", "train", "--model", "bahdanau", "--peers", "ours,torch,torch-compile",
+                   "--steps", str(STEPS), "--repeats", "5", "--warmup", "0", "--gemm-size", "64",
+                   "--torch-threads", "1", "--json", str(path), "--no-progress"])
+    assert status == 0
+    table = capsys.readouterr().out
+    skipped = [line for line in table.splitlines() if "skipped" in line]
+    assert skipped == ["torch-compile skipped: torch.compile failed: _NoCompiler: "
+                       "InvalidCxxCompiler: No working C++ compiler found in"]
+    assert "ours / torch tokens/s" in table and "ours / torch-compile" not in table
+    written = json.loads(path.read_text())
+    peer = written["peers"]["torch-compile"]
+    assert peer["status"] == "skipped" and "\n" not in peer["reason"]
+    assert peer["settings"]["parameters"] == written["peers"]["ours"]["settings"]["parameters"]
+    assert written["settings"]["peers"] == ["ours", "torch", "torch-compile"]
+    assert set(written["ratios_tokens_per_s"]) == {"torch"}
+    assert _positive(written["peers"]["torch"]["tokens_per_s"])
+
+
+def test_failure_line():
+    assert torch_support.failure_line(ValueError("first\n\nsecond")) == "ValueError: first"
+    assert torch_support.failure_line(ValueError()) == "ValueError"
+    assert len(torch_support.failure_line(ValueError("x" * 500), limit=50)) == 50
+
+
+@pytest.mark.slow  # inductor's first compilation of even a tiny step: 1-2 minutes on 2 cores
+# Warnings PyTorch raises while it compiles (the suite turns warnings into errors, which
+# TorchDynamo would report as its own failure).
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_torch_compile_peer_trains_and_reports_its_compilation():
+    record = bench.bench_train("transformer", peers=("ours", "torch", "torch-compile"),
+                               steps=STEPS, repeats=5, warmup=0, sizes=TINY["transformer"],
+                               gemm_size=64, torch_threads=1)
+    peer = record["peers"]["torch-compile"]
+    assert peer["status"] == "ok", peer.get("reason")
+    assert _positive(peer["first_call_s"]) and peer["compile_s"] >= 0
+    assert peer["settings"]["compile"]["backend"] == "inductor"
+    assert peer["settings"]["parameters"] == record["peers"]["ours"]["settings"]["parameters"]
+    assert peer["settings"]["threads"] == 1
+    assert _positive(record["ratios_tokens_per_s"]["torch-compile"])
+    # The same training as the eager loop: no dropout, the same losses to rounding.
+    assert peer["round_losses"] == pytest.approx(record["peers"]["torch"]["round_losses"],
+                                                 rel=1e-4)
+    assert peer["steps_trained"] == record["peers"]["ours"]["steps_trained"]
+    table = bench.format_train(record)
+    assert "ours / torch-compile tokens/s" in table
+    rows = [line.split() for line in table.splitlines()]
+    assert [row[0] for row in rows if len(row) == 6 and row[1].isdigit()] == \
+        ["ours", "torch", "torch-compile"]

@@ -1,6 +1,6 @@
 """``bench train``: our compiled training against the book's PyTorch training of the same model.
 
-Both peers start from the same weights (our initialisation, copied into the PyTorch mirror with
+The peers start from the same weights (our initialisation, copied into the PyTorch mirror with
 :func:`jax_attention.interop.to_torch`), train on the same batches of the book's data
 (:func:`jax_attention.data.nmt.load_data_nmt`, the book's settings), with the book's recipe: the
 per-sequence masked cross-entropy summed over the batch, gradients clipped to global norm 1,
@@ -13,16 +13,30 @@ Adam.
 * ``torch``: the book's ``train_seq2seq`` loop, eager, one
   :func:`jax_attention.interop.torch_models.train_step` per batch (``loss.sum()``, backward,
   ``grad_clipping``, ``Adam.step``), on the unpadded batches as the book's ``DataLoader`` gives
-  them.
+  them (:class:`~jax_attention.bench.torch_support.TorchRounds`).
+* ``torch-compile`` (only when ``peers`` asks for it): the same loop with ``torch.compile``
+  (inductor) of the loss — the module's forward, its backward by AOTAutograd — and of the
+  update, clipping and Adam (:class:`~jax_attention.bench.torch_support.CompiledTorchRounds`),
+  compiled in a first, untimed round with a fresh inductor cache; that round's time less a
+  steady round's is its reported compilation. When ``torch.compile`` fails (no C++ compiler)
+  the peer is reported as skipped, with the reason in one line, and the others run.
 
-Each timed round trains both peers ``steps`` more steps on the same ``steps`` batches, the peers
+The sizes: ``size`` names one of :data:`SIZES` (:mod:`jax_attention.bench.train_sizes`, the one
+place they are defined): ``book`` (the default: the book's model, 600 pairs, batch 64, 10
+tokens), ``small`` and ``base`` (larger models, 2,000 and 5,000 pairs, batch 128, 20 tokens);
+``sizes``, ``batch_size``, ``num_steps`` and ``num_examples`` override single settings. Every peer
+is built from the same resolved settings; the record gives each peer's (``peers[name]
+["settings"]``: sizes, dtype, threads, parameter count).
+
+Each timed round trains every peer ``steps`` more steps on the same ``steps`` batches, the peers
 alternating (:func:`~jax_attention.bench.common.time_interleaved`). Compilation is excluded from
 the rounds and reported on its own. The record holds the target tokens per second and step time
 (medians), the model FLOPs of one step (XLA's cost analysis of our step as lowered: forward,
 backward, clipping and Adam — the same model for both peers), the fraction of a float32 GEMM
 ceiling measured in the same run, both peers' losses after the timed steps (they should track;
 with dropout they differ by the dropout masks, which the two frameworks draw differently) and
-the ratio ours/torch.
+the ratios of ours to each peer (``ratio_tokens_per_s``: ours/torch; ``ratios_tokens_per_s``:
+every peer that ran).
 
 With ``devices`` (``jax-attention bench train --devices 1,2,4``) the benchmark measures how our
 training scales over devices instead (:func:`bench_train_devices`): for each device count a fresh
@@ -59,22 +73,35 @@ from jax_attention.models import registry as registry
 from jax_attention._checks import check_int
 from jax_attention.bench.common import (environment, format_environment, gemm_ceiling,
                                         load_average, summarize, time_interleaved)
-from jax_attention.bench.torch_support import ThreadChoice, torch_model, torch_num_threads
+from jax_attention.bench.torch_support import (CompiledTorchRounds, ThreadChoice, TorchRounds,
+                                               failure_line, torch_batches, torch_model,
+                                               torch_num_threads)
+from jax_attention.bench.train_sizes import BOOK_MODELS, SIZE_NAMES, SIZES, train_sizes
 from jax_attention.runtime import distributed
 
-__all__ = ["MODELS", "BOOK_MODELS", "bench_train", "format_train", "bench_train_devices",
-           "format_train_devices", "child_main", "our_training", "stack_batches", "OurRounds"]
+__all__ = ["MODELS", "BOOK_MODELS", "SIZES", "SIZE_NAMES", "PEERS", "DEFAULT_PEERS",
+           "bench_train", "format_train", "bench_train_devices", "format_train_devices",
+           "child_main", "our_training", "stack_batches", "OurRounds"]
 
 #: The models :func:`bench_train` can train: the names of
 #: :data:`jax_attention.models.registry.MODELS`, in its order (the choices of ``bench train
 #: --model``).
 MODELS = tuple(registry.MODELS)
 
-#: The book's model settings (d2l §11.4.3 and §11.7.6): each config's defaults, less the data's
-#: sizes (``num_steps`` and the vocabularies are the run's).
-BOOK_MODELS = {name: {key: value for key, value in spec.model_config().record().items()
-                      if key not in ("num_steps", "src_vocab_size", "tgt_vocab_size")}
-               for name, spec in registry.MODELS.items()}
+#: The peers :func:`bench_train` can time (``bench train --peers``), in the order they run, and
+#: what each is (the record's ``description``).
+PEERS = {
+    "ours": "the compiled training step of 'jax-attention train': the round's steps in one "
+            "jitted call (lax.scan), on the batches padded to batch_size rows",
+    "torch": "the book's train_seq2seq loop on the PyTorch mirror, eager: one train_step per "
+             "batch (loss.sum(), backward, grad_clipping, Adam.step), on the unpadded batches",
+    "torch-compile": "the same loop with torch.compile (inductor, its defaults) of the loss "
+                     "(the module's forward; backward by AOTAutograd) and of the update "
+                     "(clipping, Adam.step), compiled in an untimed round in a fresh inductor "
+                     "cache",
+}
+#: The peers of a plain ``bench train``.
+DEFAULT_PEERS = ("ours", "torch")
 
 
 def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
@@ -86,14 +113,15 @@ def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: in
                              tgt_vocab_size=tgt_vocab_size)
 
 
-def our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int):
+def our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int,
+              num_steps: int | None = None):
     """Our model in training mode, seeded as :func:`jax_attention.train.seq2seq.setup` seeds it."""
     import jax
     from flax import nnx
 
     rngs = nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed, impl="rbg"))
     model = registry.get_model(kind).build(
-        model_config(kind, sizes, src_vocab_size, tgt_vocab_size), rngs)
+        model_config(kind, sizes, src_vocab_size, tgt_vocab_size, num_steps), rngs)
     model.train()
     return model
 
@@ -142,7 +170,7 @@ def our_training(kind: str, sizes: dict, nmt, seed: int, lr: float):
 
     from jax_attention.train.loop import clipped_adam
 
-    model = our_model(kind, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed)
+    model = our_model(kind, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed, nmt.num_steps)
     optimizer = nnx.Optimizer(model, clipped_adam(float(lr)), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
     return model, optimizer, graphdef, state
@@ -188,47 +216,38 @@ class OurRounds:
         self.steps_trained += len(self._padded)
 
 
-class _TorchRounds:
-    """Rounds of the book's PyTorch training (``train_seq2seq``) of the mirror of our model,
-    started from our initial weights: each call runs one eager
-    :func:`jax_attention.interop.torch_models.train_step` per batch, on the unpadded batches as
-    the book's ``DataLoader`` gives them.
+def _check_peers(peers: Sequence[str]) -> tuple[str, ...]:
+    """``peers`` in the order they run (:data:`PEERS`'); ``ours`` and ``torch`` are required."""
+    chosen = set(peers)
+    if not chosen <= set(PEERS) or not {"ours", "torch"} <= chosen:
+        raise ValueError(f"peers must include ours and torch, among {', '.join(PEERS)}; got "
+                         f"{list(peers)!r}")
+    return tuple(name for name in PEERS if name in chosen)
 
-    Attributes:
-      losses: each round's summed loss per target token (``tokens`` a round).
-      steps_trained: the steps of the rounds so far.
-    """
 
-    def __init__(self, kind: str, sizes: dict, nmt, initial: dict, plain: list, *, tokens: int,
-                 seed: int, lr: float):
-        import torch
+def _torch_rounds(kind: str, run: dict, nmt, initial: dict, plain: list, *, peers: Sequence[str],
+                  tokens: int, seed: int, lr: float) -> dict:
+    """The PyTorch peers among ``peers``: each its own mirror of our model (``run``'s settings),
+    started from our initial weights, on the unpadded batches ``plain``."""
+    import torch
 
-        from jax_attention.interop import torch_models as tm
-
+    config = model_config(kind, run["model"], len(nmt.src_vocab), len(nmt.tgt_vocab),
+                          run["num_steps"])
+    batches = torch_batches(plain)
+    classes = {"torch": TorchRounds, "torch-compile": CompiledTorchRounds}
+    rounds = {}
+    for name in (peer for peer in peers if peer in classes):
         torch.manual_seed(seed)
-        self.net = torch_model(kind, model_config(kind, sizes, len(nmt.src_vocab),
-                                                  len(nmt.tgt_vocab)), initial)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=lr)
-        self._batches = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in batch)
-                         for batch in plain]
-        self._train_step, self._bos_id = tm.train_step, nmt.tgt_vocab["<bos>"]
-        self._tokens = tokens
-        self.losses: list[float] = []
-        self.steps_trained = 0
-
-    def __call__(self) -> None:
-        total = 0.0
-        for src, src_valid_len, tgt, tgt_valid_len in self._batches:
-            total += self._train_step(self.net, self.optimizer, src, src_valid_len, tgt,
-                                      tgt_valid_len, self._bos_id)
-        self.losses.append(total / self._tokens)
-        self.steps_trained += len(self._batches)
+        rounds[name] = classes[name](torch_model(kind, config, initial), batches,
+                                     bos_id=nmt.tgt_vocab["<bos>"], tokens=tokens, lr=lr)
+    return rounds
 
 
 def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
-              seed: int, steps: int, repeats: int, warmup: int, *, devices) -> dict:
+              seed: int, steps: int, repeats: int, warmup: int, *, devices,
+              size: str = "book") -> dict:
     """The ``settings`` of a training benchmark's record."""
-    return {"model": model, "batch_size": batch_size, "num_steps": num_steps,
+    return {"size": size, "model": model, "batch_size": batch_size, "num_steps": num_steps,
             "num_examples": num_examples, "lr": lr, "seed": seed, "steps": steps,
             "repeats": repeats, "warmup": warmup, "clip_global_norm": 1.0, "optimizer": "adam",
             "devices": devices}
@@ -261,54 +280,100 @@ def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
     return float(analysis.get("flops", 0.0))
 
 
-def _timed_rounds(model: str, ours: OurRounds, torch_round: _TorchRounds, *,
-                  torch_threads: int | None, repeats: int, warmup: int, steps: int,
-                  say) -> tuple[dict, float, int, dict]:
-    """Compile ours, settle PyTorch's threads, even out the steps trained, then time the rounds.
+def _warm_up_compiled(model: str, rounds: dict, first_calls: dict, skipped: dict, say) -> None:
+    """Compile the ``torch-compile`` peer in its first round (its seconds into ``first_calls``);
+    when ``torch.compile`` fails (no C++ compiler for inductor, an unsupported Python), drop it
+    from ``rounds`` and say why in ``skipped``, in one line."""
+    say(f"{model}: torch.compile of the PyTorch step (inductor), in its first round")
+    try:
+        first_calls["torch-compile"] = rounds["torch-compile"].warm_up()
+    except Exception as error:  # whatever torch.compile raised: the other peers go on
+        skipped["torch-compile"] = f"torch.compile failed: {failure_line(error)}"
+        del rounds["torch-compile"]
+        say(f"{model}: torch-compile skipped ({skipped['torch-compile']})")
+
+
+def _timed_rounds(model: str, rounds: dict, *, torch_threads: int | None, repeats: int,
+                  warmup: int, steps: int, say) -> tuple[dict, dict, int, dict, dict]:
+    """Compile ours, settle PyTorch's threads (on the eager ``torch`` peer), compile the
+    ``torch-compile`` peer with those threads, even out the steps trained, then time the rounds
+    of every peer of ``rounds`` (``{"ours": OurRounds, "torch": TorchRounds, ...}``), interleaved.
 
     Returns:
-      ``(samples, first_call_s, torch_threads, probes)``: the timings by peer, our compiling
-      call's seconds, the threads PyTorch ran with and, where it was probed, the fastest
-      round of each candidate thread count (seconds).
+      ``(samples, first_calls, torch_threads, probes, skipped)``: the timings by peer, the
+      seconds of each compiling call (ours, torch-compile), the threads PyTorch ran with, where
+      it was probed the fastest round of each candidate thread count (seconds), and the peers
+      that could not run, with the reason (they are gone from ``rounds``).
     """
     say(f"{model}: compiling our {steps} steps")
     start = time.perf_counter()
-    ours()
-    first_call_s = time.perf_counter() - start
+    rounds["ours"]()
+    first_calls, skipped = {"ours": time.perf_counter() - start}, {}
 
     choice = ThreadChoice(torch_threads)
-    choice.timed(torch_round)  # a fixed count's warm-up round, or the first probe
+    choice.timed(rounds["torch"])  # a fixed count's warm-up round, or the first probe
     while choice.probing:
-        choice.timed(torch_round)
+        choice.timed(rounds["torch"])
     torch_threads, probes = choice.threads, choice.probe_seconds
     if probes:
         say(f"{model}: torch threads {torch_threads} (fastest probe round of each: "
             + ", ".join(f"{t}: {s:.3f} s" for t, s in probes.items()) + ")")
-    # The same number of steps for both before the timed rounds: catch ours up on the probes.
-    while ours.steps_trained < torch_round.steps_trained:
-        ours()
-    while torch_round.steps_trained < ours.steps_trained:
-        with torch_num_threads(torch_threads):
-            torch_round()
-
-    say(f"{model}: {warmup} warm-up and {repeats} timed rounds of {steps} steps")
     with torch_num_threads(torch_threads):
-        samples = time_interleaved({"ours": ours, "torch": torch_round}, repeats=repeats,
-                                   warmup=warmup)
-    return samples, first_call_s, torch_threads, probes
+        if "torch-compile" in rounds:
+            _warm_up_compiled(model, rounds, first_calls, skipped, say)
+        # The same number of steps for all before the timed rounds: catch up on the probes.
+        target = max(peer.steps_trained for peer in rounds.values())
+        for peer in rounds.values():
+            while peer.steps_trained < target:
+                peer()
+        say(f"{model}: {warmup} warm-up and {repeats} timed rounds of {steps} steps")
+        samples = time_interleaved(rounds, repeats=repeats, warmup=warmup)
+    return samples, first_calls, torch_threads, probes, skipped
 
 
-def _train_peers(samples: dict, rounds: dict, *, steps: int, tokens: int, flops: float,
-                 ceiling: float, first_call_s: float, torch_threads: int, probes: dict) -> dict:
-    """Each peer's record: the timings, tokens/s, GFLOP/s and share of the GEMM ceiling (in
-    FLOP/s) and its losses (``rounds``: ``{"ours": OurRounds, "torch": _TorchRounds}``); our
-    compilation time, PyTorch's threads and thread probes."""
+def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -> dict:
+    """What each peer trained with: the model's and the data's sizes, the dtype, the threads
+    and the model's parameter count; ``rounds`` holds every peer asked for."""
+    import jax
+
+    common = {"size": run["size"], "model": run["model"], "batch_size": run["batch_size"],
+              "num_steps": run["num_steps"], "num_examples": run["num_examples"],
+              "dtype": "float32"}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    platform = jax.default_backend()
+    settings = {"ours": {**common, "platform": platform,
+                         "threads": cores if platform == "cpu" else None,
+                         "threads_note": "XLA's own thread pool (on CPU one thread per usable "
+                                         "core)",
+                         "parameters": int(sum(np.size(a) for a in jax.tree.leaves(initial)))}}
+    for name, peer in rounds.items():
+        if name != "ours":
+            settings[name] = {**common, "platform": "cpu", "threads": torch_threads,
+                              "parameters": int(sum(p.numel() for p in peer.net.parameters()))}
+    if "torch-compile" in rounds:
+        settings["torch-compile"]["compile"] = {
+            "backend": "inductor", "mode": "default", "dynamic": "automatic",
+            "cache": rounds["torch-compile"].cache}
+    return settings
+
+
+def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tokens: int,
+                 flops: float, ceiling: float, first_calls: dict, probes: dict,
+                 skipped: dict) -> dict:
+    """Each peer's record (``settings``: :func:`_peer_settings`): what it is, its settings, the
+    timings, tokens/s, GFLOP/s and share of the GEMM ceiling (in FLOP/s) and its losses; the
+    compiled peers' compilation time, PyTorch's thread probes; a skipped peer's reason."""
     peers = {}
-    for name in ("ours", "torch"):
+    for name in settings:
+        peer = {"status": "skipped" if name in skipped else "ok", "description": PEERS[name],
+                "settings": settings[name]}
+        if name in skipped:
+            peers[name] = {**peer, "reason": skipped[name]}
+            continue
         summary = summarize(samples[name])
         step_s = summary["median_s"] / steps
         peers[name] = {
-            **summary,
+            **peer, **summary,
             "step_ms": step_s * 1e3,
             "tokens_per_s": tokens / summary["median_s"],
             "gflops": flops / step_s / 1e9,
@@ -317,29 +382,41 @@ def _train_peers(samples: dict, rounds: dict, *, steps: int, tokens: int, flops:
             "round_losses": list(rounds[name].losses),
             "steps_trained": rounds[name].steps_trained,
         }
-    peers["ours"]["first_call_s"] = first_call_s
-    peers["ours"]["compile_s"] = max(first_call_s - statistics.median(samples["ours"]), 0.0)
-    peers["torch"]["threads"] = torch_threads
+        if name in first_calls:
+            peers[name]["first_call_s"] = first_calls[name]
+            peers[name]["compile_s"] = max(
+                first_calls[name] - statistics.median(samples[name]), 0.0)
+        if name != "ours":
+            peers[name]["threads"] = settings[name]["threads"]
     peers["torch"]["thread_probe_s"] = {str(t): s for t, s in probes.items()}
     return peers
 
 
-def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, warmup: int = 1,
-                seed: int = 0, sizes: dict | None = None, batch_size: int = 64,
-                num_steps: int = 10, num_examples: int = 600, lr: float = 0.005,
+def bench_train(model: str = "bahdanau", *, size: str = "book",
+                peers: Sequence[str] = DEFAULT_PEERS, steps: int = 20, repeats: int = 7,
+                warmup: int = 1, seed: int = 0, sizes: dict | None = None,
+                batch_size: int | None = None, num_steps: int | None = None,
+                num_examples: int | None = None, lr: float = 0.005,
                 torch_threads: int | None = None, gemm_size: int = 2048, data=None,
                 log: Callable[[str], object] | None = None) -> dict:
-    """Time ``steps`` training steps of ours and of the PyTorch mirror, interleaved.
+    """Time ``steps`` training steps of ours and of the PyTorch mirror (eager, and compiled by
+    ``torch.compile`` when ``peers`` asks), interleaved.
 
     Args:
       model: ``"bahdanau"`` or ``"transformer"``.
+      size: a named size of :data:`SIZES` (:mod:`jax_attention.bench.train_sizes`): the model's
+        and the data's settings, ``"book"`` the book's.
+      peers: among :data:`PEERS`; ``ours`` and ``torch`` always run (``torch-compile`` adds
+        the compiled loop; when ``torch.compile`` fails it is reported as skipped).
       steps: training steps per timed round (batches taken epoch after epoch, from the first).
       repeats: timed rounds (>= 5); medians are reported.
       warmup: untimed rounds after the compiling call.
       seed: seeds the data order, our initial weights and both peers' dropout.
-      sizes: model settings overriding :data:`BOOK_MODELS` (e.g. a tiny model for tests;
-        ``dropout=0`` makes the two peers' losses comparable step for step).
-      batch_size, num_steps, num_examples, lr: the data and the optimizer (the book's defaults).
+      sizes: model settings overriding the size's (e.g. a tiny model for tests; ``dropout=0``
+        makes the peers' losses comparable step for step).
+      batch_size, num_steps, num_examples: the data's, overriding the size's (``None``: the
+        size's).
+      lr: Adam's learning rate (the book's).
       torch_threads: PyTorch's intra-op threads; ``None`` picks the faster of 1 and its default
         (see the module docstring).
       gemm_size: ``n`` of the ``n x n x n`` float32 GEMM that sets the ceiling.
@@ -353,79 +430,125 @@ def bench_train(model: str = "bahdanau", *, steps: int = 20, repeats: int = 7, w
     from flax import nnx
 
     _check_model_and_steps(model, steps)
+    peers = _check_peers(peers)
+    run = train_sizes(model, size, sizes, batch_size=batch_size, num_steps=num_steps,
+                      num_examples=num_examples)
     say = log or (lambda line: None)
-    settings = {**BOOK_MODELS[model], **(sizes or {})}
     load_before = load_average()
     environment_record = environment()
 
-    nmt, plain, padded, tokens = training_batches(batch_size, num_steps, num_examples, data,
-                                                   seed, steps)
-    ours_model, optimizer, graphdef, state = our_training(model, settings, nmt, seed, lr)
+    nmt, plain, padded, tokens = training_batches(run["batch_size"], run["num_steps"],
+                                                   run["num_examples"], data, seed, steps)
+    ours_model, optimizer, graphdef, state = our_training(model, run["model"], nmt, seed, lr)
     initial = jax.tree.map(np.asarray, ours_model.params_dict())
-    torch_round = _TorchRounds(model, settings, nmt, initial, plain, tokens=tokens, seed=seed,
-                               lr=lr)
+    torch_rounds = _torch_rounds(model, run, nmt, initial, plain, peers=peers, tokens=tokens,
+                                 seed=seed, lr=lr)
     say(f"{model}: cost analysis of one step")
     flops = _flops_per_step(graphdef, state, padded[0], nmt.tgt_vocab["<bos>"])
-    ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens)
+    rounds = {"ours": OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens),
+              **torch_rounds}
+    every_peer = dict(rounds)
 
-    samples, first_call_s, torch_threads, probes = _timed_rounds(
-        model, ours, torch_round, torch_threads=torch_threads, repeats=repeats,
-        warmup=warmup, steps=steps, say=say)
-    nnx.update((ours_model, optimizer), ours.state)
+    samples, first_calls, torch_threads, probes, skipped = _timed_rounds(
+        model, rounds, torch_threads=torch_threads, repeats=repeats, warmup=warmup,
+        steps=steps, say=say)
+    nnx.update((ours_model, optimizer), rounds["ours"].state)
     say(f"{model}: GEMM ceiling")
     gemm = gemm_ceiling(gemm_size)
-    peers = _train_peers(samples, {"ours": ours, "torch": torch_round}, steps=steps,
-                         tokens=tokens, flops=flops, ceiling=gemm["ceiling_gflops"] * 1e9,
-                         first_call_s=first_call_s, torch_threads=torch_threads, probes=probes)
-    final_ours, final_torch = peers["ours"]["final_loss"], peers["torch"]["final_loss"]
+    peer_records = _train_peers(
+        samples, rounds, _peer_settings(run, every_peer, initial, torch_threads), steps=steps,
+        tokens=tokens, flops=flops, ceiling=gemm["ceiling_gflops"] * 1e9,
+        first_calls=first_calls, probes=probes, skipped=skipped)
+    settings = {**_settings(run["model"], run["batch_size"], run["num_steps"],
+                            run["num_examples"], lr, seed, steps, repeats, warmup, devices=1,
+                            size=run["size"]), "peers": list(peers)}
+    return _train_record(model, settings, peer_records, tokens=tokens, flops=flops, gemm=gemm,
+                         load_before=load_before, environment_record=environment_record)
+
+
+def _train_record(model: str, settings: dict, peers: dict, *, tokens: int, flops: float,
+                  gemm: dict, load_before, environment_record: dict) -> dict:
+    """The record of :func:`bench_train`: the ratios of ours to each peer that ran, and of the
+    final losses."""
+    ours = peers["ours"]
+    ran = [name for name, peer in peers.items() if name != "ours" and peer["status"] == "ok"]
+    ratios = {name: ours["tokens_per_s"] / peers[name]["tokens_per_s"] for name in ran}
+    losses = {name: abs(ours["final_loss"] - peers[name]["final_loss"])
+              / abs(peers[name]["final_loss"]) for name in ran}
     return {
         "benchmark": "train",
         "model": model,
-        "settings": _settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
-                              repeats, warmup, devices=1),
+        "size": settings["size"],
+        "settings": settings,
         "tokens_per_round": tokens,
-        "tokens_per_step": tokens / steps,
+        "tokens_per_step": tokens / settings["steps"],
         "flops_per_step": flops,
         "flops_source": "XLA cost analysis of one step of ours as lowered (forward, backward, "
                         "clipping, Adam)",
         "gemm": gemm,
         "peers": peers,
-        "ratio_tokens_per_s": peers["ours"]["tokens_per_s"] / peers["torch"]["tokens_per_s"],
-        "final_loss_relative_difference": abs(final_ours - final_torch) / abs(final_torch),
+        "ratio_tokens_per_s": ratios["torch"],
+        "ratios_tokens_per_s": ratios,
+        "final_loss_relative_difference": losses["torch"],
+        "final_loss_relative_differences": losses,
         "load_average": {"before": load_before, "after": load_average()},
         "environment": environment_record,
     }
 
 
 def format_train(record: dict) -> str:
-    """The record as a small table: one row per peer, then the ratio and the settings."""
-    settings = record["settings"]
+    """The record as a small table: one row per peer (a skipped one: why), then the ratios and
+    the settings."""
+    settings, peers = record["settings"], record["peers"]
+    size = settings.get("size", "book")
     lines = [
         format_environment(record["environment"]),
-        f"bench train --model {record['model']}: {settings['steps']} steps per round, "
+        f"bench train --model {record['model']}{'' if size == 'book' else ' --size ' + size}: "
+        f"{settings['steps']} steps per round, "
         f"{record['tokens_per_round']} target tokens, {settings['repeats']} rounds "
         f"(medians), batch {settings['batch_size']}, num_steps {settings['num_steps']}, "
         f"{settings['num_examples']} pairs",
+    ]
+    if settings["model"] != BOOK_MODELS.get(record["model"]):
+        lines.append("model: " + ", ".join(f"{key} {value}"
+                                           for key, value in settings["model"].items()))
+    width = max(8, 1 + max(map(len, peers)))
+    lines += [
         f"model FLOPs per step {record['flops_per_step'] / 1e6:.1f} M "
         f"({record['flops_source']}); GEMM ceiling {record['gemm']['ceiling_gflops']:.1f} "
         f"GFLOP/s (n = {record['gemm']['n']})",
-        f"{'peer':<8}{'tokens/s':>12}{'step ms':>10}{'GFLOP/s':>10}{'% GEMM':>9}"
+        f"{'peer':<{width}}{'tokens/s':>12}{'step ms':>10}{'GFLOP/s':>10}{'% GEMM':>9}"
         f"{'final loss':>12}",
     ]
-    for name, peer in record["peers"].items():
-        lines.append(f"{name:<8}{peer['tokens_per_s']:>12.0f}{peer['step_ms']:>10.2f}"
+    for name, peer in peers.items():
+        if peer.get("status", "ok") != "ok":
+            lines.append(f"{name:<{width}}skipped: {peer['reason']}")
+            continue
+        lines.append(f"{name:<{width}}{peer['tokens_per_s']:>12.0f}{peer['step_ms']:>10.2f}"
                      f"{peer['gflops']:>10.2f}{100 * peer['gemm_fraction']:>8.2f}%"
                      f"{peer['final_loss']:>12.5f}")
+    return "\n".join(lines + _format_train_ratios(record))
+
+
+def _format_train_ratios(record: dict) -> list[str]:
+    """The lines under :func:`format_train`'s table: ratios, compilation, losses, load."""
     ours, torch = record["peers"]["ours"], record["peers"]["torch"]
+    compiled = record["peers"].get("torch-compile", {"status": None})
     load = record["load_average"]
-    lines += [
-        f"ours / torch tokens/s: {record['ratio_tokens_per_s']:.2f}x; our compilation "
-        f"{ours['compile_s']:.2f} s (excluded); torch threads {torch['threads']}",
-        f"final losses differ by {100 * record['final_loss_relative_difference']:.2f}% "
-        f"(after {ours['steps_trained']} steps each)",
-        f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}",
-    ]
-    return "\n".join(lines)
+    lines = [f"ours / torch tokens/s: {record['ratio_tokens_per_s']:.2f}x; our compilation "
+             f"{ours['compile_s']:.2f} s (excluded); torch threads {torch['threads']}"]
+    if compiled["status"] == "ok":
+        lines.append(f"ours / torch-compile tokens/s: "
+                     f"{record['ratios_tokens_per_s']['torch-compile']:.2f}x; its compilation "
+                     f"{compiled['compile_s']:.2f} s (excluded; "
+                     f"{compiled['settings']['compile']['cache']})")
+    losses = f"final losses differ by {100 * record['final_loss_relative_difference']:.2f}%"
+    if compiled["status"] == "ok":
+        losses = ("final losses differ from ours by " + " and ".join(
+            f"{100 * difference:.2f}% ({name})"
+            for name, difference in record["final_loss_relative_differences"].items()))
+    return lines + [f"{losses} (after {ours['steps_trained']} steps each)",
+                    f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}"]
 
 
 # --------------------------------------------------------------------------- --devices
@@ -530,9 +653,10 @@ def _run_devices_child(model: str, devices: int, settings: dict, timeout_s: floa
 
 
 def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2, 4), *,
-                        steps: int = 20, repeats: int = 7, warmup: int = 1, seed: int = 0,
-                        sizes: dict | None = None, batch_size: int = 64, num_steps: int = 10,
-                        num_examples: int = 600, lr: float = 0.005, data=None,
+                        size: str = "book", steps: int = 20, repeats: int = 7, warmup: int = 1,
+                        seed: int = 0, sizes: dict | None = None, batch_size: int | None = None,
+                        num_steps: int | None = None, num_examples: int | None = None,
+                        lr: float = 0.005, data=None,
                         timeout_s: float | None = 1800.0,
                         log: Callable[[str], object] | None = None) -> dict:
     """Step time and tokens/s of our training on each device count, each in a fresh process.
@@ -545,8 +669,8 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
     Args:
       model: ``"bahdanau"`` or ``"transformer"``.
       devices: the device counts (each must divide ``batch_size``).
-      steps, repeats, warmup, seed, sizes, batch_size, num_steps, num_examples, lr, data: as in
-        :func:`bench_train`.
+      size, steps, repeats, warmup, seed, sizes, batch_size, num_steps, num_examples, lr, data:
+        as in :func:`bench_train`.
       timeout_s: per child; a child that runs longer is recorded as failed.
       log: called with a line before each child, or ``None``.
 
@@ -558,9 +682,12 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
     _check_model_and_steps(model, steps)
     if repeats < 5:
         raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
+    run = train_sizes(model, size, sizes, batch_size=batch_size, num_steps=num_steps,
+                      num_examples=num_examples)
+    settings, batch_size = run["model"], run["batch_size"]
+    num_steps, num_examples = run["num_steps"], run["num_examples"]
     counts = _check_device_counts(devices, batch_size)
     say = log or (lambda line: None)
-    settings = {**BOOK_MODELS[model], **(sizes or {})}
     load_before = load_average()
     environment_record = environment()
     child_settings = {"steps": steps, "repeats": repeats, "warmup": warmup, "seed": seed,
@@ -585,7 +712,7 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
         "benchmark": "train",
         "model": model,
         "settings": {**_settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
-                                 repeats, warmup, devices=counts),
+                                 repeats, warmup, devices=counts, size=size),
                      "parallelism": "data: state replicated, each batch split over the devices"},
         "results": results,
         "note": (f"each device count ran in a fresh process with XLA_FLAGS="
@@ -605,7 +732,9 @@ def format_train_devices(record: dict) -> str:
     """The record of :func:`bench_train_devices` as a table, one row per device count."""
     settings = record["settings"]
     lines = [format_environment(record["environment"]),
-             f"bench train --model {record['model']} --devices "
+             f"bench train --model {record['model']}"
+             f"{'' if settings.get('size', 'book') == 'book' else ' --size ' + settings['size']}"
+             " --devices "
              f"{','.join(map(str, settings['devices']))}: {settings['steps']} steps per round, "
              f"{settings['repeats']} rounds (medians), global batch {settings['batch_size']}, "
              f"num_steps {settings['num_steps']}, {settings['num_examples']} pairs",

@@ -249,7 +249,12 @@ def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser
                       "interleaved. Prints target tokens/s and step time (medians), the model "
                       "FLOPs per step (XLA's cost analysis), the fraction of a float32 GEMM "
                       "ceiling measured in the same run, both peers' losses after the timed "
-                      "steps and the ratio ours/torch. PyTorch runs with the faster of 1 thread "
+                      "steps and the ratio ours/torch. --size small or base trains larger "
+                      "models on more data (the same for every peer; --num-hiddens and the other "
+                      "size flags change one setting); --peers ours,torch,torch-compile adds the "
+                      "PyTorch loop compiled by torch.compile (inductor), its compilation in an "
+                      "untimed round and reported, and the ratio ours/torch-compile. PyTorch "
+                      "runs with the faster of 1 thread "
                       "and its default unless --torch-threads is given. With --devices 1,2,4 it "
                       "measures how our training scales over devices instead: one fresh process "
                       "per device count, each training on a mesh of that many devices (state "
@@ -263,7 +268,7 @@ def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser
                       "and reports process wall, CPU time, compile time, steady tokens/s and "
                       "the BLEU of the book's four sentences of both, and their ratios.")
 def _bench_train(parser: argparse.ArgumentParser) -> None:
-    from jax_attention.bench.train import MODELS
+    from jax_attention.bench.train import DEFAULT_PEERS, MODELS, PEERS
     from jax_attention.bench.whole_run import CACHES
 
     parser.add_argument("--model", "--models", dest="model", metavar="MODEL", choices=MODELS,
@@ -273,13 +278,21 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
                              "--models is the same option, as spelled by 'bench decode'")
     parser.add_argument("--steps", metavar="N", type=positive_int, default=20,
                         help="training steps per timed round, batches in training order "
-                             "(default: %(default)s, two epochs of the 600 pairs)")
+                             "(default: %(default)s, two epochs at --size book)")
     parser.add_argument("--torch-threads", metavar="N", type=positive_int, default=None,
                         help="PyTorch's intra-op threads (default: the faster of 1 and "
                              "PyTorch's default, taking turns on two untimed rounds each)")
     parser.add_argument("--gemm-size", metavar="N", type=positive_int, default=2048,
                         help="n of the n³ float32 GEMM that sets the ceiling (default: "
                              "%(default)s)")
+    parser.add_argument("--peers", metavar="PEER[,PEER...]", type=_train_peers,
+                        default=DEFAULT_PEERS,
+                        help=f"the peers to time, among {', '.join(PEERS)}; ours and torch "
+                             "always run, torch-compile adds the book's PyTorch loop compiled "
+                             "by torch.compile (inductor: the loss, its backward and the "
+                             "update), compiled in an untimed round (its compilation time "
+                             "reported) and reported as skipped, with the reason, when "
+                             f"inductor fails (default: {','.join(DEFAULT_PEERS)})")
     parser.add_argument("--devices", metavar="N[,N...]", type=_device_counts, default=None,
                         help="time our training on N devices ('train --devices N'), or on each "
                              "of several device counts (1,2,4) to see the scaling, instead: "
@@ -289,7 +302,8 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     whole = parser.add_argument_group(
         "whole runs", "--whole-run: the whole training command against the book's PyTorch "
                       "training, each a fresh process (--steps, --repeats, --warmup, "
-                      "--gemm-size and --devices do not apply; --torch-threads sets the book "
+                      "--gemm-size, --peers, --devices and the sizes but --num-examples do not "
+                      "apply; --torch-threads sets the book "
                       "run's threads, default: the faster of 1 and PyTorch's default over its "
                       "first four epochs)")
     whole.add_argument("--whole-run", action="store_true",
@@ -300,18 +314,45 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
                             "%(default)s)")
     whole.add_argument("--epochs", metavar="N", type=positive_int, default=None,
                        help="epochs of both runs (default: the book's, 200 or 250)")
-    whole.add_argument("--num-examples", metavar="N", type=positive_int, default=None,
-                       help="English–French pairs of both runs (default: the book's 600)")
     whole.add_argument("--whole-run-cache", choices=CACHES, default="cold",
                        help="our compilation cache: cold (off: a first run), warm (a temporary "
                             "cache filled by one untimed run: a second run) or both, two peers "
                             "(default: %(default)s; the user's own cache is never touched)")
+    _add_train_sizes(parser)
     _add_bench_common(parser, repeats=7)
     parser.set_defaults(handler=run_bench_train)
 
 
-_NOT_WITH_WHOLE_RUN = ("steps", "repeats", "warmup", "gemm_size", "devices")
-_ONLY_WITH_WHOLE_RUN = ("rounds", "epochs", "num_examples", "whole_run_cache")
+def _add_train_sizes(parser: argparse.ArgumentParser) -> None:
+    """``bench train --size`` and the flags that change one of its settings."""
+    from jax_attention.bench.train_sizes import SIZE_NAMES, describe_size
+
+    sizes = parser.add_argument_group(
+        "sizes", "the model and the data every peer trains (the same for each): a named size, "
+                 "and single settings changed (with --whole-run only --num-examples applies)")
+    sizes.add_argument("--size", choices=SIZE_NAMES, default="book",
+                       help="the named size (default: %(default)s): " + "; ".join(
+                           f"{name}: {describe_size(name)}" for name in SIZE_NAMES)
+                       + " (layers: the encoder's + the decoder's)")
+    for flag, what in (("--embed-size", "the Bahdanau model's embedding size"),
+                       ("--num-hiddens", "the model's width (the GRU's hidden size)"),
+                       ("--ffn-num-hiddens", "the Transformer's FFN width"),
+                       ("--num-heads", "the Transformer's attention heads"),
+                       ("--num-layers", "blocks (GRU layers) in the encoder and the decoder "
+                                        "each"),
+                       ("--batch-size", "examples per batch"),
+                       ("--num-steps", "tokens per sequence, padded or cut")):
+        sizes.add_argument(flag, metavar="N", type=positive_int, default=None,
+                           help=f"{what} (default: the size's)")
+    sizes.add_argument("--num-examples", metavar="N", type=positive_int, default=None,
+                       help="English–French pairs (default: the size's; with --whole-run, "
+                            "of both runs, the book's 600)")
+
+
+_NOT_WITH_WHOLE_RUN = ("steps", "repeats", "warmup", "gemm_size", "devices", "peers", "size",
+                       "embed_size", "num_hiddens", "ffn_num_hiddens", "num_heads",
+                       "num_layers", "batch_size", "num_steps")
+_ONLY_WITH_WHOLE_RUN = ("rounds", "epochs", "whole_run_cache")
 
 
 def _check_whole_run_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -323,6 +364,41 @@ def _check_whole_run_arguments(args: argparse.Namespace, parser: argparse.Argume
             flag = "--" + name.replace("_", "-")
             parser.error(f"argument {flag}: {'not with' if args.whole_run else 'only with'} "
                          f"--whole-run")
+
+
+def _train_peers(text: str) -> tuple[str, ...]:
+    """argparse type: ``ours,torch,torch-compile`` — the peers of ``bench train``, ours and
+    torch among them."""
+    from jax_attention.bench.train import PEERS
+
+    peers = tuple(part.strip() for part in text.split(","))
+    if not set(peers) <= set(PEERS) or not {"ours", "torch"} <= set(peers):
+        raise argparse.ArgumentTypeError(
+            f"expected peers among {', '.join(PEERS)}, ours and torch among them, such as "
+            f"ours,torch,torch-compile, got {text!r}")
+    return tuple(name for name in PEERS if name in peers)
+
+
+def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The size arguments of :func:`~jax_attention.bench.train.bench_train` (``size``, ``sizes``,
+    the data's), checked for the model: a usage error naming the flag otherwise."""
+    from jax_attention.bench.train_sizes import (BOOK_MODELS, DATA_OVERRIDES, MODEL_OVERRIDES,
+                                                 train_sizes)
+
+    sizes = {name: getattr(args, name) for name in MODEL_OVERRIDES
+             if getattr(args, name) is not None}
+    for name in sizes:
+        if name not in BOOK_MODELS[args.model]:
+            parser.error(f"argument --{name.replace('_', '-')}: the {args.model} model has no "
+                         f"{name} (its settings: {', '.join(BOOK_MODELS[args.model])})")
+    arguments = {"size": args.size, "sizes": sizes,
+                 **{name: getattr(args, name) for name in DATA_OVERRIDES}}
+    try:
+        train_sizes(args.model, **arguments)
+    except ValueError as error:  # a size the model lacks, heads not dividing the width
+        parser.error(f"argument --size: {error}" if "no size" in str(error)
+                     else f"the {args.model} model's settings: {error}")
+    return arguments
 
 
 def _device_counts(text: str) -> list[int]:
@@ -347,21 +423,25 @@ def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                                            format_train_devices)
 
     args.model = args.model or "bahdanau"
+    sizes = _train_sizes(args, parser)
     if args.devices is not None:
-        if args.torch_threads is not None:
-            parser.error("argument --torch-threads: not with --devices (no PyTorch peer runs)")
+        for name in ("torch_threads", "peers"):
+            if getattr(args, name) != parser.get_default(name):
+                parser.error(f"argument --{name.replace('_', '-')}: not with --devices (no "
+                             "PyTorch peer runs)")
         try:
             record = bench_train_devices(args.model, args.devices, steps=args.steps,
                                          repeats=args.repeats, warmup=args.warmup,
                                          seed=args.seed, data=args.data,
-                                         log=_bench_progress(args))
+                                         log=_bench_progress(args), **sizes)
         except ValueError as error:  # a device count that does not divide the batch
             parser.error(f"argument --devices: {error}")
         table = format_train_devices(record)
     else:
-        record = bench_train(args.model, steps=args.steps, repeats=args.repeats,
-                             warmup=args.warmup, seed=args.seed, torch_threads=args.torch_threads,
-                             gemm_size=args.gemm_size, data=args.data, log=_bench_progress(args))
+        record = bench_train(args.model, peers=args.peers, steps=args.steps,
+                             repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                             torch_threads=args.torch_threads, gemm_size=args.gemm_size,
+                             data=args.data, log=_bench_progress(args), **sizes)
         table = format_train(record)
     return _finish(args, table, {"command": "bench train", **record})
 
