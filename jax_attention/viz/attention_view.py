@@ -93,11 +93,13 @@ def _as_weights(weights, allow_nan: bool) -> np.ndarray:
                          f"empty axis, got {array.shape}")
     if array.dtype.itemsize < 4 or np.issubdtype(array.dtype, np.integer):
         array = array.astype(np.float32)
-    bad = ~np.isfinite(array)
-    if bad.any() and (not allow_nan or np.isinf(array).any()):
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"weights of shape {array.shape} hold {int(bad.sum())} non-finite values "
-                         f"(the first at {where}); pass allow_nan=True to draw NaN as NaN")
+    for bad, what, hint in ((np.isinf(array), "infinite", ""),
+                            (np.isnan(array) & (not allow_nan), "NaN",
+                             "; pass allow_nan=True to draw NaN as NaN")):
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"weights of shape {array.shape} hold {int(bad.sum())} {what} values "
+                             f"(the first at {where}){hint}")
     return array.reshape((1,) * (4 - array.ndim) + array.shape)
 
 
