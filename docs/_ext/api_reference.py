@@ -146,7 +146,8 @@ def _has_docstring(value) -> bool:
 def undocumented(names: list[PublicName] | None = None) -> list[str]:
     """The public names documented nowhere, each as ``"home.name: why"``; empty when all are."""
     problems = []
-    for entry in sorted({entry for entry in names or public_names() if entry.module == entry.home},
+    names = public_names() if names is None else names
+    for entry in sorted({entry for entry in names if entry.module == entry.home},
                         key=lambda entry: entry.target):
         value = getattr(importlib.import_module(entry.home), entry.name)
         if entry.kind == "data":
@@ -214,13 +215,14 @@ def index_page(modules: list[str], names: list[PublicName]) -> str:
     return "\n".join(text)
 
 
-def write_pages(srcdir: Path) -> list[Path]:
-    """Write the index and one page per module under ``srcdir / FOLDER``; pages whose text is
-    unchanged are left alone (so that Sphinx does not re-read them). Returns the pages."""
+def write_pages(srcdir: Path, names: list[PublicName] | None = None) -> list[Path]:
+    """Write the index and one page per module under ``srcdir / FOLDER`` (``names``: those of
+    :func:`public_names`, computed when not given); pages whose text is unchanged are left alone
+    (so that Sphinx does not re-read them). Returns the pages."""
     folder = srcdir / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     modules = public_modules()
-    names = public_names()
+    names = public_names() if names is None else names
     pages = {folder / "index.md": index_page(modules, names)}
     pages.update({folder / f"{module}.md": module_page(module, names) for module in modules})
     for stale in set(folder.glob("*.md")) - set(pages):

@@ -24,9 +24,10 @@ ZH = "zh/"
 def generate_references(app) -> None:
     """Write the generated pages; warn (an error under ``-W``) for each undocumented public name."""
     srcdir = Path(app.srcdir)
-    api_reference.write_pages(srcdir)
+    names = api_reference.public_names()
+    api_reference.write_pages(srcdir, names)
     cli_reference.write_page(srcdir)
-    for problem in api_reference.undocumented():
+    for problem in api_reference.undocumented(names):
         logger.warning("public name missing from the API reference: %s", problem,
                        type="jax_attention", subtype="api")
 

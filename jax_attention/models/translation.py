@@ -188,6 +188,18 @@ class Translation:
     encoder_decoder: np.ndarray | None = None
     score: float | None = None
 
+    @property
+    def output_tokens(self) -> list[str]:
+        """What each decoding step predicted, one per row of ``weights``: ``tokens``, then
+        ``"<eos>"`` when ``finished``."""
+        return self.tokens + (["<eos>"] if self.finished else [])
+
+    @property
+    def decoder_inputs(self) -> list[str]:
+        """What each decoding step read, one per row of ``weights``: ``"<bos>"``, then the
+        tokens the decoder predicted before it."""
+        return ["<bos>"] + self.output_tokens[:-1]
+
 
 def _sentence_list(sentences) -> list[str]:
     sentences = [sentences] if isinstance(sentences, str) else list(sentences)

@@ -242,9 +242,8 @@ def attention_view(weights, queries: Sequence[str], keys: Sequence[str], *, mask
 
 
 def _transformer_view(t) -> AttentionView:
-    outputs = t.tokens + (["<eos>"] if t.finished else [])
-    inputs = ["<bos>"] + outputs[:-1]  # the decoder reads <bos> and its own predictions
-    steps = len(outputs)
+    inputs = t.decoder_inputs  # the decoder reads <bos> and its own predictions
+    steps = len(inputs)
     causal = np.tril(np.ones((steps, steps), bool))
     tabs = (_tab("Encoder self-attention", t.encoder_self, t.source_tokens, t.source_tokens,
                  xlabel="Source keys", ylabel="Source queries"),
@@ -256,7 +255,7 @@ def _transformer_view(t) -> AttentionView:
 
 
 def _bahdanau_view(t) -> AttentionView:
-    outputs = t.tokens + (["<eos>"] if t.finished else [])
+    outputs = t.output_tokens
     weights = np.asarray(t.weights)
     tab = _tab("Bahdanau (additive) attention", weights, outputs, t.source_tokens,
                xlabel="Source tokens (keys)", ylabel="Translation (queries)",
@@ -309,8 +308,7 @@ def translation_to_bertviz(translation) -> dict:
     if getattr(t, "encoder_decoder", None) is None:
         raise ValueError("translation_to_bertviz needs a Transformer translation (with "
                          "encoder_self, decoder_self and encoder_decoder weights)")
-    outputs = t.tokens + (["<eos>"] if t.finished else [])
     return {"encoder_attention": to_bertviz(t.encoder_self),
             "decoder_attention": to_bertviz(t.decoder_self),
             "cross_attention": to_bertviz(t.encoder_decoder),
-            "encoder_tokens": list(t.source_tokens), "decoder_tokens": ["<bos>"] + outputs[:-1]}
+            "encoder_tokens": list(t.source_tokens), "decoder_tokens": t.decoder_inputs}

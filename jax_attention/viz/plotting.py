@@ -356,7 +356,7 @@ def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
       The :class:`~matplotlib.figure.Figure`.
     """
     steps, keys = translation.weights.shape
-    queries = translation.tokens + (["<eos>"] if translation.finished else [])
+    queries = translation.output_tokens
     if title is None:
         cross = getattr(translation, "encoder_decoder", None)
         what = ("Bahdanau (additive) attention" if cross is None else
@@ -430,8 +430,7 @@ def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict
     """
     out_dir = Path(out_dir)
     t = translation
-    queries = t.tokens + (["<eos>"] if t.finished else [])
-    inputs = ["<bos>"] + queries[:-1]  # the decoder reads <bos> and its own predictions
+    inputs = t.decoder_inputs  # the decoder reads <bos> and its own predictions
     plots = {"encoder_self": out_dir / "transformer_encoder_self_attention.png",
              "decoder_self": out_dir / "transformer_decoder_self_attention.png",
              "encoder_decoder": out_dir / "transformer_encoder_decoder_attention.png"}
