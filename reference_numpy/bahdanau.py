@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference_numpy._checks import (
+    check_int,
     check_lengths,
     check_max_len,
     check_numbered,
@@ -325,16 +326,19 @@ def teacher_forcing_inputs(tgt, bos_id: int):
     return np.concatenate([bos, tgt[:, :-1]], axis=1)
 
 
-def masked_cross_entropy(logits, labels, valid_len):
+def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = None):
     """The book's ``MaskedSoftmaxCELoss`` (d2l §10.7.3): per-sequence masked cross-entropy.
 
-    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / T``: the mean over
-    all ``T`` steps of the cross-entropy with padded steps counted as zero.
+    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / num_steps``:
+    with ``num_steps = T`` (the default) the mean over all ``T`` steps of the cross-entropy with
+    padded steps counted as zero; a larger ``num_steps`` gives the loss of the batch padded to
+    ``num_steps`` steps.
 
     Args:
       logits: float ``(B, T, V)``.
       labels: integer ``(B, T)`` ids in ``[0, V)``.
       valid_len: integer ``(B,)`` in ``[0, T]``.
+      num_steps: the divisor, an integer ``>= max(T, 1)``; ``None``: ``T``.
 
     Returns:
       ``(B,)``; zeros when ``T = 0`` (no step to count).
@@ -350,13 +354,14 @@ def masked_cross_entropy(logits, labels, valid_len):
                          f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
     check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
     valid_len = check_lengths("valid_len", valid_len, B, T, "T")
+    divisor = T if num_steps is None else check_int("num_steps", num_steps, max(T, 1))
     if T == 0:
         return np.zeros((B,), logits.dtype)
     shift = logits.max(axis=-1, keepdims=True)
     log_probs = logits - shift - np.log(np.exp(logits - shift).sum(axis=-1, keepdims=True))
     picked = np.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
     keep = np.arange(labels.shape[1]).reshape(1, -1) < valid_len.reshape(-1, 1)
-    return np.where(keep, -picked, 0.0).mean(axis=1)
+    return np.where(keep, -picked, 0.0).sum(axis=1) / divisor
 
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int):

@@ -132,6 +132,22 @@ def test_masked_cross_entropy_by_hand():
                                                  np.zeros(2, np.int32))).sum()) == 0
 
 
+def test_masked_cross_entropy_of_a_cut_batch_with_the_books_divisor():
+    """A batch cut to its longest sentence, divided by the length it was padded to, gives the
+    padded batch's loss: the cut steps were padding, counted as zero."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 7, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, size=(3, 7)).astype(np.int32)
+    valid_len = np.asarray([4, 0, 2], np.int32)
+    full = bahdanau.masked_cross_entropy(logits, labels, valid_len)
+    cut = bahdanau.masked_cross_entropy(logits[:, :4], labels[:, :4], valid_len, num_steps=7)
+    np.testing.assert_allclose(np.asarray(cut), np.asarray(full), rtol=1e-6)
+    same = bahdanau.masked_cross_entropy(logits, labels, valid_len, num_steps=7)
+    np.testing.assert_array_equal(np.asarray(same), np.asarray(full))
+    with pytest.raises(ValueError, match=r"num_steps must be an integer >= 4, got 3"):
+        bahdanau.masked_cross_entropy(logits[:, :4], labels[:, :4], valid_len, num_steps=3)
+
+
 def test_teacher_forcing_inputs_shift_right_after_bos():
     tgt = jnp.asarray([[5, 6, 3, 1], [7, 3, 1, 1]], jnp.int32)
     np.testing.assert_array_equal(bahdanau.teacher_forcing_inputs(tgt, BOS),

@@ -354,8 +354,8 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
 
     unpoisoned = loop.masked_cross_entropy
 
-    def poisoned(logits, tgt, tgt_valid_len):
-        ce = unpoisoned(logits, tgt, tgt_valid_len)
+    def poisoned(logits, tgt, tgt_valid_len, **divisor):
+        ce = unpoisoned(logits, tgt, tgt_valid_len, **divisor)
         return ce * jnp.where(jnp.any(tgt_valid_len == 0), jnp.nan, 1.0)
 
     monkeypatch.setattr(loop, "masked_cross_entropy", poisoned)

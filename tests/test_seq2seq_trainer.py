@@ -116,3 +116,66 @@ def test_a_failed_background_compile_is_logged_and_the_run_goes_on(monkeypatch, 
     # ... and the debug record carries the exception for a user who asks for it.
     assert debug.exc_info is not None and debug.exc_info[0] is RuntimeError
     assert str(debug.exc_info[1]) == "planted compile failure"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_batches_cut_to_the_longest_sentences_give_the_full_length_loss_and_gradients(
+        name, data_path):
+    """What ``trim_padding`` (on by default) rests on: a batch cut to the training pairs'
+    longest sentences (:func:`padded_lengths`, the sources only where the model allows), its loss
+    divided by ``num_steps``, gives the full-length batch's loss and gradients to rounding."""
+    import jax
+    import numpy as np
+
+    from jax_attention.train.loop import epoch_batches, loss_and_grads, padded_lengths
+    from jax_attention.train.seq2seq import setup, training_lengths
+    from jax_attention.models.translation import teacher_forcing_inputs
+
+    spec = MODELS[name]
+    train_config = spec.train_config(**TRAINING[name])
+    model_config = spec.model_config(**{**TINY[name], "dropout": 0.0, "num_steps": 10})
+    nmt, _, module, _ = setup(spec, model_config, train_config, data=data_path)
+    lengths = training_lengths(spec, nmt, train_config)
+    assert lengths == padded_lengths(nmt, trim_source=spec.trims_source)
+    assert lengths[1] < nmt.num_steps and (lengths[0] < nmt.num_steps) == spec.trims_source
+    bos = nmt.tgt_vocab["<bos>"]
+
+    def loss_and_grads_of(batches, **divisor):
+        src, src_valid_len, tgt, tgt_valid_len = (array[0] for array in batches)
+        loss, grads = loss_and_grads(module, src, src_valid_len,
+                                     teacher_forcing_inputs(tgt, bos), tgt, tgt_valid_len,
+                                     **divisor)
+        return float(loss), jax.tree.leaves(grads)
+
+    full = loss_and_grads_of(epoch_batches(nmt, 0)[0])
+    cut_batches, tokens = epoch_batches(nmt, 0, lengths)
+    assert cut_batches[0].shape[-1] == lengths[0] and cut_batches[2].shape[-1] == lengths[1]
+    assert tokens == epoch_batches(nmt, 0)[1]
+    cut = loss_and_grads_of(cut_batches, num_steps=nmt.num_steps)
+    assert full[0] > 0 and np.isclose(cut[0], full[0], rtol=1e-5)
+    assert len(cut[1]) == len(full[1])
+    for got, want in zip(cut[1], full[1], strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+    # Without the book's divisor the loss would be num_steps / T times larger.
+    plain = loss_and_grads_of(cut_batches)
+    assert np.isclose(plain[0], full[0] * nmt.num_steps / lengths[1], rtol=1e-5)
+    if not spec.trims_source:  # Bahdanau: the encoder's final state runs over the padding
+        source_cut = padded_lengths(nmt, trim_source=True)
+        other = loss_and_grads_of(epoch_batches(nmt, 0, source_cut)[0], num_steps=nmt.num_steps)
+        assert not np.isclose(other[0], full[0], rtol=1e-4)
+
+
+def test_lengths_that_would_cut_a_sentence_are_refused(data_path):
+    from jax_attention.train.loop import epoch_batches, padded_lengths
+
+    nmt = load_data_nmt(8, 10, 60, data=data_path)
+    source, target = padded_lengths(nmt)
+    with pytest.raises(ValueError, match=r"lengths = \(\d+, \d+\) would cut a sentence"):
+        epoch_batches(nmt, 0, (source, target - 1))
+    assert padded_lengths(nmt, trim_source=False) == (10, target)
+
+
+def test_trim_padding_flows_from_the_flag_to_the_record(run):
+    spec, result = run
+    assert result.train_config.trim_padding is True
+    assert result.config["training"]["trim_padding"] is True

@@ -7,9 +7,13 @@ per-sequence masked cross-entropy summed over the batch, gradients clipped to gl
 Adam.
 
 * ``ours``: the code path of ``jax-attention train`` — the batches stacked on the host
-  (:func:`jax_attention.train.loop.epoch_batches`'s padding), one compiled call of
-  :func:`jax_attention.train.loop.train_steps` for the ``steps`` steps, the losses brought back to
-  the host.
+  (:func:`jax_attention.train.loop.epoch_batches`'s padding, cut to the training pairs' longest
+  sentences, :func:`jax_attention.train.loop.padded_lengths`), one compiled call of
+  :func:`jax_attention.train.loop.train_steps` for the ``steps`` steps (the loss divided by
+  ``num_steps``), the losses brought back to the host.
+* ``ours-full`` (a default peer): the same on the batches at the full ``num_steps`` length, the
+  work of the book's loop (``train --no-trim-padding``). ``ratio_as_shipped`` is ours / torch,
+  ``ratio_same_work`` ours-full / the faster PyTorch peer.
 * ``torch``: the book's ``train_seq2seq`` loop, eager, one
   :func:`jax_attention.interop.torch_models.train_step` per batch (``loss.sum()``, backward,
   ``grad_clipping``, ``Adam.step``), on the unpadded batches as the book's ``DataLoader`` gives
@@ -38,21 +42,15 @@ with dropout they differ by the dropout masks, which the two frameworks draw dif
 the ratios of ours to each peer (``ratio_tokens_per_s``: ours/torch; ``ratios_tokens_per_s``:
 every peer that ran).
 
-With ``devices`` (``jax-attention bench train --devices 1,2,4``) the benchmark measures how our
-training scales over devices instead (:func:`bench_train_devices`): for each device count a fresh
-process (``python -m jax_attention.bench.train --child ...``) trains on a mesh of that many
-devices (:mod:`jax_attention.runtime.distributed`: state replicated, each batch split over the ``data``
-axis), with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` so that a CPU run gets ``N``
-host devices. Forced host devices share the machine's cores: on a CPU they show that the sharded
-program runs and what the split costs, not the speed-up of ``N`` real accelerators. No PyTorch
-peer runs in this mode.
+With ``devices`` (``bench train --devices 1,2,4``) it measures how our training scales over
+devices instead (:func:`bench_train_devices`): per device count a fresh process (``python -m
+jax_attention.bench.train --child ...``) trains on a mesh of that many devices (state replicated,
+each batch split), with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU, whose
+forced host devices share its cores (they show the split's cost, not a speed-up). No PyTorch.
 
-PyTorch's thread count: under a shared, loaded machine PyTorch's OpenMP threads can spin against
-other processes and run many times slower than with one thread, which would flatter us (on a
-2-core machine this, not the mirror's code, is what put the mirror below the book's own loop in
-issue 15: see :class:`~jax_attention.bench.torch_support.ThreadChoice`). By default (``torch_threads=None``)
-the candidates (1 and PyTorch's default) take turns on two untimed rounds each and the one with
-the fastest round is kept; the record says which and each one's fastest probe round.
+PyTorch's threads (:class:`~jax_attention.bench.torch_support.ThreadChoice`: on a loaded machine
+its OpenMP threads can spin many times slower than one thread, which would flatter us): by default
+the faster of 1 and its default over two untimed rounds each; the record says which and why.
 """
 
 from __future__ import annotations
@@ -92,7 +90,10 @@ MODELS = tuple(registry.MODELS)
 #: what each is (the record's ``description``).
 PEERS = {
     "ours": "the compiled training step of 'jax-attention train': the round's steps in one "
-            "jitted call (lax.scan), on the batches padded to batch_size rows",
+            "jitted call (lax.scan), on the batches padded to batch_size rows and cut to the "
+            "training pairs' longest sentences (the loss still divided by num_steps)",
+    "ours-full": "the same compiled step on the batches at the book's full length (num_steps "
+                 "positions): the work of the book's loop",
     "torch": "the book's train_seq2seq loop on the PyTorch mirror, eager: one train_step per "
              "batch (loss.sum(), backward, grad_clipping, Adam.step), on the unpadded batches",
     "torch-compile": "the same loop with torch.compile (inductor, its defaults) of the loss "
@@ -101,7 +102,9 @@ PEERS = {
                      "cache",
 }
 #: The peers of a plain ``bench train``.
-DEFAULT_PEERS = ("ours", "torch")
+DEFAULT_PEERS = ("ours", "ours-full", "torch")
+#: The peers that run our compiled step (each compiles in its first round).
+_OUR_PEERS = ("ours", "ours-full")
 
 
 def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
@@ -187,33 +190,39 @@ class OurRounds:
     """Rounds of our training on the same batches, the code path of ``jax-attention train``
     (:func:`jax_attention.train.loop.train_epochs`): each call stacks the round's ``padded``
     batches on the host (:func:`stack_batches`; with a ``mesh``, split over its ``data`` axis, the
-    state replicated), trains them in one compiled call of
-    :func:`~jax_attention.train.loop.train_steps` and syncs once, on the losses.
+    state replicated), cut to ``lengths`` as ``train`` cuts them, trains them in one compiled call
+    of :func:`~jax_attention.train.loop.train_steps` (loss divisor ``num_steps``), syncs once.
 
     Attributes:
       graphdef, state: the split model and optimizer; ``state`` as the rounds so far left it.
+      padded: the batches trained on (cut); num_steps: the loss's divisor (``None``: theirs).
       losses: each round's summed loss per target token (``tokens`` a round).
       steps_trained: the steps of the rounds so far.
     """
 
-    def __init__(self, graphdef, state, padded: list, bos_id: int, tokens: int, mesh=None):
+    def __init__(self, graphdef, state, padded: list, bos_id: int, tokens: int, mesh=None, *,
+                 lengths: tuple[int, int] | None = None, num_steps: int | None = None):
         from jax_attention.train.loop import train_steps
 
-        self.graphdef = graphdef
+        if lengths is not None:  # as jax-attention train cuts them (epoch_batches)
+            padded = [(src[:, :lengths[0]], src_valid_len, tgt[:, :lengths[1]], tgt_valid_len)
+                      for src, src_valid_len, tgt, tgt_valid_len in padded]
+        self.graphdef, self.padded, self.num_steps = graphdef, padded, num_steps
         self.state = state if mesh is None else distributed.replicate(state, mesh)
         self.losses: list[float] = []
         self.steps_trained = 0
-        self._train_steps, self._padded, self._bos_id = train_steps, padded, bos_id
+        self._train_steps, self._bos_id = train_steps, bos_id
         self._tokens, self._mesh = tokens, mesh
 
     def __call__(self) -> None:
-        batches = stack_batches(self._padded)
+        batches = stack_batches(self.padded)
         if self._mesh is not None:
             batches = distributed.shard_batches(batches, self._mesh)
-        self.state, losses = self._train_steps(self.graphdef, self.state, batches, self._bos_id)
+        self.state, losses = self._train_steps(self.graphdef, self.state, batches, self._bos_id,
+                                               False, None, self.num_steps)
         self.losses.append(sum(float(loss) for loss in distributed.to_host(losses))
                            / self._tokens)
-        self.steps_trained += len(self._padded)
+        self.steps_trained += len(self.padded)
 
 
 def _check_peers(peers: Sequence[str]) -> tuple[str, ...]:
@@ -253,13 +262,11 @@ def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, l
             "devices": devices}
 
 
-def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
-    """XLA's cost analysis of one training step (forward, backward, clipping, Adam) as lowered,
-    on one padded batch ``(src, src_valid_len, tgt, tgt_valid_len)``.
-
-    The program as written, before XLA's optimisations (compiling it only to count would cost
-    seconds; the optimised program's count differs by a few percent, mostly the random bits of
-    dropout).
+def _flops_per_step(graphdef, state, padded_batch, bos_id: int, num_steps: int | None = None
+                    ) -> float:
+    """XLA's cost analysis of one training step (forward, backward, clipping, Adam; loss divisor
+    ``num_steps``) as lowered, on one padded batch ``(src, src_valid_len, tgt, tgt_valid_len)``:
+    before XLA's optimisations (whose count differs by a few percent, mostly dropout's bits).
     """
     import jax
 
@@ -269,12 +276,12 @@ def _flops_per_step(graphdef, state, padded_batch, bos_id: int) -> float:
     src, src_valid_len, tgt, tgt_valid_len = padded_batch
     batch = (src, src_valid_len, np.asarray(teacher_forcing_inputs(tgt, bos_id)), tgt,
              tgt_valid_len)
-    analysis = jax.jit(pure_step, static_argnums=0).lower(graphdef, state, batch).cost_analysis()
+    lowered = jax.jit(pure_step, static_argnums=(0, 3)).lower(graphdef, state, batch, num_steps)
+    analysis = lowered.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per device
         analysis = analysis[0]
     if not analysis:  # some backends (XLA:GPU in JAX 0.11) give no analysis before compiling
-        analysis = jax.jit(pure_step, static_argnums=0).lower(
-            graphdef, state, batch).compile().cost_analysis() or {}
+        analysis = lowered.compile().cost_analysis() or {}
         if isinstance(analysis, (list, tuple)):
             analysis = analysis[0] if analysis else {}
     return float(analysis.get("flops", 0.0))
@@ -305,10 +312,12 @@ def _timed_rounds(model: str, rounds: dict, *, torch_threads: int | None, repeat
       it was probed the fastest round of each candidate thread count (seconds), and the peers
       that could not run, with the reason (they are gone from ``rounds``).
     """
-    say(f"{model}: compiling our {steps} steps")
-    start = time.perf_counter()
-    rounds["ours"]()
-    first_calls, skipped = {"ours": time.perf_counter() - start}, {}
+    first_calls, skipped = {}, {}
+    for name in (name for name in _OUR_PEERS if name in rounds):
+        say(f"{model}: compiling {name}'s {steps} steps")
+        start = time.perf_counter()
+        rounds[name]()
+        first_calls[name] = time.perf_counter() - start
 
     choice = ThreadChoice(torch_threads)
     choice.timed(rounds["torch"])  # a fixed count's warm-up round, or the first probe
@@ -341,13 +350,17 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
               "dtype": "float32"}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     platform = jax.default_backend()
-    settings = {"ours": {**common, "platform": platform,
-                         "threads": cores if platform == "cpu" else None,
-                         "threads_note": "XLA's own thread pool (on CPU one thread per usable "
-                                         "core)",
-                         "parameters": int(sum(np.size(a) for a in jax.tree.leaves(initial)))}}
+    settings = {}
+    for name in (name for name in _OUR_PEERS if name in rounds):
+        first = rounds[name].padded[0]  # lengths: [sources, targets]
+        settings[name] = {**common, "platform": platform,
+                          "lengths": [int(first[0].shape[1]), int(first[2].shape[1])],
+                          "threads": cores if platform == "cpu" else None,
+                          "threads_note": "XLA's own thread pool (on CPU one thread per usable "
+                                          "core)",
+                          "parameters": int(sum(np.size(a) for a in jax.tree.leaves(initial)))}
     for name, peer in rounds.items():
-        if name != "ours":
+        if name not in _OUR_PEERS:
             settings[name] = {**common, "platform": "cpu", "threads": torch_threads,
                               "parameters": int(sum(p.numel() for p in peer.net.parameters()))}
     if "torch-compile" in rounds:
@@ -358,11 +371,13 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
 
 
 def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tokens: int,
-                 flops: float, ceiling: float, first_calls: dict, probes: dict,
+                 flops: dict, ceiling: float, first_calls: dict, probes: dict,
                  skipped: dict) -> dict:
     """Each peer's record (``settings``: :func:`_peer_settings`): what it is, its settings, the
-    timings, tokens/s, GFLOP/s and share of the GEMM ceiling (in FLOP/s) and its losses; the
-    compiled peers' compilation time, PyTorch's thread probes; a skipped peer's reason."""
+    timings, tokens/s, its model FLOPs per step (``flops`` by peer: the cut batches' for
+    ``ours``, the full-length ones' for the others), GFLOP/s and share of the GEMM ceiling (in
+    FLOP/s) and its losses; the compiled peers' compilation time, PyTorch's thread probes; a
+    skipped peer's reason."""
     peers = {}
     for name in settings:
         peer = {"status": "skipped" if name in skipped else "ok", "description": PEERS[name],
@@ -376,8 +391,9 @@ def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tok
             **peer, **summary,
             "step_ms": step_s * 1e3,
             "tokens_per_s": tokens / summary["median_s"],
-            "gflops": flops / step_s / 1e9,
-            "gemm_fraction": flops / step_s / ceiling,
+            "flops_per_step": flops[name],
+            "gflops": flops[name] / step_s / 1e9,
+            "gemm_fraction": flops[name] / step_s / ceiling,
             "final_loss": rounds[name].losses[-1],
             "round_losses": list(rounds[name].losses),
             "steps_trained": rounds[name].steps_trained,
@@ -386,7 +402,7 @@ def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tok
             peers[name]["first_call_s"] = first_calls[name]
             peers[name]["compile_s"] = max(
                 first_calls[name] - statistics.median(samples[name]), 0.0)
-        if name != "ours":
+        if name not in _OUR_PEERS:
             peers[name]["threads"] = settings[name]["threads"]
     peers["torch"]["thread_probe_s"] = {str(t): s for t, s in probes.items()}
     return peers
@@ -404,30 +420,29 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
 
     Args:
       model: ``"bahdanau"`` or ``"transformer"``.
-      size: a named size of :data:`SIZES` (:mod:`jax_attention.bench.train_sizes`): the model's
-        and the data's settings, ``"book"`` the book's.
-      peers: among :data:`PEERS`; ``ours`` and ``torch`` always run (``torch-compile`` adds
-        the compiled loop; when ``torch.compile`` fails it is reported as skipped).
+      size: a named size of :data:`SIZES` (the model's and the data's settings; ``"book"``).
+      peers: among :data:`PEERS`; ``ours`` and ``torch`` always run (a ``torch-compile`` that
+        fails is reported as skipped).
       steps: training steps per timed round (batches taken epoch after epoch, from the first).
       repeats: timed rounds (>= 5); medians are reported.
       warmup: untimed rounds after the compiling call.
       seed: seeds the data order, our initial weights and both peers' dropout.
       sizes: model settings overriding the size's (e.g. a tiny model for tests; ``dropout=0``
         makes the peers' losses comparable step for step).
-      batch_size, num_steps, num_examples: the data's, overriding the size's (``None``: the
-        size's).
+      batch_size, num_steps, num_examples: the data's, overriding the size's unless ``None``.
       lr: Adam's learning rate (the book's).
-      torch_threads: PyTorch's intra-op threads; ``None`` picks the faster of 1 and its default
-        (see the module docstring).
+      torch_threads: PyTorch's intra-op threads; ``None``: see the module docstring.
       gemm_size: ``n`` of the ``n x n x n`` float32 GEMM that sets the ceiling.
-      data: where the English–French data is (``None``: the usual places).
-      log: called with progress lines, or ``None``.
+      data: where the English–French data is (``None``: the usual places). log: for progress.
 
     Returns:
       A JSON-ready dict; see :func:`format_train` for the table it prints as.
     """
     import jax
+    import jax.numpy as jnp
     from flax import nnx
+
+    from jax_attention.train.loop import padded_lengths
 
     _check_model_and_steps(model, steps)
     peers = _check_peers(peers)
@@ -443,10 +458,19 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     initial = jax.tree.map(np.asarray, ours_model.params_dict())
     torch_rounds = _torch_rounds(model, run, nmt, initial, plain, peers=peers, tokens=tokens,
                                  seed=seed, lr=lr)
+    bos_id = nmt.tgt_vocab["<bos>"]
+    rounds = {"ours": OurRounds(graphdef, state, padded, bos_id, tokens, num_steps=nmt.num_steps,
+                                lengths=padded_lengths(nmt, trim_source=registry.get_model(
+                                    model).trims_source))}
+    if "ours-full" in peers:  # its own copy: each call donates the state it trains
+        rounds["ours-full"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), padded, bos_id,
+                                        tokens)
     say(f"{model}: cost analysis of one step")
-    flops = _flops_per_step(graphdef, state, padded[0], nmt.tgt_vocab["<bos>"])
-    rounds = {"ours": OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens),
-              **torch_rounds}
+    full_flops = _flops_per_step(graphdef, state, padded[0], bos_id)
+    flops = {name: full_flops for name in peers}
+    flops["ours"] = _flops_per_step(graphdef, state, rounds["ours"].padded[0], bos_id,
+                                    nmt.num_steps)
+    rounds.update(torch_rounds)
     every_peer = dict(rounds)
 
     samples, first_calls, torch_threads, probes, skipped = _timed_rounds(
@@ -462,17 +486,20 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     settings = {**_settings(run["model"], run["batch_size"], run["num_steps"],
                             run["num_examples"], lr, seed, steps, repeats, warmup, devices=1,
                             size=run["size"]), "peers": list(peers)}
-    return _train_record(model, settings, peer_records, tokens=tokens, flops=flops, gemm=gemm,
+    return _train_record(model, settings, peer_records, tokens=tokens, flops=full_flops, gemm=gemm,
                          load_before=load_before, environment_record=environment_record)
 
 
 def _train_record(model: str, settings: dict, peers: dict, *, tokens: int, flops: float,
                   gemm: dict, load_before, environment_record: dict) -> dict:
-    """The record of :func:`bench_train`: the ratios of ours to each peer that ran, and of the
-    final losses."""
+    """The record of :func:`bench_train`: the ratios of ours to each peer that ran and of the final
+    losses; ``ratio_as_shipped`` (ours / torch) and ``ratio_same_work`` (ours-full / the faster
+    PyTorch peer; ``None`` without ``ours-full``)."""
     ours = peers["ours"]
     ran = [name for name, peer in peers.items() if name != "ours" and peer["status"] == "ok"]
     ratios = {name: ours["tokens_per_s"] / peers[name]["tokens_per_s"] for name in ran}
+    fastest_torch = max(set(ran) - set(_OUR_PEERS), key=lambda name: peers[name]["tokens_per_s"])
+    same_work = ratios["torch"] / ratios["ours-full"] if "ours-full" in ran else None
     losses = {name: abs(ours["final_loss"] - peers[name]["final_loss"])
               / abs(peers[name]["final_loss"]) for name in ran}
     return {
@@ -489,6 +516,9 @@ def _train_record(model: str, settings: dict, peers: dict, *, tokens: int, flops
         "peers": peers,
         "ratio_tokens_per_s": ratios["torch"],
         "ratios_tokens_per_s": ratios,
+        "ratio_as_shipped": ratios["torch"],
+        "ratio_same_work": same_work,
+        "same_work_peer": fastest_torch,
         "final_loss_relative_difference": losses["torch"],
         "final_loss_relative_differences": losses,
         "load_average": {"before": load_before, "after": load_average()},
@@ -535,8 +565,14 @@ def _format_train_ratios(record: dict) -> list[str]:
     ours, torch = record["peers"]["ours"], record["peers"]["torch"]
     compiled = record["peers"].get("torch-compile", {"status": None})
     load = record["load_average"]
-    lines = [f"ours / torch tokens/s: {record['ratio_tokens_per_s']:.2f}x; our compilation "
+    lengths = ours["settings"]["lengths"]
+    lines = [f"ours (cut to {lengths[0]}/{lengths[1]} source/target positions) / torch tokens/s: "
+             f"{record['ratio_tokens_per_s']:.2f}x (as shipped); our compilation "
              f"{ours['compile_s']:.2f} s (excluded); torch threads {torch['threads']}"]
+    if record.get("ratio_same_work") is not None:
+        lines.append(f"ours-full / {record['same_work_peer']} tokens/s: "
+                     f"{record['ratio_same_work']:.2f}x (the same work, full length); its "
+                     f"compilation {record['peers']['ours-full']['compile_s']:.2f} s (excluded)")
     if compiled["status"] == "ok":
         lines.append(f"ours / torch-compile tokens/s: "
                      f"{record['ratios_tokens_per_s']['torch-compile']:.2f}x; its compilation "

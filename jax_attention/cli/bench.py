@@ -249,7 +249,12 @@ def _check_bench_paths(args: argparse.Namespace, parser: argparse.ArgumentParser
                       "interleaved. Prints target tokens/s and step time (medians), the model "
                       "FLOPs per step (XLA's cost analysis), the fraction of a float32 GEMM "
                       "ceiling measured in the same run, both peers' losses after the timed "
-                      "steps and the ratio ours/torch. --size small or base trains larger "
+                      "steps and the ratio ours/torch. ours trains as 'jax-attention train' "
+                      "does, each batch cut to the training pairs' longest sentences; "
+                      "ours-full trains the same batches at the book's full length (--num-steps "
+                      "positions), the work of the book's loop: the ratio as shipped (ours/"
+                      "torch) and the ratio of the same work (ours-full over the faster PyTorch "
+                      "peer). --size small or base trains larger "
                       "models on more data (the same for every peer; --num-hiddens and the other "
                       "size flags change one setting); --peers ours,torch,torch-compile adds the "
                       "PyTorch loop compiled by torch.compile (inductor), its compilation in an "
@@ -288,7 +293,8 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", metavar="PEER[,PEER...]", type=_train_peers,
                         default=DEFAULT_PEERS,
                         help=f"the peers to time, among {', '.join(PEERS)}; ours and torch "
-                             "always run, torch-compile adds the book's PyTorch loop compiled "
+                             "always run, ours-full trains at full length, torch-compile adds "
+                             "the book's PyTorch loop compiled "
                              "by torch.compile (inductor: the loss, its backward and the "
                              "update), compiled in an untimed round (its compilation time "
                              "reported) and reported as skipped, with the reason, when "

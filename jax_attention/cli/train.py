@@ -120,6 +120,11 @@ def config_flags(config_class, defaults=None) -> list[tuple[str, dict]]:
             continue
         kind, *arguments = field.metadata["check"]
         default = (defaults or {}).get(field.name, field.default)
+        if kind == "bool":  # --name / --no-name
+            flags.append((f"--{field.name.replace('_', '-')}", {
+                "dest": field.name, "action": argparse.BooleanOptionalAction,
+                "default": default, "help": f"{field.metadata['help']} (default: %(default)s)"}))
+            continue
         flags.append((f"--{field.name.replace('_', '-')}", {
             "dest": field.name, "metavar": field.metadata["metavar"],
             "type": _ARGUMENT_TYPES[kind](*arguments), "default": default,

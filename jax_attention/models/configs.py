@@ -184,6 +184,10 @@ class TrainConfig(_Validated):
       val_fraction: the fraction of the pairs held out and scored after training (BLEU, k = 4).
       seed: seeds the batch order, the parameters and dropout.
       clip_global_norm: the global gradient norm clip (book: 1).
+      trim_padding: cut each batch to the training split's longest sentence instead of padding
+        it to ``num_steps``, the loss still divided by ``num_steps``
+        (:func:`jax_attention.train.loop.padded_lengths`): the book's losses and gradients, to
+        rounding, on less padding. False: the book's full-length batches.
     """
 
     batch_size: int = _option(64, ("int", 1), "examples per batch", "N")
@@ -198,6 +202,11 @@ class TrainConfig(_Validated):
                         "the same losses bit for bit on CPU", "N")
     clip_global_norm: float = _option(1.0, ("positive_float",), "global gradient norm clip",
                                       flag=False)
+    trim_padding: bool = _option(
+        True, ("bool",), "cut each batch to the longest sentence of the training pairs instead of "
+                         "padding it to --num-steps, the loss still divided by --num-steps (the "
+                         "same losses and gradients to rounding; dropout draws other masks); "
+                         "--no-trim-padding: the book's full-length batches", added=True)
 
     def record(self) -> dict:
         """What checkpoints and exports store: the fields and the fixed parts of the recipe."""

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_attention._checks import (
+    check_int,
     check_lengths,
     check_size,
     check_values_in,
@@ -83,18 +84,23 @@ def teacher_forcing_inputs(tgt, bos_id: int):
     return jnp.concatenate([bos, tgt[:, :-1]], axis=1)
 
 
-def masked_cross_entropy(logits, labels, valid_len):
+def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = None):
     """The book's ``MaskedSoftmaxCELoss`` (d2l §10.7.3): per-sequence masked cross-entropy.
 
-    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / T``: the mean over
-    all ``T`` steps of the cross-entropy with padded steps counted as zero. The book trains on
-    ``loss.sum()`` over the batch and reports ``sum(loss) / sum(valid_len)``, which is the
-    cross-entropy per target token divided by ``T``.
+    ``loss[b] = sum_{t < valid_len[b]} -log softmax(logits[b, t])[labels[b, t]] / num_steps``:
+    with ``num_steps = T`` (the default) the mean over all ``T`` steps of the cross-entropy with
+    padded steps counted as zero. The book trains on ``loss.sum()`` over the batch and reports
+    ``sum(loss) / sum(valid_len)``, which is the cross-entropy per target token divided by ``T``.
+
+    A batch cut to its longest sentence (``T`` below the length the book pads to) gives the
+    book's loss of the full-length batch when ``num_steps`` is that length: the padded steps
+    it leaves out count as zero.
 
     Args:
       logits: float ``(B, T, V)``.
       labels: integer ``(B, T)`` ids in ``[0, V)``.
       valid_len: integer ``(B,)`` in ``[0, T]``.
+      num_steps: the divisor, an integer ``>= max(T, 1)``; ``None``: ``T``.
 
     Values follow the package's rule (:mod:`jax_attention._checks`): out-of-range labels and
     lengths raise ``ValueError`` when concrete; under ``jit`` labels are clipped to
@@ -115,13 +121,15 @@ def masked_cross_entropy(logits, labels, valid_len):
                          f"logits {logits.shape}, got dtype {labels.dtype} with shape {labels.shape}")
     check_values_in("labels", labels, 0, V - 1, f"[0, V) = [0, {V})")
     valid_len = check_lengths("valid_len", valid_len, B, T, "T")
+    divisor = T if num_steps is None else check_int("num_steps", num_steps, max(T, 1))
     if T == 0:
         return jnp.zeros((B,), logits.dtype)
     labels = clip_values(labels, 0, V - 1)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
     keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
-    return jnp.mean(jnp.where(keep, -picked, jnp.zeros((), picked.dtype)), axis=1)
+    masked = jnp.where(keep, -picked, jnp.zeros((), picked.dtype))
+    return jnp.mean(masked, axis=1) if divisor == T else jnp.sum(masked, axis=1) / divisor
 
 
 # --------------------------------------------------------------------------- translation

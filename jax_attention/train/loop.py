@@ -4,7 +4,8 @@
   ``(model, optimizer)`` state), :func:`guarded_step` (refuses a non-finite update on the device),
   :func:`train_steps` (several steps in one compiled ``lax.scan``) and :func:`train_step` (one
   step in place);
-- the data of an epoch: :func:`pad_batch`, :func:`epoch_batches`;
+- the data of an epoch: :func:`pad_batch`, :func:`padded_lengths` (cutting the padding the
+  book trains on), :func:`epoch_batches`;
 - run control: :class:`Schedule` (where a step is, where a compiled call ends, when a training
   checkpoint is due), :class:`Progress` (the bookkeeping a resumed run needs),
   :func:`sigint_requests`, :func:`training_mesh`, the bar and log lines
@@ -45,7 +46,7 @@ from jax_attention.models.translation import masked_cross_entropy, teacher_forci
 
 __all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
            "pure_step", "guarded_step", "jit_step", "train_steps", "leaf_shardings",
-           "train_step", "pad_batch",
+           "train_step", "pad_batch", "padded_lengths",
            "epoch_batches", "Schedule", "Progress", "ProgressLog", "EpochsResult",
            "sigint_requests", "training_mesh", "nonfinite_error", "open_checkpoints",
            "train_epochs"]
@@ -100,16 +101,18 @@ def clipped_adam(lr: float, clip_global_norm: float = 1.0) -> optax.GradientTran
     return optax.chain(optax.clip_by_global_norm(clip_global_norm), optax.adam(lr))
 
 
-def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len):
+def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len, *,
+                   num_steps: int | None = None):
     """``sum`` of the per-sequence teacher-forced losses over the batch, and its gradient.
 
     The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
-    gradient is clipped to norm 1 before Adam.
+    gradient is clipped to norm 1 before Adam. ``num_steps``: the loss's divisor for a batch
+    cut shorter than the book's length (:func:`padded_lengths`); ``None``: its own length.
     """
 
     def loss_fn(model):
         logits = model(src, src_valid_len, dec_input)
-        return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len))
+        return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps))
 
     return nnx.value_and_grad(loss_fn)(model)
 
@@ -123,18 +126,19 @@ def _apply_gradients(model, optimizer: nnx.Optimizer, grads) -> None:
         optimizer.update(model, grads)
 
 
-def pure_step(graphdef, state, batch):
+def pure_step(graphdef, state, batch, num_steps: int | None = None):
     """One teacher-forced Adam step as a pure function of the split ``(model, optimizer)`` state.
 
-    ``batch = (src, src_valid_len, dec_input, tgt, tgt_valid_len)``. The state holds the
-    parameters, Adam's moments and step count, and the model's dropout stream (key and count), so
-    that a step advances the dropout stream exactly as a call of the model does.
+    ``batch = (src, src_valid_len, dec_input, tgt, tgt_valid_len)``; ``num_steps``: the loss's
+    divisor (:func:`loss_and_grads`). The state holds the parameters, Adam's moments and step
+    count, and the model's dropout stream (key and count), so that a step advances the dropout
+    stream exactly as a call of the model does.
 
     Returns:
       ``(state, loss)``: the new state and the batch's summed loss.
     """
     model, optimizer = nnx.merge(graphdef, state)
-    loss, grads = loss_and_grads(model, *batch)
+    loss, grads = loss_and_grads(model, *batch, num_steps=num_steps)
     _apply_gradients(model, optimizer, grads)
     return nnx.state((model, optimizer)), loss
 
@@ -151,7 +155,7 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.isfinite(jnp.concatenate([leaf.astype(dtype) for leaf in leaves])))
 
 
-def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
+def guarded_step(graphdef, state, batch, halted, skip_nonfinite, num_steps: int | None = None):
     """:func:`pure_step` that refuses a non-finite update, decided on the device (no host sync).
 
     A step is *rejected* when its loss, a gradient or an updated parameter is NaN or Inf (a huge
@@ -172,6 +176,7 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
       batch: ``(src, src_valid_len, dec_input, tgt, tgt_valid_len)``.
       halted: a boolean scalar, True once a step of this call was rejected.
       skip_nonfinite: a boolean scalar (traced: both modes share one compilation).
+      num_steps: the loss's divisor (:func:`loss_and_grads`).
 
     Returns:
       ``(state, loss, halted)``: ``loss`` is the step's summed loss, or NaN for a rejected step.
@@ -184,7 +189,7 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
     # the update rebinds in place.
     before = [variable.get_value() for variable in jax.tree.leaves(state, is_leaf=is_variable)]
     model, optimizer = nnx.merge(graphdef, state)
-    loss, grads = loss_and_grads(model, *batch)
+    loss, grads = loss_and_grads(model, *batch, num_steps=num_steps)
     _apply_gradients(model, optimizer, grads)
     # The gradients are finite when their global norm is (the norm the clipping computes: XLA
     # shares it); a norm that overflows float32 counts as not finite too (~1.8e19: the clipped
@@ -220,11 +225,12 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite):
 #: :func:`pure_step` compiled, the graph definition static: every run with the same model
 #: structure and optimizer (same shapes) reuses one compilation. The state is donated: it is
 #: replaced by the returned one, and XLA may update the parameters and moments in place.
-jit_step = jax.jit(pure_step, static_argnums=0, donate_argnums=1)
+jit_step = jax.jit(pure_step, static_argnums=(0, 3), donate_argnums=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 5), donate_argnums=1)
-def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, shardings=None):
+@functools.partial(jax.jit, static_argnums=(0, 3, 5, 6), donate_argnums=1)
+def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, shardings=None,
+                num_steps: int | None = None):
     """Several training steps in one compiled call: ``lax.scan`` of :func:`guarded_step`.
 
     ``batches = (src, src_valid_len, tgt, tgt_valid_len)``, each stacked along a leading steps
@@ -245,6 +251,8 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, sha
     it, XLA's sharding propagation through the step's conditionals split leaves that were
     placed replicated. ``None`` on one device.
 
+    ``num_steps`` (static): the loss's divisor for batches cut shorter (:func:`padded_lengths`).
+
     Returns:
       ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss (NaN
       for a rejected step).
@@ -264,7 +272,7 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, sha
         dec_input = teacher_forcing_inputs(tgt, bos_id)
         state, loss, halted = guarded_step(
             graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len), halted,
-            skip_nonfinite)
+            skip_nonfinite, num_steps)
         return (keep_placement(state), halted), loss
 
     (state, _), losses = lax.scan(body, (state, jnp.asarray(False)), batches)
@@ -313,18 +321,40 @@ def pad_batch(batch, batch_size: int, src_pad: int, tgt_pad: int):
             np.concatenate([tgt_valid_len, np.zeros(missing, tgt_valid_len.dtype)]))
 
 
-def epoch_batches(nmt, epoch: int):
-    """The batches of ``epoch`` (0-based), padded (:func:`pad_batch`) and stacked along a steps axis.
+def padded_lengths(nmt, *, trim_source: bool = True) -> tuple[int, int]:
+    """The lengths ``(S, T)`` to cut the training batches to: the training split's longest source
+    and target sentence (``<eos>`` included, at least 1), rather than the book's ``num_steps``.
+
+    Every epoch holds every sentence: one length pair (one compiled program) serves the run.
+    Where the padding is masked (a causal decoder's later steps, a source masked by its valid
+    lengths) cutting it, the loss still divided by ``num_steps`` (:func:`loss_and_grads`), keeps
+    the losses and gradients to rounding; dropout draws other masks for other shapes.
+    ``trim_source`` False keeps the sources whole (Bahdanau's encoder state runs over them).
+    """
+    train = nmt.train
+    source = max(int(train.src_valid_len.max(initial=0)), 1) if trim_source else nmt.num_steps
+    return source, max(int(train.tgt_valid_len.max(initial=0)), 1)
+
+
+def epoch_batches(nmt, epoch: int, lengths: tuple[int, int] | None = None):
+    """The batches of ``epoch`` (0-based), padded (:func:`pad_batch`), stacked along a steps axis,
+    cut to ``lengths = (S, T)`` source and target steps (:func:`padded_lengths`; ``None``: not).
 
     Returns:
-      ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, T)``
-      and ``(K, B)`` for the epoch's ``K`` batches, in :meth:`~jax_attention.data.nmt.
-      TranslationData.batches` order, and the number of target tokens (the valid lengths' sum).
+      ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, S)``,
+      ``(K, B)``, ``(K, B, T)`` and ``(K, B)`` for the epoch's ``K`` batches, in
+      :meth:`~jax_attention.data.nmt.TranslationData.batches` order, and the number of target
+      tokens (the valid lengths' sum).
     """
     src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
     padded = [pad_batch(batch, nmt.batch_size, src_pad, tgt_pad) for batch in nmt.batches(epoch)]
-    stacked = tuple(np.stack(arrays) for arrays in zip(*padded))
-    return stacked, int(stacked[3].sum())
+    src, src_valid_len, tgt, tgt_valid_len = (np.stack(arrays) for arrays in zip(*padded))
+    if lengths is not None:
+        if src_valid_len.max() > lengths[0] or tgt_valid_len.max() > lengths[1]:
+            raise ValueError(f"lengths = {lengths} would cut a sentence: epoch {epoch} has sources"
+                             f" of {src_valid_len.max()} and targets of {tgt_valid_len.max()} tokens")
+        src, tgt = src[..., :lengths[0]], tgt[..., :lengths[1]]
+    return (src, src_valid_len, tgt, tgt_valid_len), int(tgt_valid_len.sum())
 
 
 # --------------------------------------------------------------------------- run control
@@ -628,8 +658,8 @@ class _EpochData:
     the first call within that epoch starts, and cut into the piece each compiled call trains on.
     """
 
-    def __init__(self, nmt, schedule: Schedule, mesh):
-        self._nmt, self._schedule, self._mesh = nmt, schedule, mesh
+    def __init__(self, nmt, schedule: Schedule, mesh, lengths: tuple[int, int] | None):
+        self._nmt, self._schedule, self._mesh, self._lengths = nmt, schedule, mesh, lengths
         self._epoch = self._batches = self._tokens = None
 
     def call(self, step: int, end: int) -> tuple[tuple, np.ndarray]:
@@ -638,21 +668,22 @@ class _EpochData:
         tokens ``(steps,)``."""
         epoch, batch = divmod(step, self._schedule.steps_per_epoch)
         if self._epoch != epoch:
-            self._batches, _ = epoch_batches(self._nmt, epoch)
+            self._batches, _ = epoch_batches(self._nmt, epoch, self._lengths)
             self._tokens, self._epoch = self._batches[3].sum(axis=1), epoch
         chunk = self._batches if (batch, end) == (0, self._schedule.steps_per_epoch) else tuple(
             array[batch:end] for array in self._batches)
         return distributed.shard_batches(chunk, self._mesh), self._tokens[batch:end]
 
 
-def _compiled_call(graphdef, state, chunk, bos_id: int, skip_nonfinite: bool, shardings, *,
-                   first: bool):
+def _compiled_call(graphdef, state, chunk, bos_id: int, skip_nonfinite: bool, shardings,
+                   num_steps: int | None, *, first: bool):
     """One compiled call of :func:`train_steps` on ``chunk``, its losses brought to the host
     (the call's one device sync): ``(state, losses (steps,), the CompileTimer of the call)``;
     ``first``: the run's first call, which compiles (the phase the Ctrl-C handler reports)."""
     interrupts.phase("compile" if first else "steps")
     with CompileTimer(this_thread=True) as compiling:
-        state, losses = train_steps(graphdef, state, chunk, bos_id, skip_nonfinite, shardings)
+        state, losses = train_steps(graphdef, state, chunk, bos_id, skip_nonfinite, shardings,
+                                    num_steps)
         losses = distributed.to_host(losses)  # the call's one device sync
     return state, losses, compiling
 
@@ -683,8 +714,8 @@ def _epochs_result(done: Progress, resumed_from: int | None, steps_per_epoch: in
 
 def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
                  log, log_every: int, config: dict, long_run: LongRunConfig | None = None,
-                 mesh=None, after_first_call: Callable[[], object] | None = None
-                 ) -> EpochsResult:
+                 mesh=None, after_first_call: Callable[[], object] | None = None,
+                 lengths: tuple[int, int] | None = None) -> EpochsResult:
     """The teacher-forced epochs of any seq2seq model (``model(src, src_valid_len, dec_input)
     -> logits``), with training checkpoints; the per-epoch loss per target token, tokens/sec,
     the skipped steps and the step resumed from.
@@ -709,6 +740,8 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
 
     ``after_first_call`` is called once, when the first compiled call has returned (its
     compilation done): a moment to start other work on the cores the steps leave idle.
+    ``lengths = (S, T)`` (:func:`padded_lengths`) cuts every batch's sources and targets to
+    ``S`` and ``T`` steps, the loss still divided by ``num_steps``; ``None``: the book's length.
     """
     long_run = LongRunConfig() if long_run is None else long_run
     mesh = distributed.make_mesh(1) if mesh is None else mesh
@@ -722,7 +755,8 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
         saved = done.step if resumed_from is not None else None
         state = distributed.place_state(state, mesh)  # after the restore (one device's arrays)
         shardings = leaf_shardings(state)
-        data = _EpochData(nmt, schedule, mesh)
+        data = _EpochData(nmt, schedule, mesh, lengths)
+        num_steps = None if lengths is None else nmt.num_steps
         with sigint_requests(checkpoints is not None) as stop_requested, \
                 ProgressLog(epochs, desc=desc, progress=progress, log=log,
                             initial=len(done.losses)) as bar:
@@ -741,7 +775,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 chunk, tokens = data.call(done.step, end)
                 state, losses, compiling = _compiled_call(
                     graphdef, state, chunk, bos_id, long_run.skip_nonfinite, shardings,
-                    first=clock is None)
+                    num_steps, first=clock is None)
                 done.epoch_seconds += time.perf_counter() - start
                 if clock is None:
                     report_compiled(bar, compiling, end - batch, time.perf_counter() - start)

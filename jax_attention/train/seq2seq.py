@@ -32,10 +32,11 @@ from jax_attention._checks import check_int
 from jax_attention.runtime.compilation import CompileTimer
 from jax_attention.models.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models.registry import MODELS, ModelSpec, get_model
-from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, train_epochs,
+from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, padded_lengths,
+                                      train_epochs,
                                       training_mesh)
 
-__all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
+__all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup", "training_lengths",
            "train_seq2seq", "train_bahdanau", "train_transformer", "evaluate_translations",
            "score_held_out", "evaluate_held_out"]
 
@@ -372,6 +373,15 @@ def _checked_run(model, model_config, train_config: TrainConfig | None,
     return spec, model_config, train_config, long_run, mesh
 
 
+def training_lengths(spec: ModelSpec, nmt, train_config: TrainConfig) -> tuple[int, int] | None:
+    """The ``lengths`` a run of ``spec`` trains with (:func:`~jax_attention.train.loop.
+    train_epochs`): the training pairs' longest sentences when ``train_config.trim_padding``
+    (the sources only where the model allows, :attr:`ModelSpec.trims_source`), else ``None``."""
+    if not train_config.trim_padding:
+        return None
+    return padded_lengths(nmt, trim_source=spec.trims_source)
+
+
 def _train(spec: ModelSpec, module, optimizer, nmt, train_config: TrainConfig,
            early: _EvaluationCompile | None, **epochs_settings):
     """The epochs (:func:`jax_attention.train.loop.train_epochs`, ``epochs_settings`` its
@@ -380,6 +390,7 @@ def _train(spec: ModelSpec, module, optimizer, nmt, train_config: TrainConfig,
     try:
         return train_epochs(module, optimizer, nmt, epochs=train_config.epochs, desc=spec.name,
                             after_first_call=None if early is None else early.start,
+                            lengths=training_lengths(spec, nmt, train_config),
                             **epochs_settings)
     except BaseException:
         if early is not None:

@@ -160,6 +160,19 @@ def test_seq2seq_and_loss(dtype, backend):
     assert expected_loss[0] == 0.0  # target valid length 0: nothing to learn
 
 
+def test_masked_cross_entropy_with_a_divisor(dtype, backend):
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(B, T, V_TGT))
+    labels = rng.integers(0, V_TGT, size=(B, T)).astype(np.int32)
+    _, _, _, valid_len = _inputs()
+    expected = np_bahdanau.masked_cross_entropy(logits, labels, valid_len, num_steps=2 * T)
+    np.testing.assert_allclose(expected * 2, np_bahdanau.masked_cross_entropy(
+        logits, labels, valid_len), rtol=1e-12)
+    got = jax.jit(jax_bahdanau.masked_cross_entropy, static_argnames="num_steps")(
+        _device(logits, dtype), labels, valid_len, num_steps=2 * T)
+    _assert_matches(got, expected, dtype, backend)
+
+
 def test_greedy_decode_batched_equals_one_sentence_at_a_time(dtype, backend):
     """The compiled batch decoder against the book's per-sentence loop that breaks at <eos>."""
     params = _numpy_params(seed=6, scale=1.0)
