@@ -503,7 +503,8 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool,
 
 # --------------------------------------------------------------------------- settings
 # The rules of the run settings (jax_attention.models.configs), by the name a config field's metadata
-# gives: ("int", minimum), ("int_or_none", minimum), ("rate",), ("positive_float",), ("bool",).
+# gives: ("int", minimum), ("int_or_none", minimum), ("rate",), ("positive_float",), ("bool",),
+# ("choice", strings).
 
 
 def check_rate(name: str, value) -> float:
@@ -534,7 +535,8 @@ def check_setting(name: str, value, rule: tuple):
     if kind == "int_or_none":
         return None if value is None else check_int(name, value, *arguments)
     checks = {"int": check_int, "int_range": check_int, "rate": check_rate,
-              "positive_float": check_positive_float, "bool": check_bool}
+              "positive_float": check_positive_float, "bool": check_bool,
+              "choice": check_choice}
     if kind not in checks:
         raise ValueError(f"unknown setting rule {rule!r} for {name}")
     return checks[kind](name, value, *arguments)

@@ -51,6 +51,8 @@ def test_record_schema(record):
     assert record["settings"]["steps"] == STEPS and record["settings"]["devices"] == 1
     assert record["tokens_per_round"] > 0
     assert _positive(record["flops_per_step"]) and _positive(record["gemm"]["ceiling_gflops"])
+    assert _positive(record["gemm"]["bfloat16_gflops"])
+    assert record["bfloat16_speedup"] is None  # no ours-bf16 peer
     assert _positive(record["ratio_tokens_per_s"])
     for name in ("ours", "ours-full", "torch"):
         peer = record["peers"][name]
@@ -115,6 +117,26 @@ def test_format_train_prints_the_table(record):
     rows = [line.split() for line in table.splitlines()]
     assert [row[0] for row in rows if len(row) == 6 and row[1].isdigit()] == [
         "ours", "ours-full", "torch"]
+
+
+def test_the_bfloat16_peer_trains_the_same_model_in_bfloat16():
+    """``--peers ours,ours-bf16,torch``: ours-bf16 is ours with ``train --dtype bfloat16`` (the
+    same weights and batches, the products in bfloat16): its losses track ours to bfloat16's
+    precision, its share of the GEMM ceiling is of the bfloat16 one, and the record gives its
+    speed-up over ours."""
+    record = bench.bench_train("transformer", peers=("ours", "ours-bf16", "torch"), steps=STEPS,
+                               repeats=5, warmup=0, sizes=TINY["transformer"], gemm_size=64,
+                               torch_threads=1)
+    ours, half = record["peers"]["ours"], record["peers"]["ours-bf16"]
+    assert half["settings"]["dtype"] == "bfloat16" and ours["settings"]["dtype"] == "float32"
+    assert half["settings"]["lengths"] == ours["settings"]["lengths"]
+    assert half["flops_per_step"] == ours["flops_per_step"]
+    assert half["gemm_fraction"] == pytest.approx(
+        half["gflops"] / record["gemm"]["bfloat16_ceiling_gflops"])
+    assert half["round_losses"] == pytest.approx(ours["round_losses"], rel=1e-2)
+    assert half["round_losses"] != ours["round_losses"]
+    assert record["bfloat16_speedup"] == pytest.approx(half["tokens_per_s"] / ours["tokens_per_s"])
+    assert "ours-bf16 / ours tokens/s" in bench.format_train(record)
 
 
 def test_bad_arguments():

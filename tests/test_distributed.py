@@ -442,7 +442,7 @@ def test_bench_train_devices_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_train_devices_rejects_bad_counts(capsys):
-    from jax_attention.bench.train import bench_train_devices
+    from jax_attention.bench.train_devices import bench_train_devices
     from jax_attention.cli import main
 
     with pytest.raises(ValueError, match=r"batch_size = 64 is not divisible by the device "

@@ -432,3 +432,50 @@ def test_nadaraya_watson_with_distant_keys(dtype):
                     *(np.asarray(x, dtype) for x in inputs), np.asarray(1.0, dtype))
             assert np_weights.dtype == dtype, what
             _assert_close(np_weights, expected_weights, TOL[dtype], f"NumPy {what}")
+
+
+@pytest.mark.parametrize("subscripts, a_shape, b_shape", [
+    ("...i,io->...o", (3, 5, 8), (8, 6)),          # a dense layer
+    ("bnqd,bnkd->bnqk", (2, 3, 4, 8), (2, 3, 5, 8)),  # attention scores
+])
+def test_half_product_accumulates_in_float32_forward_and_backward(subscripts, a_shape, b_shape):
+    """``precision.product``: bfloat16 operands multiplied as they are, accumulated in float32,
+    rounded back; its gradients the same kind of product (not JAX's float32 cotangent times a
+    converted operand). float32 operands: ``jnp.einsum`` itself."""
+    from jax_attention.nn.precision import product
+
+    rng = np.random.default_rng(0)
+    a32 = jnp.asarray(rng.normal(size=a_shape), jnp.float32)
+    b32 = jnp.asarray(rng.normal(size=b_shape), jnp.float32)
+    a, b = a32.astype(jnp.bfloat16), b32.astype(jnp.bfloat16)
+
+    def rounded(subscripts, a, b):  # the exact product of the rounded operands, rounded once
+        return jnp.einsum(subscripts, a.astype(jnp.float64 if jax.config.jax_enable_x64
+                                               else jnp.float32),
+                          b.astype(jnp.float32)).astype(a.dtype)
+
+    out = jax.jit(product, static_argnums=0)(subscripts, a, b)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.asarray(rounded(subscripts, a, b), np.float32))
+
+    def loss(f, a, b):
+        return jnp.sum(f(subscripts, a, b).astype(jnp.float32) * weights)
+
+    weights = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+    grads = jax.jit(jax.grad(functools.partial(loss, product), argnums=(0, 1)))(a, b)
+    expected = jax.grad(functools.partial(loss, rounded), argnums=(0, 1))(a, b)
+    for got, want in zip(grads, expected, strict=True):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=2 ** -7, atol=2 ** -7 * float(jnp.abs(want).max()))
+    # The compiled backward multiplies bfloat16 operands: no dot of float32 operands is left.
+    text = jax.jit(jax.grad(functools.partial(loss, product), argnums=(0, 1))).lower(
+        a, b).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    # Two: the backward's (the loss is linear in the output, so its forward product is unused).
+    assert len(dots) == 2 and all("bf16" in line.split("dot_general")[1] for line in dots)
+    assert all("-> tensor<" in line and "xf32>" in line.split("->")[-1] for line in dots)
+    # float32: jnp.einsum, the same program.
+    np.testing.assert_array_equal(np.asarray(product(subscripts, a32, b32)),
+                                  np.asarray(jnp.einsum(subscripts, a32, b32)))

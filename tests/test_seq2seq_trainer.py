@@ -179,3 +179,69 @@ def test_trim_padding_flows_from_the_flag_to_the_record(run):
     spec, result = run
     assert result.train_config.trim_padding is True
     assert result.config["training"]["trim_padding"] is True
+
+
+def _dtypes_of(primitive: str, jaxpr) -> list[tuple[str, ...]]:
+    """The operands' and results' dtype names of every ``primitive`` equation of ``jaxpr``, nested
+    ones too (for ``dot_general``: ``(lhs, rhs, result)``)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == primitive:
+            found.append(tuple(v.aval.dtype.name for v in (*eqn.invars, *eqn.outvars)))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found.extend(_dtypes_of(primitive, inner))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bfloat16_training_keeps_float32_weights_moments_and_loss(name, data_path):
+    """``dtype="bfloat16"`` (``train --dtype bfloat16``): the forward pass computes from a
+    bfloat16 copy of the parameters, its dense products bfloat16 operands accumulated in float32;
+    the parameters, their gradients (the embeddings' summed in float32), Adam's moments and the
+    loss stay float32, and the first
+    step's loss is the float32 one to bfloat16's precision."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jax_attention.train.loop import epoch_batches, loss_and_grads, train_steps
+    from jax_attention.train.seq2seq import setup
+    from jax_attention.models.translation import teacher_forcing_inputs
+
+    spec = MODELS[name]
+    model_config = spec.model_config(**{**TINY[name], "dropout": 0.0})
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        train_config = spec.train_config(**TRAINING[name], dtype=dtype)
+        nmt, _, module, optimizer = setup(spec, model_config, train_config, data=data_path)
+        batches, _ = epoch_batches(nmt, 0)
+        src, src_valid_len, tgt, tgt_valid_len = (array[0] for array in batches)
+        bos = nmt.tgt_vocab["<bos>"]
+        batch = (src, src_valid_len, teacher_forcing_inputs(tgt, bos), tgt, tgt_valid_len)
+        loss, grads = loss_and_grads(module, *batch)
+        losses[dtype] = float(loss)
+        assert loss.dtype == jnp.float32
+        assert {leaf.dtype for leaf in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+        if dtype == "bfloat16":
+            assert module.dtype == jnp.bfloat16
+            module_def, module_state = nnx.split(module)
+            jaxpr = jax.make_jaxpr(lambda state, *b: loss_and_grads(
+                nnx.merge(module_def, state), *b))(module_state, *batch).jaxpr
+            products = _dtypes_of("dot_general", jaxpr)
+            half = products.count(("bfloat16", "bfloat16", "float32"))
+            assert half >= len(products) // 2, products  # the dense layers, both ways
+            # The embeddings' gradients (a sum over every occurrence of a token) in float32.
+            scatters = _dtypes_of("scatter-add", jaxpr)
+            assert scatters and all(set(types) <= {"float32", "int32"} for types in scatters)
+        graphdef, state = nnx.split((module, optimizer))
+        state, step_losses = train_steps(graphdef, state, tuple(a[:1] for a in batches), bos)
+        assert np.isfinite(np.asarray(step_losses)).all()
+        floats = [leaf for leaf in jax.tree.leaves(state)
+                  if jnp.issubdtype(leaf.dtype, jnp.floating)]
+        assert floats and {leaf.dtype for leaf in floats} == {jnp.dtype(jnp.float32)}
+    assert np.isclose(losses["bfloat16"], losses["float32"], rtol=2e-2)
+    assert losses["bfloat16"] != losses["float32"]

@@ -129,7 +129,9 @@ def summarize(samples: list[float]) -> dict:
 
 def gemm_ceiling(n: int = 2048, *, repeats: int = 5) -> dict:
     """float32 ``n x n x n`` matrix-multiply GFLOP/s of NumPy's BLAS, XLA's dot and (if
-    installed) PyTorch, measured now; ``"ceiling_gflops"`` is the best of them."""
+    installed) PyTorch, measured now; ``"ceiling_gflops"`` is the best of them. Also XLA's dot of
+    bfloat16 operands accumulated in float32 (``"xla-bfloat16"``, the products of bfloat16
+    training, :func:`jax_attention.nn.precision.product`): ``"bfloat16_ceiling_gflops"``."""
     import jax
     import jax.numpy as jnp
 
@@ -138,7 +140,10 @@ def gemm_ceiling(n: int = 2048, *, repeats: int = 5) -> dict:
     b = rng.standard_normal((n, n), dtype=np.float32)
     a_jax, b_jax = jnp.asarray(a), jnp.asarray(b)
     dot = jax.jit(jnp.dot)
-    functions = {"numpy": lambda: a @ b, "xla": lambda: dot(a_jax, b_jax).block_until_ready()}
+    half_dot = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.float32))
+    a_half, b_half = a_jax.astype(jnp.bfloat16), b_jax.astype(jnp.bfloat16)
+    functions = {"numpy": lambda: a @ b, "xla": lambda: dot(a_jax, b_jax).block_until_ready(),
+                 "xla-bfloat16": lambda: half_dot(a_half, b_half).block_until_ready()}
     try:
         import torch
     except ImportError:
@@ -149,7 +154,9 @@ def gemm_ceiling(n: int = 2048, *, repeats: int = 5) -> dict:
     samples = time_interleaved(functions, repeats=repeats, warmup=1)
     flops = 2.0 * n ** 3
     gflops = {name: flops / statistics.median(times) / 1e9 for name, times in samples.items()}
-    return {"n": n, "dtype": "float32", "gflops": gflops, "ceiling_gflops": max(gflops.values())}
+    half = gflops.pop("xla-bfloat16")
+    return {"n": n, "dtype": "float32", "gflops": gflops, "ceiling_gflops": max(gflops.values()),
+            "bfloat16_gflops": half, "bfloat16_ceiling_gflops": max(half, *gflops.values())}
 
 
 def source_fingerprint(*modules: str) -> dict:

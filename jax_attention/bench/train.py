@@ -42,11 +42,8 @@ with dropout they differ by the dropout masks, which the two frameworks draw dif
 the ratios of ours to each peer (``ratio_tokens_per_s``: ours/torch; ``ratios_tokens_per_s``:
 every peer that ran).
 
-With ``devices`` (``bench train --devices 1,2,4``) it measures how our training scales over
-devices instead (:func:`bench_train_devices`): per device count a fresh process (``python -m
-jax_attention.bench.train --child ...``) trains on a mesh of that many devices (state replicated,
-each batch split), with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on a CPU, whose
-forced host devices share its cores (they show the split's cost, not a speed-up). No PyTorch.
+``bench train --devices 1,2,4`` measures how our training scales over devices instead
+(:mod:`jax_attention.bench.train_devices`).
 
 PyTorch's threads (:class:`~jax_attention.bench.torch_support.ThreadChoice`: on a loaded machine
 its OpenMP threads can spin many times slower than one thread, which would flatter us): by default
@@ -55,13 +52,8 @@ the faster of 1 and its default over two untimed rounds each; the record says wh
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -78,8 +70,9 @@ from jax_attention.bench.train_sizes import BOOK_MODELS, SIZE_NAMES, SIZES, trai
 from jax_attention.runtime import distributed
 
 __all__ = ["MODELS", "BOOK_MODELS", "SIZES", "SIZE_NAMES", "PEERS", "DEFAULT_PEERS",
-           "bench_train", "format_train", "bench_train_devices", "format_train_devices",
-           "child_main", "our_training", "stack_batches", "OurRounds"]
+           "bench_train", "format_train",
+           "our_training", "stack_batches", "OurRounds", "training_batches",
+           "check_model_and_steps", "bench_settings"]
 
 #: The models :func:`bench_train` can train: the names of
 #: :data:`jax_attention.models.registry.MODELS`, in its order (the choices of ``bench train
@@ -94,6 +87,8 @@ PEERS = {
             "training pairs' longest sentences (the loss still divided by num_steps)",
     "ours-full": "the same compiled step on the batches at the book's full length (num_steps "
                  "positions): the work of the book's loop",
+    "ours-bf16": "ours with 'train --dtype bfloat16': bfloat16 products and activations from "
+                 "float32 parameters, Adam moments and accumulations",
     "torch": "the book's train_seq2seq loop on the PyTorch mirror, eager: one train_step per "
              "batch (loss.sum(), backward, grad_clipping, Adam.step), on the unpadded batches",
     "torch-compile": "the same loop with torch.compile (inductor, its defaults) of the loss "
@@ -104,7 +99,7 @@ PEERS = {
 #: The peers of a plain ``bench train``.
 DEFAULT_PEERS = ("ours", "ours-full", "torch")
 #: The peers that run our compiled step (each compiles in its first round).
-_OUR_PEERS = ("ours", "ours-full")
+_OUR_PEERS = ("ours", "ours-full", "ours-bf16")
 
 
 def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
@@ -117,19 +112,21 @@ def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: in
 
 
 def our_model(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int, seed: int,
-              num_steps: int | None = None):
-    """Our model in training mode, seeded as :func:`jax_attention.train.seq2seq.setup` seeds it."""
+              num_steps: int | None = None, dtype=None):
+    """Our model in training mode, seeded as :func:`jax_attention.train.seq2seq.setup` seeds it
+    (``dtype``: its computation's, as ``train --dtype`` sets it; the parameters are the same)."""
     import jax
     from flax import nnx
 
     rngs = nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed, impl="rbg"))
     model = registry.get_model(kind).build(
-        model_config(kind, sizes, src_vocab_size, tgt_vocab_size, num_steps), rngs)
+        model_config(kind, sizes, src_vocab_size, tgt_vocab_size, num_steps), rngs, dtype=dtype)
     model.train()
     return model
 
 
-def _check_model_and_steps(model: str, steps: int) -> None:
+def check_model_and_steps(model: str, steps: int) -> None:
+    """``ValueError`` unless ``model`` is one of :data:`MODELS` and ``steps`` an integer >= 1."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     check_int("steps", steps, 1)
@@ -164,7 +161,7 @@ def training_batches(batch_size: int, num_steps: int, num_examples: int, data, s
     return nmt, plain, padded, tokens
 
 
-def our_training(kind: str, sizes: dict, nmt, seed: int, lr: float):
+def our_training(kind: str, sizes: dict, nmt, seed: int, lr: float, dtype=None):
     """Our model for the vocabularies of ``nmt`` (:func:`our_model`: training mode, seeded as
     ``jax-attention train`` seeds it), its optimizer (Adam with the gradients clipped to global
     norm 1, :func:`jax_attention.train.loop.clipped_adam`) and the two split for the compiled
@@ -173,7 +170,8 @@ def our_training(kind: str, sizes: dict, nmt, seed: int, lr: float):
 
     from jax_attention.train.loop import clipped_adam
 
-    model = our_model(kind, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed, nmt.num_steps)
+    model = our_model(kind, sizes, len(nmt.src_vocab), len(nmt.tgt_vocab), seed, nmt.num_steps,
+                      dtype)
     optimizer = nnx.Optimizer(model, clipped_adam(float(lr)), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
     return model, optimizer, graphdef, state
@@ -208,6 +206,7 @@ class OurRounds:
             padded = [(src[:, :lengths[0]], src_valid_len, tgt[:, :lengths[1]], tgt_valid_len)
                       for src, src_valid_len, tgt, tgt_valid_len in padded]
         self.graphdef, self.padded, self.num_steps = graphdef, padded, num_steps
+        self.lengths = lengths
         self.state = state if mesh is None else distributed.replicate(state, mesh)
         self.losses: list[float] = []
         self.steps_trained = 0
@@ -252,7 +251,7 @@ def _torch_rounds(kind: str, run: dict, nmt, initial: dict, plain: list, *, peer
     return rounds
 
 
-def _settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
+def bench_settings(model: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
               seed: int, steps: int, repeats: int, warmup: int, *, devices,
               size: str = "book") -> dict:
     """The ``settings`` of a training benchmark's record."""
@@ -354,6 +353,7 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
     for name in (name for name in _OUR_PEERS if name in rounds):
         first = rounds[name].padded[0]  # lengths: [sources, targets]
         settings[name] = {**common, "platform": platform,
+                          "dtype": "bfloat16" if name == "ours-bf16" else "float32",
                           "lengths": [int(first[0].shape[1]), int(first[2].shape[1])],
                           "threads": cores if platform == "cpu" else None,
                           "threads_note": "XLA's own thread pool (on CPU one thread per usable "
@@ -371,13 +371,13 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
 
 
 def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tokens: int,
-                 flops: dict, ceiling: float, first_calls: dict, probes: dict,
+                 flops: dict, ceilings: dict, first_calls: dict, probes: dict,
                  skipped: dict) -> dict:
     """Each peer's record (``settings``: :func:`_peer_settings`): what it is, its settings, the
     timings, tokens/s, its model FLOPs per step (``flops`` by peer: the cut batches' for
     ``ours``, the full-length ones' for the others), GFLOP/s and share of the GEMM ceiling (in
-    FLOP/s) and its losses; the compiled peers' compilation time, PyTorch's thread probes; a
-    skipped peer's reason."""
+    FLOP/s of its dtype: ``ceilings``) and its losses; the compiled peers' compilation time,
+    PyTorch's thread probes; a skipped peer's reason."""
     peers = {}
     for name in settings:
         peer = {"status": "skipped" if name in skipped else "ok", "description": PEERS[name],
@@ -393,7 +393,7 @@ def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tok
             "tokens_per_s": tokens / summary["median_s"],
             "flops_per_step": flops[name],
             "gflops": flops[name] / step_s / 1e9,
-            "gemm_fraction": flops[name] / step_s / ceiling,
+            "gemm_fraction": flops[name] / step_s / ceilings[settings[name]["dtype"]],
             "final_loss": rounds[name].losses[-1],
             "round_losses": list(rounds[name].losses),
             "steps_trained": rounds[name].steps_trained,
@@ -444,7 +444,7 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
 
     from jax_attention.train.loop import padded_lengths
 
-    _check_model_and_steps(model, steps)
+    check_model_and_steps(model, steps)
     peers = _check_peers(peers)
     run = train_sizes(model, size, sizes, batch_size=batch_size, num_steps=num_steps,
                       num_examples=num_examples)
@@ -465,11 +465,15 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     if "ours-full" in peers:  # its own copy: each call donates the state it trains
         rounds["ours-full"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), padded, bos_id,
                                         tokens)
+    if "ours-bf16" in peers:  # the same weights, computed in bfloat16
+        *_, graphdef16, state16 = our_training(model, run["model"], nmt, seed, lr, jnp.bfloat16)
+        rounds["ours-bf16"] = OurRounds(graphdef16, state16, padded, bos_id, tokens,
+                                        num_steps=nmt.num_steps, lengths=rounds["ours"].lengths)
     say(f"{model}: cost analysis of one step")
     full_flops = _flops_per_step(graphdef, state, padded[0], bos_id)
-    flops = {name: full_flops for name in peers}
-    flops["ours"] = _flops_per_step(graphdef, state, rounds["ours"].padded[0], bos_id,
-                                    nmt.num_steps)
+    flops = {name: full_flops for name in peers}  # ours-bf16: the same model FLOPs as ours
+    flops["ours"] = flops["ours-bf16"] = _flops_per_step(
+        graphdef, state, rounds["ours"].padded[0], bos_id, nmt.num_steps)
     rounds.update(torch_rounds)
     every_peer = dict(rounds)
 
@@ -481,9 +485,10 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     gemm = gemm_ceiling(gemm_size)
     peer_records = _train_peers(
         samples, rounds, _peer_settings(run, every_peer, initial, torch_threads), steps=steps,
-        tokens=tokens, flops=flops, ceiling=gemm["ceiling_gflops"] * 1e9,
+        tokens=tokens, flops=flops, ceilings={"float32": gemm["ceiling_gflops"] * 1e9,
+                                              "bfloat16": gemm["bfloat16_ceiling_gflops"] * 1e9},
         first_calls=first_calls, probes=probes, skipped=skipped)
-    settings = {**_settings(run["model"], run["batch_size"], run["num_steps"],
+    settings = {**bench_settings(run["model"], run["batch_size"], run["num_steps"],
                             run["num_examples"], lr, seed, steps, repeats, warmup, devices=1,
                             size=run["size"]), "peers": list(peers)}
     return _train_record(model, settings, peer_records, tokens=tokens, flops=full_flops, gemm=gemm,
@@ -518,6 +523,8 @@ def _train_record(model: str, settings: dict, peers: dict, *, tokens: int, flops
         "ratios_tokens_per_s": ratios,
         "ratio_as_shipped": ratios["torch"],
         "ratio_same_work": same_work,
+        "bfloat16_speedup": (peers["ours-bf16"]["tokens_per_s"] / ours["tokens_per_s"]
+                             if "ours-bf16" in ran else None),
         "same_work_peer": fastest_torch,
         "final_loss_relative_difference": losses["torch"],
         "final_loss_relative_differences": losses,
@@ -546,7 +553,8 @@ def format_train(record: dict) -> str:
     lines += [
         f"model FLOPs per step {record['flops_per_step'] / 1e6:.1f} M "
         f"({record['flops_source']}); GEMM ceiling {record['gemm']['ceiling_gflops']:.1f} "
-        f"GFLOP/s (n = {record['gemm']['n']})",
+        f"GFLOP/s (n = {record['gemm']['n']}; bfloat16 operands "
+        f"{record['gemm']['bfloat16_ceiling_gflops']:.1f}, the ceiling of ours-bf16)",
         f"{'peer':<{width}}{'tokens/s':>12}{'step ms':>10}{'GFLOP/s':>10}{'% GEMM':>9}"
         f"{'final loss':>12}",
     ]
@@ -573,6 +581,9 @@ def _format_train_ratios(record: dict) -> list[str]:
         lines.append(f"ours-full / {record['same_work_peer']} tokens/s: "
                      f"{record['ratio_same_work']:.2f}x (the same work, full length); its "
                      f"compilation {record['peers']['ours-full']['compile_s']:.2f} s (excluded)")
+    if record.get("bfloat16_speedup") is not None:
+        lines.append(f"ours-bf16 / ours tokens/s: {record['bfloat16_speedup']:.2f}x (bfloat16 "
+                     "products against float32, both cut)")
     if compiled["status"] == "ok":
         lines.append(f"ours / torch-compile tokens/s: "
                      f"{record['ratios_tokens_per_s']['torch-compile']:.2f}x; its compilation "
@@ -585,216 +596,3 @@ def _format_train_ratios(record: dict) -> list[str]:
             for name, difference in record["final_loss_relative_differences"].items()))
     return lines + [f"{losses} (after {ours['steps_trained']} steps each)",
                     f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}"]
-
-
-# --------------------------------------------------------------------------- --devices
-
-
-def _check_device_counts(devices: Sequence[int], batch_size: int) -> list[int]:
-    counts = list(dict.fromkeys(devices))
-    if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
-        raise ValueError(f"devices must be a non-empty list of integers >= 1, got "
-                         f"{list(devices)!r}")
-    uneven = [n for n in counts if batch_size % n]
-    if uneven:
-        raise ValueError(f"batch_size = {batch_size} is not divisible by the device counts "
-                         f"{uneven}; every device gets the same number of rows")
-    return counts
-
-
-def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup: int, seed: int,
-                   sizes: dict, batch_size: int, num_steps: int, num_examples: int, lr: float,
-                   data) -> dict:
-    """One device count, in this (fresh) process: ``steps`` training steps per round on a mesh of
-    ``devices`` devices, timed after the compiling call and ``warmup`` rounds."""
-    import jax
-
-    mesh = distributed.make_mesh(devices)
-    distributed.check_batch_size(batch_size, mesh)
-    nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
-                                               steps)
-    _, _, graphdef, state = our_training(model, sizes, nmt, seed, lr)
-    ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens, mesh)
-
-    start = time.perf_counter()
-    ours()
-    first_call_s = time.perf_counter() - start
-    samples = time_interleaved({"ours": ours}, repeats=repeats, warmup=warmup)["ours"]
-    summary = summarize(samples)
-    step_s = summary["median_s"] / steps
-    return {
-        **summary,
-        "devices": devices,
-        "mesh_shape": {name: int(size) for name, size in mesh.shape.items()},
-        "platform": jax.default_backend(),
-        "device_kind": mesh.devices.flat[0].device_kind,
-        "process_count": jax.process_count(),
-        "rows_per_device": batch_size // distributed.data_size(mesh),
-        "tokens_per_round": tokens,
-        "step_ms": step_s * 1e3,
-        "tokens_per_s": tokens / summary["median_s"],
-        "first_call_s": first_call_s,
-        "compile_s": max(first_call_s - statistics.median(samples), 0.0),
-        "final_loss": ours.losses[-1],
-        "round_losses": ours.losses,
-        "steps_trained": ours.steps_trained,
-    }
-
-
-def child_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_attention.bench.train --child --model M --devices N ...``: one device count
-    of :func:`bench_train_devices`; prints one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m jax_attention.bench.train",
-                                     description="one device count of `jax-attention bench "
-                                                 "train --devices`")
-    parser.add_argument("--child", action="store_true", required=True,
-                        help="run one device count in this process (what the benchmark spawns)")
-    parser.add_argument("--model", choices=MODELS, required=True)
-    parser.add_argument("--devices", type=int, required=True)
-    parser.add_argument("--settings", type=json.loads, required=True,
-                        help="JSON: steps, repeats, warmup, seed, sizes, batch_size, num_steps, "
-                             "num_examples, lr, data")
-    args = parser.parse_args(argv)
-    print(json.dumps(_devices_child(args.model, args.devices, **args.settings)))
-    return 0
-
-
-def _force_host_devices(flags: str, count: int) -> str:
-    """``XLA_FLAGS`` with ``--xla_force_host_platform_device_count`` set to ``count`` (replacing
-    any value already there; the other flags kept)."""
-    kept = re.sub(r"--xla_force_host_platform_device_count=\S*", "", flags).split()
-    return " ".join(kept + [f"--xla_force_host_platform_device_count={count}"])
-
-
-def _run_devices_child(model: str, devices: int, settings: dict, timeout_s: float | None) -> dict:
-    """Run one child; a failed child (too few devices, timeout) gives ``{"status": "failed",
-    "reason": ...}`` instead of raising, so that one device count cannot lose the others."""
-    command = [sys.executable, "-m", "jax_attention.bench.train", "--child", "--model", model,
-               "--devices", str(devices), "--settings", json.dumps(settings)]
-    env = os.environ.copy()
-    env["XLA_FLAGS"] = _force_host_devices(env.get("XLA_FLAGS", ""), devices)
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"devices": devices, "status": "failed",
-                "reason": f"timed out after {timeout_s:g} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"devices": devices, "status": "failed",
-                "reason": f"child exited with status {done.returncode}: " + " | ".join(tail)}
-    return {"status": "ok", **json.loads(lines[-1]), "wall_s": time.perf_counter() - start,
-            "xla_flags": env["XLA_FLAGS"]}
-
-
-def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2, 4), *,
-                        size: str = "book", steps: int = 20, repeats: int = 7, warmup: int = 1,
-                        seed: int = 0, sizes: dict | None = None, batch_size: int | None = None,
-                        num_steps: int | None = None, num_examples: int | None = None,
-                        lr: float = 0.005, data=None,
-                        timeout_s: float | None = 1800.0,
-                        log: Callable[[str], object] | None = None) -> dict:
-    """Step time and tokens/s of our training on each device count, each in a fresh process.
-
-    Every child trains the same model from the same weights on the same batches (the global
-    batch is ``batch_size`` whatever the device count: each of ``N`` devices gets
-    ``batch_size / N`` rows), so their losses agree to float32 rounding; the record says by how
-    much.
-
-    Args:
-      model: ``"bahdanau"`` or ``"transformer"``.
-      devices: the device counts (each must divide ``batch_size``).
-      size, steps, repeats, warmup, seed, sizes, batch_size, num_steps, num_examples, lr, data:
-        as in :func:`bench_train`.
-      timeout_s: per child; a child that runs longer is recorded as failed.
-      log: called with a line before each child, or ``None``.
-
-    Returns:
-      A JSON-ready dict: ``results`` holds one record per device count (``status`` ``ok`` or
-      ``failed`` with the reason) with ``step_ms``, ``tokens_per_s``, ``speedup`` (tokens/s over
-      the first device count's) and ``final_loss_relative_difference`` (against the first).
-    """
-    _check_model_and_steps(model, steps)
-    if repeats < 5:
-        raise ValueError(f"repeats must be >= 5 for a median worth reporting, got {repeats}")
-    run = train_sizes(model, size, sizes, batch_size=batch_size, num_steps=num_steps,
-                      num_examples=num_examples)
-    settings, batch_size = run["model"], run["batch_size"]
-    num_steps, num_examples = run["num_steps"], run["num_examples"]
-    counts = _check_device_counts(devices, batch_size)
-    say = log or (lambda line: None)
-    load_before = load_average()
-    environment_record = environment()
-    child_settings = {"steps": steps, "repeats": repeats, "warmup": warmup, "seed": seed,
-                      "sizes": settings, "batch_size": batch_size, "num_steps": num_steps,
-                      "num_examples": num_examples, "lr": lr,
-                      "data": None if data is None else str(data)}
-    results = []
-    for count in counts:
-        say(f"{model}: {count} device{'s' if count > 1 else ''} ({steps} steps x {repeats} rounds)")
-        results.append(_run_devices_child(model, count, child_settings, timeout_s))
-    first = next((r for r in results if r["status"] == "ok"), None)
-    for result in results:
-        if result["status"] == "ok" and first is not None:
-            result["speedup"] = result["tokens_per_s"] / first["tokens_per_s"]
-            result["first_round_loss_relative_difference"] = (
-                abs(result["round_losses"][0] - first["round_losses"][0])
-                / abs(first["round_losses"][0]))
-            result["final_loss_relative_difference"] = (
-                abs(result["final_loss"] - first["final_loss"]) / abs(first["final_loss"]))
-    cores = environment_record.get("affinity") or environment_record.get("cpu_count")
-    return {
-        "benchmark": "train",
-        "model": model,
-        "settings": {**_settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
-                                 repeats, warmup, devices=counts, size=size),
-                     "parallelism": "data: state replicated, each batch split over the devices"},
-        "results": results,
-        "note": (f"each device count ran in a fresh process with XLA_FLAGS="
-                 f"--xla_force_host_platform_device_count=N; on CPU the N host devices share "
-                 f"this machine's {cores} usable cores, so the times show what splitting costs "
-                 f"here, not the speed-up of N real accelerators"),
-        "loss_note": ("the device counts differ only in the order of float32 sums; training "
-                      "amplifies such rounding (on one device, one ulp added to one weight of "
-                      "the book's Transformer moved its loss by ~6e-4 after 30 steps), so the "
-                      "first round's losses agree to rounding and later ones more loosely"),
-        "load_average": {"before": load_before, "after": load_average()},
-        "environment": environment_record,
-    }
-
-
-def format_train_devices(record: dict) -> str:
-    """The record of :func:`bench_train_devices` as a table, one row per device count."""
-    settings = record["settings"]
-    lines = [format_environment(record["environment"]),
-             f"bench train --model {record['model']}"
-             f"{'' if settings.get('size', 'book') == 'book' else ' --size ' + settings['size']}"
-             " --devices "
-             f"{','.join(map(str, settings['devices']))}: {settings['steps']} steps per round, "
-             f"{settings['repeats']} rounds (medians), global batch {settings['batch_size']}, "
-             f"num_steps {settings['num_steps']}, {settings['num_examples']} pairs",
-             f"{'devices':<8}{'platform':>9}{'rows/dev':>9}{'step ms':>10}{'tokens/s':>11}"
-             f"{'speedup':>9}{'compile s':>10}{'final loss':>12}"]
-    for r in record["results"]:
-        if r["status"] != "ok":
-            lines.append(f"{r['devices']:<8}failed: {r['reason']}")
-            continue
-        lines.append(f"{r['devices']:<8}{r['platform']:>9}{r['rows_per_device']:>9}"
-                     f"{r['step_ms']:>10.2f}{r['tokens_per_s']:>11.0f}{r['speedup']:>8.2f}x"
-                     f"{r['compile_s']:>10.2f}{r['final_loss']:>12.5f}")
-    def worst(key: str) -> float:
-        return max((r.get(key, 0.0) for r in record["results"] if r["status"] == "ok"),
-                   default=0.0)
-
-    load = record["load_average"]
-    lines += [f"losses against the first device count (relative): first round "
-              f"{worst('first_round_loss_relative_difference'):.1e}, after the last round "
-              f"{worst('final_loss_relative_difference'):.1e}; {record['loss_note']}",
-              record["note"],
-              f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}"]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(child_main())

@@ -293,7 +293,8 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", metavar="PEER[,PEER...]", type=_train_peers,
                         default=DEFAULT_PEERS,
                         help=f"the peers to time, among {', '.join(PEERS)}; ours and torch "
-                             "always run, ours-full trains at full length, torch-compile adds "
+                             "always run, ours-full trains at full length, ours-bf16 with "
+                             "--dtype bfloat16, torch-compile adds "
                              "the book's PyTorch loop compiled "
                              "by torch.compile (inductor: the loss, its backward and the "
                              "update), compiled in an untimed round (its compilation time "
@@ -425,8 +426,8 @@ def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     _check_whole_run_arguments(args, parser)
     if args.whole_run:
         return _run_whole_run(args)
-    from jax_attention.bench.train import (bench_train, bench_train_devices, format_train,
-                                           format_train_devices)
+    from jax_attention.bench.train import bench_train, format_train
+    from jax_attention.bench.train_devices import bench_train_devices, format_train_devices
 
     args.model = args.model or "bahdanau"
     sizes = _train_sizes(args, parser)

@@ -120,6 +120,12 @@ def config_flags(config_class, defaults=None) -> list[tuple[str, dict]]:
             continue
         kind, *arguments = field.metadata["check"]
         default = (defaults or {}).get(field.name, field.default)
+        if kind == "choice":
+            flags.append((f"--{field.name.replace('_', '-')}", {
+                "dest": field.name, "metavar": field.metadata["metavar"], "default": default,
+                "choices": arguments[0],
+                "help": f"{field.metadata['help']}: %(choices)s (default: %(default)s)"}))
+            continue
         if kind == "bool":  # --name / --no-name
             flags.append((f"--{field.name.replace('_', '-')}", {
                 "dest": field.name, "action": argparse.BooleanOptionalAction,

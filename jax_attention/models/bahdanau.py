@@ -69,6 +69,7 @@ from jax_attention.nn.scoring import (ADDITIVE_KEYS, WEIGHTED_SUM,
 from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold, keep_mask
+from jax_attention.nn.precision import product
 from jax_attention.models.translation import (
     Decoded,
     Translation,
@@ -243,8 +244,8 @@ def gru_cell(params, inputs, state):
         raise ValueError(f"inputs must be (B, I) and state (B, h), got inputs {inputs.shape} and "
                          f"state {state.shape}")
     W_x, W_h, b_x, b_h = _check_gru_layer(params, inputs.shape[-1], state.shape[-1], state.dtype)
-    gates_x = jnp.einsum(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, -1)
-    gates_h = jnp.einsum(GRU_STATE, state, W_h) + b_h.reshape(1, -1)
+    gates_x = product(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, -1)
+    gates_h = product(GRU_STATE, state, W_h) + b_h.reshape(1, -1)
     return _gru_update(gates_x, gates_h, state)
 
 
@@ -267,10 +268,10 @@ def _check_model(params) -> None:
 def _gru_layer_scan(params, inputs, state):
     """One GRU layer over ``(B, T, I)``: the input projections of all steps at once, then a scan."""
     W_x, W_h, b_x, b_h = _check_gru_layer(params, inputs.shape[-1], state.shape[-1], state.dtype)
-    gates_x = jnp.einsum(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, 1, -1)  # (B, T, 3h)
+    gates_x = product(GRU_INPUTS, inputs, W_x) + b_x.reshape(1, 1, -1)  # (B, T, 3h)
 
     def step(h, gx):
-        gates_h = jnp.einsum(GRU_STATE, h, W_h) + b_h.reshape(1, -1)
+        gates_h = product(GRU_STATE, h, W_h) + b_h.reshape(1, -1)
         h = _gru_update(gx, gates_h, h)
         return h, h
 
@@ -336,7 +337,9 @@ def encoder(params, src, *, dropout: float = 0.0, dropout_rng=None):
     _num_layers(params["gru"], "params['gru']")
     embedding = jnp.asarray(params["embedding"])
     src = check_tokens("src", src, embedding.shape[0], ndim=2)
-    return gru(params["gru"], embedding[src], dropout=dropout, dropout_rng=dropout_rng)
+    # The rows in the GRU's dtype (the table may be kept wider: mixed precision).
+    rows = embedding[src].astype(jnp.asarray(params["gru"]["layer_0"]["W_x"]).dtype)
+    return gru(params["gru"], rows, dropout=dropout, dropout_rng=dropout_rng)
 
 
 def _decoder_keep_masks(rng, rate: float, shape_prefix: tuple, num_keys: int, num_layers: int,
@@ -394,7 +397,7 @@ def _decoder_step(params, tokens, state, enc_outputs, projected_keys, src_valid_
         layer_input = gru_cell(params["gru"][f"layer_{layer}"], layer_input, state[layer])
         new_state.append(layer_input)
     W, b = (jnp.asarray(params["dense"][name]).astype(state.dtype) for name in ("W", "b"))
-    logits = jnp.einsum(DENSE, layer_input, W) + b.reshape(1, -1)
+    logits = product(DENSE, layer_input, W) + b.reshape(1, -1)
     return logits, jnp.stack(new_state), weights[:, 0]
 
 
@@ -723,6 +726,8 @@ class BahdanauSeq2Seq(Seq2SeqModule):
       sow_weights: sow the attention weights on every call.
       param_dtype: the parameters' dtype.
       rngs: ``nnx.Rngs`` with ``params`` (and ``dropout``) streams; a single seed serves both.
+      dtype: the computation's (``None``: the parameters'; ``jnp.bfloat16``: mixed precision,
+        :meth:`~jax_attention.models.seq2seq_module.Seq2SeqModule.computation_params`).
       params: initial values (the nested dict of :func:`param_shapes`, e.g. a trained model's
         ``load_model(path).params``), as :class:`~jax_attention.models.transformer.TransformerSeq2Seq`
         takes them; ``ValueError`` when their shapes differ; default: fresh ones.
@@ -739,8 +744,8 @@ class BahdanauSeq2Seq(Seq2SeqModule):
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 32,
                  num_hiddens: int = 32, num_layers: int = 2, dropout: float = 0.0, *,
-                 sow_weights: bool = False, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 params: dict | None = None):
+                 sow_weights: bool = False, param_dtype=jnp.float32, dtype=None,
+                 rngs: nnx.Rngs, params: dict | None = None):
         self.encoder = Seq2SeqEncoder(src_vocab_size, embed_size, num_hiddens, num_layers,
                                       dropout, param_dtype=param_dtype, rngs=rngs)
         self.decoder = Seq2SeqAttentionDecoder(tgt_vocab_size, embed_size, num_hiddens,
@@ -748,7 +753,7 @@ class BahdanauSeq2Seq(Seq2SeqModule):
                                                rngs=rngs)
         if params is not None:
             self._load(params, param_dtype)
-        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)
+        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs, dtype=dtype)
 
     def _load(self, params: dict, param_dtype) -> None:
         """Put ``params`` (checked against the module's own shapes) into the parameters."""
@@ -764,5 +769,5 @@ class BahdanauSeq2Seq(Seq2SeqModule):
 
     def forward(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`."""
-        return seq2seq(self.params_dict(), src, src_valid_len, dec_input,
+        return seq2seq(self.computation_params(), src, src_valid_len, dec_input,
                        dropout=self.dropout, dropout_rng=self._dropout_rng())

@@ -184,6 +184,10 @@ class TrainConfig(_Validated):
       val_fraction: the fraction of the pairs held out and scored after training (BLEU, k = 4).
       seed: seeds the batch order, the parameters and dropout.
       clip_global_norm: the global gradient norm clip (book: 1).
+      dtype: the training's computation: ``"float32"`` (the book's), or ``"bfloat16"``: products
+        and activations in bfloat16, from a bfloat16 copy of the float32 parameters (Adam's
+        moments, the gradients, the softmax's, the layer norm's and the loss's accumulations stay
+        float32).
       trim_padding: cut each batch to the training split's longest sentence instead of padding
         it to ``num_steps``, the loss still divided by ``num_steps``
         (:func:`jax_attention.train.loop.padded_lengths`): the book's losses and gradients, to
@@ -202,6 +206,10 @@ class TrainConfig(_Validated):
                         "the same losses bit for bit on CPU", "N")
     clip_global_norm: float = _option(1.0, ("positive_float",), "global gradient norm clip",
                                       flag=False)
+    dtype: str = _option("float32", ("choice", ("float32", "bfloat16")),
+                         "the training's computation: bfloat16 products and activations from "
+                         "float32 parameters, moments and accumulations (mixed precision)",
+                         "DTYPE", added=True)
     trim_padding: bool = _option(
         True, ("bool",), "cut each batch to the longest sentence of the training pairs instead of "
                          "padding it to --num-steps, the loss still divided by --num-steps (the "

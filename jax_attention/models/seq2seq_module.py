@@ -19,9 +19,11 @@ cores, which take the parameters as one nested dict. What the shells have in com
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from jax_attention._checks import check_dropout
+from jax_attention._checks import check_choice, check_dropout
 from jax_attention.nn.dropout import dropout  # noqa: F401 (its earlier home; part of __all__)
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
@@ -98,8 +100,14 @@ class Seq2SeqModule(ParamTree):
     #: pad_id, max_len, **decoder_options)``.
     greedy_decode_function = None
 
-    def init_dropout(self, dropout: float, *, sow_weights: bool, rngs: nnx.Rngs) -> None:
-        """The rate, the training mode, the sowing switch and the model's own dropout stream."""
+    def init_dropout(self, dropout: float, *, sow_weights: bool, rngs: nnx.Rngs,
+                     dtype=None) -> None:
+        """The rate, the training mode, the sowing switch, the model's own dropout stream and the
+        computation's dtype (:meth:`computation_params`)."""
+        if dtype is not None:
+            dtype = jnp.dtype(check_choice("dtype", jnp.dtype(dtype).name,
+                                           ("float32", "bfloat16", "float16", "float64")))
+        self.dtype = dtype
         self.dropout = check_dropout(dropout)
         self.deterministic = False
         self.sow_weights = sow_weights
@@ -113,6 +121,22 @@ class Seq2SeqModule(ParamTree):
         if self.deterministic or self.dropout == 0.0:
             return None
         return self.dropout_rngs()
+
+    def computation_params(self) -> dict:
+        """The parameters the forward pass computes with: :meth:`params_dict`, cast to ``dtype``
+        when the model has one (mixed precision: ``bfloat16`` products and activations from the
+        ``float32`` parameters that are trained — their gradients come back in ``float32``
+        through the cast). The embedding tables keep their dtype: the cores cast the rows they
+        look up, so that a table's gradient (the sum over every occurrence of a token) is
+        accumulated in float32."""
+        params = self.params_dict()
+        if self.dtype is None:
+            return params
+
+        def cast(path, leaf):
+            return leaf if path[-1].key == "embedding" else leaf.astype(self.dtype)
+
+        return jax.tree_util.tree_map_with_path(cast, params)
 
     def forward(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), attention weights)`` of the teacher-forced model."""

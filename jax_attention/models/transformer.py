@@ -195,8 +195,8 @@ def _encoder_block(params, X, keep, *, num_heads, dropout, dropout_rng):
     return out, weights
 
 
-def _float_dtype(params):
-    return jnp.asarray(params["embedding"]).dtype
+def _float_dtype(params):  # the encoder's computation: its blocks' (the embeddings may be wider)
+    return jnp.result_type(*jax.tree.leaves(params["blocks"]))
 
 
 def encoder(params, src, src_valid_len, *, num_heads: int, max_positions: int = MAX_POSITIONS,
@@ -756,6 +756,8 @@ class TransformerSeq2Seq(Seq2SeqModule):
       num_kv_heads: ``N_kv`` key/value heads of every attention (grouped-query attention; 1:
         multi-query), dividing ``N``; ``None``: ``N``, the book's.
       max_positions: rows of the positional table (the book's 1000).
+      dtype: the computation's (``None``: the parameters'; ``jnp.bfloat16``: mixed precision,
+        :meth:`~jax_attention.models.seq2seq_module.Seq2SeqModule.computation_params`).
       params: initial values (the nested dict of :func:`param_shapes`); default: fresh ones from
         :func:`init_params` (one draw from ``rngs.params()``; submodules built alone draw their own).
 
@@ -772,7 +774,7 @@ class TransformerSeq2Seq(Seq2SeqModule):
                  ffn_num_hiddens: int = 64, num_heads: int = 4, num_layers: int = 2,
                  dropout: float = 0.0, *, num_kv_heads: int | None = None,
                  max_positions: int = MAX_POSITIONS, sow_weights: bool = False,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs, params: dict | None = None):
+                 param_dtype=jnp.float32, dtype=None, rngs: nnx.Rngs, params: dict | None = None):
         if params is None:  # one compiled initialiser for the whole tree, not one per part
             params = init_params(rngs.params(), src_vocab_size, tgt_vocab_size, num_hiddens,
                                  ffn_num_hiddens, num_heads, num_layers,
@@ -785,11 +787,11 @@ class TransformerSeq2Seq(Seq2SeqModule):
                                           num_heads, num_layers, params=params["decoder"], **parts)
         self.num_heads = num_heads
         self.max_positions = max_positions
-        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs)
+        self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs, dtype=dtype)
 
     def forward(self, src, src_valid_len, dec_input):
         """``(logits (B, T, V), weights dict)``; see :func:`transformer`."""
-        return transformer(self.params_dict(), src, src_valid_len, dec_input,
+        return transformer(self.computation_params(), src, src_valid_len, dec_input,
                            num_heads=self.num_heads, max_positions=self.max_positions,
                            dropout=self.dropout, dropout_rng=self._dropout_rng())
 

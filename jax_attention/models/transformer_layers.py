@@ -67,7 +67,7 @@ from jax_attention.nn.multihead import (
     to_heads,
 )
 from jax_attention.nn.positional import positional_encoding
-from jax_attention.nn.precision import is_half
+from jax_attention.nn.precision import compute_dtype, is_half
 from jax_attention.params import flatten_params, unflatten_params
 from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
                                    weighted_sum)
@@ -178,13 +178,16 @@ def ffn(params, X):
 
 
 def normalise(params, X, eps: float = LAYER_NORM_EPS):
-    """:func:`layer_norm` of checked ``params`` and ``X``."""
+    """:func:`layer_norm` of checked ``params`` and ``X``; a half-precision ``X`` is normalised
+    in float32 and the result rounded back (:mod:`jax_attention.nn.precision`)."""
+    dtype = X.dtype
+    X = X.astype(compute_dtype(dtype))
     mean = jnp.mean(X, axis=-1, keepdims=True)
     variance = jnp.mean(jnp.square(X - mean), axis=-1, keepdims=True)
     shape = (1,) * (X.ndim - 1) + (X.shape[-1],)
     gamma = jnp.asarray(params["gamma"]).astype(X.dtype).reshape(shape)
     beta = jnp.asarray(params["beta"]).astype(X.dtype).reshape(shape)
-    return (X - mean) / jnp.sqrt(variance + eps) * gamma + beta
+    return ((X - mean) / jnp.sqrt(variance + eps) * gamma + beta).astype(dtype)
 
 
 def residual(params, X, Y, dropout: float, dropout_rng):
@@ -387,13 +390,14 @@ def check_model(params, num_heads: int) -> None:
 
 
 def embed(params, tokens, offset_positions, max_positions: int, dtype):
-    """``embedding[tokens] * sqrt(D) + P[positions]`` (d2l: the embedding scaled before adding P)."""
-    embedding = jnp.asarray(params["embedding"]).astype(dtype)
+    """``embedding[tokens] * sqrt(D) + P[positions]`` (d2l: the embedding scaled before adding P),
+    in ``dtype``: the rows are looked up in the table's dtype, then cast."""
+    embedding = jnp.asarray(params["embedding"])
     D = embedding.shape[1]
     P = positional_encoding(max_positions, D, dtype=dtype)
     positional = P[offset_positions]
     positional = positional.reshape((1,) * (tokens.ndim + 1 - positional.ndim) + positional.shape)
-    return embedding[tokens] * math.sqrt(D) + positional
+    return embedding[tokens].astype(dtype) * math.sqrt(D) + positional
 
 
 # --------------------------------------------------------------------------- parameters

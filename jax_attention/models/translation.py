@@ -35,6 +35,7 @@ from jax_attention._checks import (
 )
 from jax_attention.data.nmt import encode_source, preprocess
 from jax_attention.models.metrics import bleu, corpus_bleu
+from jax_attention.nn.precision import compute_dtype
 
 __all__ = [
     "special_id",
@@ -107,6 +108,9 @@ def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = N
     ``[0, V - 1]`` (never NaN from an out-of-bounds gather) and lengths act as clipped to
     ``[0, T]``.
 
+    A loss is an accumulation: half-precision logits (bfloat16 training) are taken to float32
+    first, and the loss is float32 (:func:`jax_attention.nn.precision.compute_dtype`).
+
     Returns:
       ``(B,)``; zeros when ``T = 0`` (no step to count).
     """
@@ -123,9 +127,9 @@ def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = N
     valid_len = check_lengths("valid_len", valid_len, B, T, "T")
     divisor = T if num_steps is None else check_int("num_steps", num_steps, max(T, 1))
     if T == 0:
-        return jnp.zeros((B,), logits.dtype)
+        return jnp.zeros((B,), compute_dtype(logits.dtype))
     labels = clip_values(labels, 0, V - 1)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    log_probs = jax.nn.log_softmax(logits.astype(compute_dtype(logits.dtype)), axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
     keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
     masked = jnp.where(keep, -picked, jnp.zeros((), picked.dtype))

@@ -38,6 +38,7 @@ from jax_attention._checks import (
 )
 from jax_attention.nn.masking import attention_mask, zero_unattended
 from jax_attention.nn.scoring import DotProductAttention, dot_product_attention
+from jax_attention.nn.precision import product
 
 __all__ = [
     "split_heads",
@@ -154,11 +155,11 @@ def _check_inputs(queries, keys, values):
 
 def dense(params, X, kernel: str, bias: str | None = None):
     """``X params[kernel] + params[bias]`` over the last axis, ``(..., i) -> (..., o)``, in
-    ``X``'s dtype; no bias when ``bias`` is ``None`` or ``params`` holds none by that name (the
+    ``X``'s dtype (half precision: :func:`~jax_attention.nn.precision.product`); no bias when ``bias`` is ``None`` or ``params`` holds none by that name (the
     projections' optional biases). The one dense layer of the package: the projections here, the
     Transformer's FFN, output layer and key/value cache. Not part of the user-facing API
     (``__all__``)."""
-    out = jnp.einsum(DENSE, X, jnp.asarray(params[kernel]).astype(X.dtype))
+    out = product(DENSE, X, jnp.asarray(params[kernel]).astype(X.dtype))
     if bias is None or bias not in params:
         return out
     b = jnp.asarray(params[bias]).astype(X.dtype)

@@ -233,7 +233,8 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
     # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
     # are deterministic on a given backend.
     rngs = nnx.Rngs(params=jax.random.key(t.seed), dropout=jax.random.key(t.seed, impl="rbg"))
-    model = spec.build(model_config, rngs)
+    model = spec.build(model_config, rngs,
+                       dtype=None if t.dtype == "float32" else jax.numpy.dtype(t.dtype))
     model.train()
     optimizer = nnx.Optimizer(model, clipped_adam(t.lr, t.clip_global_norm), wrt=nnx.Param)
     return nmt, model_config, model, optimizer
