@@ -33,9 +33,10 @@ Renewed twice more in issue 15, for speed:
 Renewed in issue 30 (the Transformer's only): training cuts every batch to the training pairs'
 longest sentences (``trim_padding``, :func:`jax_attention.train.loop.padded_lengths`: 5 source and
 8 target positions of 10 at the book's settings), the loss still divided by ``num_steps``. Without
-dropout the losses and gradients are the full-length ones to rounding (tests/test_seq2seq_trainer.py);
-with it the masks, drawn for the cut shapes, are others. Exact book sentences over seeds 0–5: 21
-of 24 at full length (2 4 4 4 4 3, ``--no-trim-padding``), 20 cut (2 4 3 3 4 4). The pins before
+dropout the losses and gradients are the full-length ones to rounding
+(tests/test_seq2seq_trainer.py); with it the masks, drawn for the cut shapes, are others. Exact
+book sentences over seeds 0–5: 21 of 24 at full length (2 4 4 4 4 3, ``--no-trim-padding``), 20
+cut (2 4 3 3 4 4). The pins before
 were ``0x1.bf5a66043cf29p-2 ...``. The Bahdanau pins did not move: its sources are not cut
 (its encoder's final state runs over their padding) and its decoder's dropout masks do not depend
 on the number of target steps.

@@ -31,6 +31,7 @@ from jax_attention.runtime import distributed
 
 __all__ = ["bench_train_devices", "format_train_devices", "child_main"]
 
+
 def _check_device_counts(devices: Sequence[int], batch_size: int) -> list[int]:
     counts = list(dict.fromkeys(devices))
     if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
@@ -50,14 +51,14 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     ``devices`` devices, timed after the compiling call and ``warmup`` rounds."""
     import jax
 
+    from jax_attention.models.registry import get_model
+    from jax_attention.train.loop import padded_lengths
+
     mesh = distributed.make_mesh(devices)
     distributed.check_batch_size(batch_size, mesh)
     nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                                steps)
     _, _, graphdef, state = our_training(model, sizes, nmt, seed, lr)
-    from jax_attention.models.registry import get_model
-    from jax_attention.train.loop import padded_lengths
-
     lengths = padded_lengths(nmt, trim_source=get_model(model).trims_source)
     ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens, mesh,
                      lengths=lengths, num_steps=nmt.num_steps)
@@ -89,8 +90,8 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
 
 
 def child_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_attention.bench.train_devices --child --model M --devices N ...``: one device count
-    of :func:`bench_train_devices`; prints one JSON line."""
+    """``python -m jax_attention.bench.train_devices --child --model M --devices N ...``: one
+    device count of :func:`bench_train_devices`; prints one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m jax_attention.bench.train_devices",
                                      description="one device count of `jax-attention bench "
                                                  "train --devices`")
@@ -116,8 +117,8 @@ def _force_host_devices(flags: str, count: int) -> str:
 def _run_devices_child(model: str, devices: int, settings: dict, timeout_s: float | None) -> dict:
     """Run one child; a failed child (too few devices, timeout) gives ``{"status": "failed",
     "reason": ...}`` instead of raising, so that one device count cannot lose the others."""
-    command = [sys.executable, "-m", "jax_attention.bench.train_devices", "--child", "--model", model,
-               "--devices", str(devices), "--settings", json.dumps(settings)]
+    command = [sys.executable, "-m", "jax_attention.bench.train_devices", "--child", "--model",
+               model, "--devices", str(devices), "--settings", json.dumps(settings)]
     env = os.environ.copy()
     env["XLA_FLAGS"] = _force_host_devices(env.get("XLA_FLAGS", ""), devices)
     start = time.perf_counter()
@@ -194,8 +195,8 @@ def bench_train_devices(model: str = "bahdanau", devices: Sequence[int] = (1, 2,
     return {
         "benchmark": "train",
         "model": model,
-        "settings": {**bench_settings(settings, batch_size, num_steps, num_examples, lr, seed, steps,
-                                 repeats, warmup, devices=counts, size=size),
+        "settings": {**bench_settings(settings, batch_size, num_steps, num_examples, lr, seed,
+                                      steps, repeats, warmup, devices=counts, size=size),
                      "parallelism": "data: state replicated, each batch split over the devices"},
         "results": results,
         "note": (f"each device count ran in a fresh process with XLA_FLAGS="

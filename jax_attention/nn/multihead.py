@@ -155,8 +155,9 @@ def _check_inputs(queries, keys, values):
 
 def dense(params, X, kernel: str, bias: str | None = None):
     """``X params[kernel] + params[bias]`` over the last axis, ``(..., i) -> (..., o)``, in
-    ``X``'s dtype (half precision: :func:`~jax_attention.nn.precision.product`); no bias when ``bias`` is ``None`` or ``params`` holds none by that name (the
-    projections' optional biases). The one dense layer of the package: the projections here, the
+    ``X``'s dtype (half precision: :func:`~jax_attention.nn.precision.product`); no bias when
+    ``bias`` is ``None`` or ``params`` holds none by that name (the projections' optional
+    biases). The one dense layer of the package: the projections here, the
     Transformer's FFN, output layer and key/value cache. Not part of the user-facing API
     (``__all__``)."""
     out = product(DENSE, X, jnp.asarray(params[kernel]).astype(X.dtype))

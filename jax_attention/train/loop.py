@@ -352,7 +352,7 @@ def epoch_batches(nmt, epoch: int, lengths: tuple[int, int] | None = None):
     if lengths is not None:
         if src_valid_len.max() > lengths[0] or tgt_valid_len.max() > lengths[1]:
             raise ValueError(f"lengths = {lengths} would cut a sentence: epoch {epoch} has sources"
-                             f" of {src_valid_len.max()} and targets of {tgt_valid_len.max()} tokens")
+                             f" of {src_valid_len.max()}, targets of {tgt_valid_len.max()} tokens")
         src, tgt = src[..., :lengths[0]], tgt[..., :lengths[1]]
     return (src, src_valid_len, tgt, tgt_valid_len), int(tgt_valid_len.sum())
 

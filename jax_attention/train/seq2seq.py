@@ -36,9 +36,9 @@ from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, padded_
                                       train_epochs,
                                       training_mesh)
 
-__all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup", "training_lengths",
-           "train_seq2seq", "train_bahdanau", "train_transformer", "evaluate_translations",
-           "score_held_out", "evaluate_held_out"]
+__all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
+           "training_lengths", "train_seq2seq", "train_bahdanau", "train_transformer",
+           "evaluate_translations", "score_held_out", "evaluate_held_out"]
 
 logger = logging.getLogger(__name__)
 
