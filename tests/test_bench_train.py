@@ -139,6 +139,22 @@ def test_the_bfloat16_peer_trains_the_same_model_in_bfloat16():
     assert "ours-bf16 / ours tokens/s" in bench.format_train(record)
 
 
+def test_the_same_work_ratio_is_against_the_faster_pytorch_peer():
+    """``ratio_same_work`` divides ours-full by whichever PyTorch peer was faster, the one it
+    names (here torch.compile), not always the eager loop."""
+    def peer(tokens_per_s):
+        return {"status": "ok", "tokens_per_s": tokens_per_s, "final_loss": 1.0}
+
+    peers = {"ours": peer(400.0), "ours-full": peer(200.0), "torch": peer(100.0),
+             "torch-compile": peer(160.0)}
+    record = bench._train_record("transformer", {"size": "base", "steps": 10}, peers,
+                                 tokens=1000, flops=1.0, gemm={}, load_before=None,
+                                 environment_record={})
+    assert record["same_work_peer"] == "torch-compile"
+    assert record["ratio_same_work"] == pytest.approx(200.0 / 160.0)
+    assert record["ratio_as_shipped"] == pytest.approx(400.0 / 100.0)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="model must be one of"):
         bench.bench_train("gpt")

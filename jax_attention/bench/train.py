@@ -504,7 +504,7 @@ def _train_record(model: str, settings: dict, peers: dict, *, tokens: int, flops
     ran = [name for name, peer in peers.items() if name != "ours" and peer["status"] == "ok"]
     ratios = {name: ours["tokens_per_s"] / peers[name]["tokens_per_s"] for name in ran}
     fastest_torch = max(set(ran) - set(_OUR_PEERS), key=lambda name: peers[name]["tokens_per_s"])
-    same_work = ratios["torch"] / ratios["ours-full"] if "ours-full" in ran else None
+    same_work = ratios[fastest_torch] / ratios["ours-full"] if "ours-full" in ran else None
     losses = {name: abs(ours["final_loss"] - peers[name]["final_loss"])
               / abs(peers[name]["final_loss"]) for name in ran}
     return {
