@@ -119,22 +119,17 @@ def config_flags(config_class, defaults=None) -> list[tuple[str, dict]]:
         if not field.metadata.get("flag"):
             continue
         kind, *arguments = field.metadata["check"]
-        default = (defaults or {}).get(field.name, field.default)
-        if kind == "choice":
-            flags.append((f"--{field.name.replace('_', '-')}", {
-                "dest": field.name, "metavar": field.metadata["metavar"], "default": default,
-                "choices": arguments[0],
-                "help": f"{field.metadata['help']}: %(choices)s (default: %(default)s)"}))
-            continue
+        options = {"dest": field.name, "default": (defaults or {}).get(field.name, field.default),
+                   "help": f"{field.metadata['help']} (default: %(default)s)"}
         if kind == "bool":  # --name / --no-name
-            flags.append((f"--{field.name.replace('_', '-')}", {
-                "dest": field.name, "action": argparse.BooleanOptionalAction,
-                "default": default, "help": f"{field.metadata['help']} (default: %(default)s)"}))
-            continue
-        flags.append((f"--{field.name.replace('_', '-')}", {
-            "dest": field.name, "metavar": field.metadata["metavar"],
-            "type": _ARGUMENT_TYPES[kind](*arguments), "default": default,
-            "help": f"{field.metadata['help']} (default: %(default)s)"}))
+            options["action"] = argparse.BooleanOptionalAction
+        elif kind == "choice":
+            options.update(metavar=field.metadata["metavar"], choices=arguments[0],
+                           help=f"{field.metadata['help']}: %(choices)s (default: %(default)s)")
+        else:
+            options.update(metavar=field.metadata["metavar"],
+                           type=_ARGUMENT_TYPES[kind](*arguments))
+        flags.append((f"--{field.name.replace('_', '-')}", options))
     return flags
 
 
