@@ -55,22 +55,28 @@ def keep_threshold(rate: float) -> int:
     return min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
 
 
-def keep_mask(key_data, rate: float, shape) -> np.ndarray:
+def keep_mask(key_data, rate: float, shape, padded_shape=None) -> np.ndarray:
     """``hash32(hash32(i ^ seed) + seed * GOLDEN) >= keep_threshold(rate)`` for the row-major
-    index ``i`` of each element."""
+    index ``i`` of each element; with ``padded_shape``, the leading corner of that shape's mask."""
     shape = tuple(int(n) for n in shape)
-    if math.prod(shape) > 2 ** 32:
-        raise ValueError(f"a dropout mask holds at most 2**32 elements, got shape {shape}")
+    padded = shape if padded_shape is None else tuple(int(n) for n in padded_shape)
+    if len(padded) != len(shape) or any(p < n for p, n in zip(padded, shape, strict=True)):
+        raise ValueError(f"padded_shape must have the rank of shape and no shorter axis, got "
+                         f"shape {shape} and padded_shape {padded}")
+    if math.prod(padded) > 2 ** 32:
+        raise ValueError(f"a dropout mask holds at most 2**32 elements, got shape {padded}")
     seed = key_seed(key_data)
-    index = np.arange(math.prod(shape), dtype=np.uint64).astype(np.uint32).reshape(shape)
+    index = np.arange(math.prod(padded), dtype=np.uint64).astype(np.uint32).reshape(padded)
+    index = index[tuple(slice(0, n) for n in shape)]
     with np.errstate(over="ignore"):
         bits = hash32(hash32(index ^ seed) + seed * np.uint32(GOLDEN))
     return bits >= np.uint32(keep_threshold(rate))
 
 
-def dropout(x, rate: float, key_data) -> np.ndarray:
+def dropout(x, rate: float, key_data, padded_shape=None) -> np.ndarray:
     """Inverted dropout: ``x / (1 - rate)`` where kept, 0 elsewhere; ``x`` without a key."""
     x = np.asarray(x)
     if key_data is None or rate == 0.0:
         return x
-    return np.where(keep_mask(key_data, rate, x.shape), x / (1.0 - rate), 0.0).astype(x.dtype)
+    return np.where(keep_mask(key_data, rate, x.shape, padded_shape), x / (1.0 - rate),
+                    0.0).astype(x.dtype)

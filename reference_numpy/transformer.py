@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from reference_numpy._checks import (
+    check_int,
     KeySet,
     check_lengths,
     check_max_len,
@@ -265,14 +266,18 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
 
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
-                         num_heads: int, max_positions: int = MAX_POSITIONS):
-    """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing."""
+                         num_heads: int, max_positions: int = MAX_POSITIONS,
+                         num_steps: int | None = None):
+    """Per-sequence masked cross-entropy ``(B,)`` with teacher forcing; ``num_steps`` (at least
+    the source's and the target's lengths): the divisor of a batch cut short of its padding."""
     _check_model(params)
     tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
+    if num_steps is not None:
+        num_steps = check_int("num_steps", num_steps, max(np.shape(src)[-1], tgt.shape[1], 1))
     logits, _ = transformer(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                             num_heads=num_heads, max_positions=max_positions)
-    return masked_cross_entropy(logits, tgt, tgt_valid_len)
+    return masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps)
 
 
 def greedy_decode(params, src, src_valid_len, *, num_heads: int, bos_id: int, eos_id: int,

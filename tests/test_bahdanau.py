@@ -277,6 +277,22 @@ def _np_params():
     return jax.tree.map(np.asarray, _params())
 
 
+def test_teacher_forcing_loss_of_targets_cut_short_with_the_books_divisor():
+    """``num_steps``: targets cut past every valid length give the full targets' loss (the
+    decoder's dropout masks, drawn time first, are the full ones' already), in JAX and NumPy."""
+    params = _np_params()
+    src, src_valid_len, tgt, _ = _numpy_inputs()
+    tgt_valid_len, cut = np.asarray([2, 3, 0], np.int32), 3
+    for module in (bahdanau, np_bahdanau):
+        full = module.teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, BOS)
+        short = module.teacher_forcing_loss(params, src, src_valid_len, tgt[:, :cut],
+                                            tgt_valid_len, BOS, num_steps=T)
+        np.testing.assert_allclose(np.asarray(short), np.asarray(full), rtol=1e-6)
+        with pytest.raises(ValueError, match=rf"num_steps must be an integer >= {cut}"):
+            module.teacher_forcing_loss(params, src, src_valid_len, tgt[:, :cut],
+                                        tgt_valid_len, BOS, num_steps=cut - 1)
+
+
 @pytest.mark.parametrize("path, new_name, message", [
     (("decoder", "attention", "w_v"), "w_V",
      r"params\['decoder'\]\['attention'\] has unexpected keys \['w_V'\] and missing keys "

@@ -117,3 +117,34 @@ def test_bad_keys_and_shapes_are_refused():
         jd.keep_mask(jnp.zeros(2, jnp.int32), 0.1, (3,))
     with pytest.raises(ValueError, match="at most 2\\*\\*32 elements"):
         jd.keep_mask(jax.random.key(0, impl="rbg"), 0.1, (2 ** 17, 2 ** 16))
+
+
+@pytest.mark.parametrize("shape, padded", [((2, 3, 4), (2, 7, 4)), ((2, 5, 3, 3), (2, 5, 6, 8)),
+                                           ((4,), (9,)), ((3, 4), (3, 4))])
+def test_a_padded_shape_gives_the_leading_corner_of_its_mask(shape, padded):
+    """What lets a batch cut short of its padding train as the full-length one: the mask of
+    ``shape`` within ``padded_shape`` is the full mask's corner, in JAX and in NumPy, and so is
+    the dropout of the cut array."""
+    key = jax.random.key(4, impl="rbg")
+    corner = tuple(slice(0, n) for n in shape)
+    full = np.asarray(jd.keep_mask(key, 0.3, padded))
+    cut = np.asarray(jax.jit(jd.keep_mask, static_argnums=(1, 2, 3))(key, 0.3, shape, padded))
+    assert cut.shape == shape
+    np.testing.assert_array_equal(cut, full[corner])
+    np.testing.assert_array_equal(nd.keep_mask(_data(key), 0.3, shape, padded), full[corner])
+    x = jax.random.normal(jax.random.key(5), padded)
+    np.testing.assert_array_equal(np.asarray(jd.dropout(x[corner], 0.3, key, padded)),
+                                  np.asarray(jd.dropout(x, 0.3, key))[corner])
+    np.testing.assert_allclose(nd.dropout(np.asarray(x[corner]), 0.3, _data(key), padded),
+                               np.asarray(jd.dropout(x, 0.3, key))[corner], rtol=1e-6)
+
+
+@pytest.mark.parametrize("module", [jd, nd], ids=["jax", "numpy"])
+def test_a_padded_shape_shorter_or_of_another_rank_is_refused(module):
+    key = np.asarray([0, 7], np.uint32)
+    for padded in [(2, 2), (2, 3, 1), (3,)]:
+        with pytest.raises(ValueError, match=r"padded_shape must have the rank of shape and no "
+                                             r"shorter axis, got shape \(2, 3\)"):
+            module.keep_mask(key, 0.1, (2, 3), padded)
+    with pytest.raises(ValueError, match="at most 2\\*\\*32 elements"):
+        module.keep_mask(key, 0.1, (2, 3), (2 ** 17, 2 ** 16))

@@ -41,6 +41,16 @@ were ``0x1.bf5a66043cf29p-2 ...``. The Bahdanau pins did not move: its sources a
 (its encoder's final state runs over their padding) and its decoder's dropout masks do not depend
 on the number of target steps.
 
+Renewed again in issue 30 (the Transformer's only): a cut batch now draws the full-length batch's
+dropout masks at the positions it keeps (``num_steps`` of
+:func:`jax_attention.models.transformer.transformer`, the ``padded_shape`` of
+:func:`jax_attention.nn.dropout.keep_mask`), so that it trains as the full-length batch to rounding,
+dropout on (tests/test_seq2seq_trainer.py). The pins came back to the full-length run's, which the
+pins before the cut were, within rounding (``0x1.bf5a66043cf29p-2 0x1.52476d4825f0ep-2
+0x1.2b969d76f8074p-2``, now ``0x1.bf5a654f69d9ep-2 0x1.52476c2bfeca0p-2 0x1.2b96cb131243ap-2``:
+the cut products and reductions round otherwise). The pins before were ``0x1.bfc5bd9a7cec2p-2
+...``. Exact book sentences over seeds 0–5: 21 cut (3 3 4 3 4 4), 21 at full length.
+
 Any change to the training code that moves a bit of them (another random stream, another order
 of operations, another rounding) fails here; such a change must be judged on quality over several
 seeds instead, and the pins renewed in the same commit with the reason.
@@ -67,7 +77,7 @@ from tests.shared_runs import tiny_settings
 
 PINNED = {
     "bahdanau": ["0x1.e5c721666b910p-2", "0x1.597cd9f54dcc9p-2", "0x1.2ec34cb0627c2p-2"],
-    "transformer": ["0x1.bfc5bd9a7cec2p-2", "0x1.50cac797dd49cp-2", "0x1.2829898921cdcp-2"],
+    "transformer": ["0x1.bf5a654f69d9ep-2", "0x1.52476c2bfeca0p-2", "0x1.2b96cb131243ap-2"],
 }
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = {"bahdanau": train.train_bahdanau, "transformer": train.train_transformer}

@@ -123,9 +123,11 @@ def test_batches_cut_to_the_longest_sentences_give_the_full_length_loss_and_grad
         name, data_path):
     """What ``trim_padding`` (on by default) rests on: a batch cut to the training pairs'
     longest sentences (:func:`padded_lengths`, the sources only where the model allows), its loss
-    divided by ``num_steps``, gives the full-length batch's loss and gradients to rounding."""
+    divided by ``num_steps``, gives the full-length batch's loss and gradients to rounding,
+    dropout on: every mask is the full-length batch's at the positions kept."""
     import jax
     import numpy as np
+    from flax import nnx
 
     from jax_attention.train.loop import epoch_batches, loss_and_grads, padded_lengths
     from jax_attention.train.seq2seq import setup, training_lengths
@@ -133,16 +135,16 @@ def test_batches_cut_to_the_longest_sentences_give_the_full_length_loss_and_grad
 
     spec = MODELS[name]
     train_config = spec.train_config(**TRAINING[name])
-    model_config = spec.model_config(**{**TINY[name], "dropout": 0.0, "num_steps": 10})
+    model_config = spec.model_config(**{**TINY[name], "dropout": 0.2, "num_steps": 10})
     nmt, _, module, _ = setup(spec, model_config, train_config, data=data_path)
     lengths = training_lengths(spec, nmt, train_config)
     assert lengths == padded_lengths(nmt, trim_source=spec.trims_source)
     assert lengths[1] < nmt.num_steps and (lengths[0] < nmt.num_steps) == spec.trims_source
     bos = nmt.tgt_vocab["<bos>"]
 
-    def loss_and_grads_of(batches, **divisor):
+    def loss_and_grads_of(batches, **divisor):  # each from the same dropout key
         src, src_valid_len, tgt, tgt_valid_len = (array[0] for array in batches)
-        loss, grads = loss_and_grads(module, src, src_valid_len,
+        loss, grads = loss_and_grads(nnx.clone(module), src, src_valid_len,
                                      teacher_forcing_inputs(tgt, bos), tgt, tgt_valid_len,
                                      **divisor)
         return float(loss), jax.tree.leaves(grads)
@@ -156,9 +158,16 @@ def test_batches_cut_to_the_longest_sentences_give_the_full_length_loss_and_grad
     assert len(cut[1]) == len(full[1])
     for got, want in zip(cut[1], full[1], strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
-    # Without the book's divisor the loss would be num_steps / T times larger.
+    # Without the book's length the loss is num_steps / T times larger, and the Transformer's
+    # masks are others (Bahdanau's, drawn time first, are the full batch's whatever T is).
     plain = loss_and_grads_of(cut_batches)
-    assert np.isclose(plain[0], full[0] * nmt.num_steps / lengths[1], rtol=1e-5)
+    ratio = nmt.num_steps / lengths[1]
+    assert np.isclose(plain[0], full[0] * ratio, rtol=1e-5) == (name == "bahdanau")
+    module.eval()  # no dropout: only the divisor differs
+    assert not np.isclose(loss_and_grads_of(epoch_batches(nmt, 0)[0])[0], full[0], rtol=1e-5)
+    plain = loss_and_grads_of(cut_batches)
+    assert np.isclose(plain[0], loss_and_grads_of(epoch_batches(nmt, 0)[0])[0] * ratio,
+                      rtol=1e-5)
     if not spec.trims_source:  # Bahdanau: the encoder's final state runs over the padding
         source_cut = padded_lengths(nmt, trim_source=True)
         other = loss_and_grads_of(epoch_batches(nmt, 0, source_cut)[0], num_steps=nmt.num_steps)

@@ -43,7 +43,7 @@ def _as_float64(params):
     return jax.tree.map(lambda x: np.asarray(x, np.float64), params)
 
 
-_forward = jax.jit(transformer.transformer, static_argnames=("num_heads", "dropout"))
+_forward = jax.jit(transformer.transformer, static_argnames=("num_heads", "dropout", "num_steps"))
 
 
 def _initial_cache(params, src, src_valid_len, *, num_heads, max_len):
@@ -175,6 +175,43 @@ def test_dropout_only_with_a_key_and_reproducible():
                                    dropout=0.5, dropout_rng=jax.random.key(7, impl="rbg"))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, plain)
+
+
+def test_a_batch_cut_short_of_its_padding_draws_the_full_batchs_dropout_masks():
+    """``num_steps``: inputs cut from a batch padded to ``num_steps`` (the sources past every
+    valid length, the targets anywhere: the decoder is causal) give the full batch's logits at
+    the positions kept, dropout on; the loss, divided by ``num_steps``, is the full one's."""
+    params = _params()
+    src, src_valid_len, dec_input = (np.asarray(a) for a in _numpy_inputs())
+    full_src = np.concatenate([src, np.full((B, 3), PAD, src.dtype)], axis=1)  # 9 steps
+    full_dec = np.concatenate([dec_input, dec_input[:, :4]], axis=1)
+    key, num_steps = jax.random.key(5, impl="rbg"), S + 3
+
+    def forward(src, dec_input, **kwargs):
+        return np.asarray(_forward(params, src, src_valid_len, dec_input, num_heads=N,
+                                   dropout=0.3, dropout_rng=key, **kwargs)[0])
+
+    full = forward(full_src, full_dec)
+    np.testing.assert_array_equal(forward(full_src, full_dec, num_steps=num_steps), full)
+    cut = forward(src, dec_input, num_steps=num_steps)
+    np.testing.assert_allclose(cut, full[:, :T], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(forward(src, dec_input), full[:, :T], rtol=1e-3)  # the cut's masks
+    loss = jax.jit(transformer.teacher_forcing_loss,
+                   static_argnames=("bos_id", "num_heads", "dropout", "num_steps"))
+    full_tgt = np.concatenate([full_dec[:, 1:], full_dec[:, :1]], axis=1)
+    tgt_valid_len = np.asarray([5, 2, 4], np.int32)
+    losses = [loss(params, s, src_valid_len, t, tgt_valid_len, BOS, num_heads=N, dropout=0.3,
+                   dropout_rng=key, num_steps=num_steps) for s, t in
+              [(full_src, full_tgt), (src, full_tgt[:, :T])]]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    reference = [np_transformer.teacher_forcing_loss(  # no dropout: the divisor only
+        jax.tree.map(np.asarray, params), s, src_valid_len, t, tgt_valid_len, BOS, num_heads=N,
+        num_steps=num_steps) for s, t in [(full_src, full_tgt), (src, full_tgt[:, :T])]]
+    np.testing.assert_allclose(reference[1], reference[0], rtol=1e-6)
+    for function, args in [(transformer.transformer, (dec_input,)), (
+            np_transformer.teacher_forcing_loss, (dec_input, tgt_valid_len, BOS))]:
+        with pytest.raises(ValueError, match=rf"num_steps must be an integer >= {S}, got 5"):
+            function(params, src, src_valid_len, *args, num_heads=N, num_steps=5)
 
 
 def test_training_attention_is_reverse_mode_only_and_evaluation_both():

@@ -500,18 +500,20 @@ def seq2seq(params, src, src_valid_len, dec_input, *, dropout: float = 0.0, drop
 
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
-                         dropout: float = 0.0, dropout_rng=None):
+                         dropout: float = 0.0, dropout_rng=None, num_steps: int | None = None):
     """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``.
 
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
-    package's rule for values (checked when concrete, clipped when traced).
+    package's rule for values (checked when concrete, clipped when traced). ``num_steps``: the
+    loss's divisor, the full length of targets cut short of their padding (the decoder's dropout
+    masks, drawn time first, are the full-length batch's already).
     """
     _check_model(params)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
     logits, _ = seq2seq(params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id),
                         dropout=dropout, dropout_rng=dropout_rng)
-    return masked_cross_entropy(logits, tgt, tgt_valid_len)
+    return masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps)
 
 
 @functools.partial(jax.jit, static_argnames=("bos_id", "eos_id", "pad_id", "max_len"))
@@ -767,7 +769,8 @@ class BahdanauSeq2Seq(Seq2SeqModule):
         for path, value in flat.items():
             variables[path][...] = value
 
-    def forward(self, src, src_valid_len, dec_input):
-        """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`."""
+    def forward(self, src, src_valid_len, dec_input, num_steps=None):
+        """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`. ``num_steps`` changes
+        nothing: the decoder's dropout masks, drawn time first, do not depend on ``T``."""
         return seq2seq(self.computation_params(), src, src_valid_len, dec_input,
                        dropout=self.dropout, dropout_rng=self._dropout_rng())

@@ -138,13 +138,16 @@ class Seq2SeqModule(ParamTree):
 
         return jax.tree_util.tree_map_with_path(cast, params)
 
-    def forward(self, src, src_valid_len, dec_input):
-        """``(logits (B, T, V), attention weights)`` of the teacher-forced model."""
+    def forward(self, src, src_valid_len, dec_input, num_steps=None):
+        """``(logits (B, T, V), attention weights)`` of the teacher-forced model; ``num_steps``:
+        the length the batch was padded to before its padding was cut (``None``: not cut), so
+        that its dropout masks are the full-length batch's."""
         raise NotImplementedError
 
-    def __call__(self, src, src_valid_len, dec_input):
-        """Teacher-forced logits ``(B, T, V)`` (the weights are sown with ``sow_weights``)."""
-        logits, weights = self.forward(src, src_valid_len, dec_input)
+    def __call__(self, src, src_valid_len, dec_input, *, num_steps=None):
+        """Teacher-forced logits ``(B, T, V)`` (the weights are sown with ``sow_weights``);
+        ``num_steps``: see :meth:`forward`."""
+        logits, weights = self.forward(src, src_valid_len, dec_input, num_steps)
         if self.sow_weights:
             self.sow(nnx.Intermediate, "attention_weights", weights)
         return logits

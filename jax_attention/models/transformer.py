@@ -63,6 +63,7 @@ from flax import nnx
 from jax_attention.models import decoding, translation
 from jax_attention._checks import (
     check_dropout,
+    check_int,
     check_lengths,
     check_max_len_fits,
     check_positions,
@@ -107,9 +108,8 @@ from jax_attention.models.transformer_layers import (
     residual,
     sublayer_attention,
 )
-from jax_attention.models.transformer_layers import check_width
-from jax_attention.models.transformer_layers import embed
-from jax_attention.models.transformer_layers import fold_rng, init_flat
+from jax_attention.models.transformer_layers import check_width, embed, fold_rng, init_flat
+from jax_attention.models.transformer_layers import steps_padded
 from jax_attention.models.translation import (
     Decoded,
     Translation,
@@ -117,36 +117,12 @@ from jax_attention.models.translation import (
     teacher_forcing_inputs,
 )
 
-__all__ = [
-    "MAX_POSITIONS",
-    "param_shapes",
-    "init_params",
-    "flatten_params",
-    "unflatten_params",
-    "position_wise_ffn",
-    "layer_norm",
-    "add_norm",
-    "attention",
-    "encoder_block",
-    "encoder",
-    "decoder_block",
-    "decoder",
-    "transformer",
-    "teacher_forcing_loss",
-    "init_decoder_state",
-    "decoder_step",
-    "greedy_decode",
-    "beam_decode",
-    "TransformerTranslation",
-    "translate",
-    "PositionWiseFFN",
-    "AddNorm",
-    "TransformerEncoderBlock",
-    "TransformerEncoder",
-    "TransformerDecoderBlock",
-    "TransformerDecoder",
-    "TransformerSeq2Seq",
-]
+__all__ = ["MAX_POSITIONS", "param_shapes", "init_params", "flatten_params", "unflatten_params",
+           "position_wise_ffn", "layer_norm", "add_norm", "attention", "encoder_block", "encoder",
+           "decoder_block", "decoder", "transformer", "teacher_forcing_loss", "init_decoder_state",
+           "decoder_step", "greedy_decode", "beam_decode", "TransformerTranslation", "translate",
+           "PositionWiseFFN", "AddNorm", "TransformerEncoderBlock", "TransformerEncoder",
+           "TransformerDecoderBlock", "TransformerDecoder", "TransformerSeq2Seq"]
 
 # --------------------------------------------------------------------------- the functional core
 
@@ -186,12 +162,13 @@ def _source_keep(src_valid_len, B: int, S: int):
     return lengths_keep(check_lengths("src_valid_len", src_valid_len, B, S, "S"), S)
 
 
-def _encoder_block(params, X, keep, *, num_heads, dropout, dropout_rng):
+def _encoder_block(params, X, keep, *, num_heads, dropout, dropout_rng, num_steps=None):
     attended, weights = sublayer_attention(params["attention"], X, X, keep, num_heads=num_heads,
-                                           dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0))
-    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1))
+                                           dropout=dropout, dropout_rng=fold_rng(dropout_rng, 0),
+                                           num_steps=num_steps)
+    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1), num_steps)
     out = residual(params["addnorm_2"], Y, ffn(params["ffn"], Y), dropout,
-                   fold_rng(dropout_rng, 2))
+                   fold_rng(dropout_rng, 2), num_steps)
     return out, weights
 
 
@@ -231,13 +208,15 @@ def _checked_tokens(name: str, tokens, params, max_positions: int):
     return tokens
 
 
-def _encoder(params, src, keep, *, num_heads, max_positions, dropout, dropout_rng):
+def _encoder(params, src, keep, *, num_heads, max_positions, dropout, dropout_rng,
+             num_steps=None):
     X = embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
-    X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
+    X = _dropout(X, dropout, fold_rng(dropout_rng, 0), steps_padded(X.shape, num_steps, 1))
     all_weights = []
     for i in range(len(params["blocks"])):
         X, weights = _encoder_block(params["blocks"][f"block_{i}"], X, keep, num_heads=num_heads,
-                                    dropout=dropout, dropout_rng=fold_rng(dropout_rng, i + 1))
+                                    dropout=dropout, dropout_rng=fold_rng(dropout_rng, i + 1),
+                                    num_steps=num_steps)
         all_weights.append(weights)
     return X, jnp.stack(all_weights)
 
@@ -282,17 +261,17 @@ def _causal_keep(T: int):
 
 
 def _decoder_block(params, X, enc_outputs, self_keep, cross_keep, *, num_heads, dropout,
-                   dropout_rng):
+                   dropout_rng, num_steps=None):
     attended, self_weights = sublayer_attention(
         params["self_attention"], X, X, self_keep, num_heads=num_heads, dropout=dropout,
-        dropout_rng=fold_rng(dropout_rng, 0))
-    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1))
+        dropout_rng=fold_rng(dropout_rng, 0), num_steps=num_steps)
+    Y = residual(params["addnorm_1"], X, attended, dropout, fold_rng(dropout_rng, 1), num_steps)
     crossed, cross_weights = sublayer_attention(
         params["cross_attention"], Y, enc_outputs, cross_keep, num_heads=num_heads,
-        dropout=dropout, dropout_rng=fold_rng(dropout_rng, 2))
-    Z = residual(params["addnorm_2"], Y, crossed, dropout, fold_rng(dropout_rng, 3))
+        dropout=dropout, dropout_rng=fold_rng(dropout_rng, 2), num_steps=num_steps)
+    Z = residual(params["addnorm_2"], Y, crossed, dropout, fold_rng(dropout_rng, 3), num_steps)
     out = residual(params["addnorm_3"], Z, ffn(params["ffn"], Z), dropout,
-                   fold_rng(dropout_rng, 4))
+                   fold_rng(dropout_rng, 4), num_steps)
     return out, self_weights, cross_weights
 
 
@@ -319,15 +298,15 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 
 
 def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads, max_positions,
-             dropout, dropout_rng):
+             dropout, dropout_rng, num_steps=None):
     X = embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
               enc_outputs.dtype)
-    X = _dropout(X, dropout, fold_rng(dropout_rng, 0))
+    X = _dropout(X, dropout, fold_rng(dropout_rng, 0), steps_padded(X.shape, num_steps, 1))
     self_weights, cross_weights = [], []
     for i in range(len(params["blocks"])):
         X, s, c = _decoder_block(params["blocks"][f"block_{i}"], X, enc_outputs, self_keep,
                                  cross_keep, num_heads=num_heads, dropout=dropout,
-                                 dropout_rng=fold_rng(dropout_rng, i + 1))
+                                 dropout_rng=fold_rng(dropout_rng, i + 1), num_steps=num_steps)
         self_weights.append(s)
         cross_weights.append(c)
     logits = dense(params["dense"], X, "W", "b")
@@ -336,7 +315,8 @@ def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads
 
 
 def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
-                max_positions: int = MAX_POSITIONS, dropout: float = 0.0, dropout_rng=None):
+                max_positions: int = MAX_POSITIONS, dropout: float = 0.0, dropout_rng=None,
+                num_steps: int | None = None):
     """Encoder then decoder, teacher-forced (``d2l.EncoderDecoder`` with the Transformer's parts).
 
     Args:
@@ -344,63 +324,73 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       src: ``(B, S)``. src_valid_len: ``(B,)``. dec_input: ``(B, T)``.
       num_heads, max_positions: the model's heads and position table size.
       dropout, dropout_rng: the rate and a key (``None``: no dropout).
+      num_steps: ``None``, or the length ``>= max(S, T)`` both were padded to before their
+        padding was cut: every dropout mask is then the full-length batch's at the positions
+        kept (:func:`jax_attention.nn.dropout.keep_mask`), so that with
+        ``masked_cross_entropy(..., num_steps=)`` the cut batch trains as the full one, to
+        rounding (the outputs at kept positions do not depend on the cut ones).
 
     Returns:
       ``(logits (B, T, V), weights)`` with ``weights = {"encoder_self": (L, B, N, S, S),
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
     check_model(params, num_heads)
-    return _transformer(params, *_checked_model_inputs(params, src, src_valid_len, dec_input,
-                                                       num_heads, max_positions),
-                        num_heads=num_heads, max_positions=max_positions,
-                        dropout=check_dropout(dropout), dropout_rng=dropout_rng)
+    inputs = _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads,
+                                   max_positions, num_steps)
+    return _transformer(params, *inputs[:3], num_heads=num_heads, max_positions=max_positions,
+                        dropout=check_dropout(dropout), dropout_rng=dropout_rng,
+                        num_steps=inputs[3])
 
 
 def _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads: int,
-                          max_positions: int):
+                          max_positions: int, num_steps: int | None = None):
     """A batch for the model's ``params`` (checked by :func:`check_model`), checked once:
-    ``(src, source mask, dec_input)`` for :func:`_transformer`."""
+    ``(src, source mask, dec_input, num_steps)`` for :func:`_transformer`."""
     dec_input = _checked_tokens("dec_input", dec_input, params["decoder"], max_positions)
     src = _checked_tokens("src", src, params["encoder"], max_positions)
     if src.shape[0] != dec_input.shape[0]:
         raise ValueError(f"src (B, S) and dec_input (B, T) must have the same batch B, got src "
                          f"{src.shape} and dec_input {dec_input.shape}")
-    return src, _source_keep(src_valid_len, src.shape[0], src.shape[1]), dec_input
+    if num_steps is not None:  # the full length: no shorter than the inputs
+        num_steps = check_int("num_steps", num_steps, max(src.shape[1], dec_input.shape[1], 1))
+    return src, _source_keep(src_valid_len, src.shape[0], src.shape[1]), dec_input, num_steps
 
 
 def _transformer(params, src, src_keep, dec_input, *, num_heads, max_positions, dropout,
-                 dropout_rng):
+                 dropout_rng, num_steps=None):
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
         encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
     enc_outputs, enc_weights = _encoder(params["encoder"], src, src_keep, num_heads=num_heads,
                                         max_positions=max_positions, dropout=dropout,
-                                        dropout_rng=encoder_rng)
+                                        dropout_rng=encoder_rng, num_steps=num_steps)
     logits, weights = _decoder(params["decoder"], dec_input, enc_outputs,
                                _causal_keep(dec_input.shape[1]), src_keep, num_heads=num_heads,
                                max_positions=max_positions, dropout=dropout,
-                               dropout_rng=decoder_rng)
+                               dropout_rng=decoder_rng, num_steps=num_steps)
     return logits, {"encoder_self": enc_weights, **weights}
 
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS, dropout: float = 0.0,
-                         dropout_rng=None):
+                         dropout_rng=None, num_steps: int | None = None):
     """Per-sequence training loss ``(B,)`` with teacher forcing (the book's ``MaskedSoftmaxCELoss``).
 
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
-    package's rule for values (checked when concrete, clipped when traced).
+    package's rule for values (checked when concrete, clipped when traced). ``num_steps``: the
+    full length of a batch cut short of its padding (:func:`transformer`), also the loss's
+    divisor (``masked_cross_entropy``): the full-length batch's loss, to rounding.
     """
     check_model(params, num_heads)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
-    src, src_keep, dec_input = _checked_model_inputs(
+    src, src_keep, dec_input, num_steps = _checked_model_inputs(
         params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id), num_heads,
-        max_positions)
+        max_positions, num_steps)
     logits, _ = _transformer(params, src, src_keep, dec_input, num_heads=num_heads,
                              max_positions=max_positions, dropout=check_dropout(dropout),
-                             dropout_rng=dropout_rng)
-    return masked_cross_entropy(logits, tgt, tgt_valid_len)
+                             dropout_rng=dropout_rng, num_steps=num_steps)
+    return masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -789,11 +779,12 @@ class TransformerSeq2Seq(Seq2SeqModule):
         self.max_positions = max_positions
         self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs, dtype=dtype)
 
-    def forward(self, src, src_valid_len, dec_input):
+    def forward(self, src, src_valid_len, dec_input, num_steps=None):
         """``(logits (B, T, V), weights dict)``; see :func:`transformer`."""
         return transformer(self.computation_params(), src, src_valid_len, dec_input,
                            num_heads=self.num_heads, max_positions=self.max_positions,
-                           dropout=self.dropout, dropout_rng=self._dropout_rng())
+                           dropout=self.dropout, dropout_rng=self._dropout_rng(),
+                           num_steps=num_steps)
 
     def decoder_options(self) -> dict:
         """``num_heads`` and ``max_positions`` for :func:`greedy_decode`."""

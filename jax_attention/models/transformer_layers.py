@@ -32,8 +32,8 @@ parameters are checked once per call (:func:`check_model`, :func:`check_stack`,
 :func:`check_block`), not at every level they pass through. The other helpers without an
 underscore (:func:`dense`, :func:`check_width`, :func:`project_one`, :func:`project_out`,
 :func:`kv_heads`, :func:`attend`, :func:`embed`, :func:`lengths_keep`, :func:`num_blocks`,
-:func:`fold_rng`, :func:`init_flat`, the parameter layout and the ``*_KEYS`` of the parameter
-dicts) are the building blocks the Transformer modules share.
+:func:`fold_rng`, :func:`steps_padded`, :func:`init_flat`, the parameter layout and the
+``*_KEYS`` of the parameter dicts) are the building blocks the Transformer modules share.
 """
 
 from __future__ import annotations
@@ -190,19 +190,35 @@ def normalise(params, X, eps: float = LAYER_NORM_EPS):
     return ((X - mean) / jnp.sqrt(variance + eps) * gamma + beta).astype(dtype)
 
 
-def residual(params, X, Y, dropout: float, dropout_rng):
-    """:func:`add_norm` of checked ``params``, ``X`` and ``Y`` and a checked rate."""
-    return normalise(params, _dropout(Y, dropout, dropout_rng) + X)
+def steps_padded(shape, num_steps: int | None, num_axes: int):
+    """``shape`` with its last ``num_axes`` sequence axes (before the features' when
+    ``num_axes = 1``: ``(..., T, D)``; the last two for weights ``(..., T, S)``) at
+    ``num_steps``: the shape of the full-length batch a cut one draws its dropout masks from
+    (:func:`jax_attention.nn.dropout.keep_mask`); ``None`` without ``num_steps``."""
+    if num_steps is None:
+        return None
+    shape = tuple(shape)
+    if num_axes == 1:
+        return shape[:-2] + (num_steps, shape[-1])
+    return shape[:-2] + (num_steps, num_steps)
+
+
+def residual(params, X, Y, dropout: float, dropout_rng, num_steps: int | None = None):
+    """:func:`add_norm` of checked ``params``, ``X`` and ``Y`` and a checked rate; the dropout
+    mask of ``Y`` ``(B, T, D)`` is drawn within ``(B, num_steps, D)`` (:func:`steps_padded`)."""
+    padded = steps_padded(jnp.shape(Y), num_steps, 1)
+    return normalise(params, _dropout(Y, dropout, dropout_rng, padded) + X)
 
 
 def sublayer_attention(params, queries, keys_values, keep, *, num_heads: int, dropout: float,
-                       dropout_rng):
+                       dropout_rng, num_steps: int | None = None):
     """:func:`attention` of checked ``params`` and inputs, under the mask ``keep`` broadcastable
-    to ``(B, N, T, S)`` (built once for all the blocks that share it) or ``None``."""
+    to ``(B, N, T, S)`` (built once for all the blocks that share it) or ``None``; the weights'
+    dropout mask drawn within ``(B, N, num_steps, num_steps)`` (:func:`steps_padded`)."""
     num_kv_heads = jnp.shape(params["W_k"])[-1] * num_heads // jnp.shape(params["W_q"])[-1]
 
     def with_dropout(heads_q, heads_k, heads_v, keep, bias):  # the Transformer takes no bias
-        return attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
+        return attend(heads_q, heads_k, heads_v, keep, dropout, dropout_rng, num_steps)
 
     return assemble_heads(params, queries, keys_values, keys_values, keep, with_dropout,
                           num_heads=num_heads, num_kv_heads=num_kv_heads)
@@ -295,7 +311,8 @@ def kv_heads(params, num_heads: int, name: str = "params") -> int:
                          f"{width // H} key/value heads of H = {H}: {error}") from None
 
 
-def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
+def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng,
+           num_steps: int | None = None):
     """Scaled dot-product attention of projected heads; dropout acts on the weights only.
 
     ``heads_q (B, N, T, H)``; ``heads_k``, ``heads_v`` ``(B, N_kv, S, H)`` with ``N_kv``
@@ -304,12 +321,14 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng):
 
     With dropout active (training) and ``N_kv = N`` in float32/float64 this is
     :func:`jax_attention.nn.scoring.dropout_attention`: the same forward values, a hand-written
-    backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``)."""
+    backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``).
+    ``num_steps``: the dropout mask is drawn within ``(B, N, num_steps, num_steps)``."""
+    padded = steps_padded(heads_q.shape[:-1] + heads_k.shape[-2:-1], num_steps, 2)
     if (dropout_rng is not None and dropout > 0.0 and heads_q.shape[1] == heads_k.shape[1]
             and not is_half(heads_q.dtype)):
-        return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng)
+        return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng, padded)
     weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
-    dropped = _dropout(weights, dropout, dropout_rng)
+    dropped = _dropout(weights, dropout, dropout_rng, padded)
     return weighted_sum(dropped, heads_v), weights
 
 

@@ -14,6 +14,9 @@ that applies the mask, and a fold that costs a handful of scalar operations.
   kept when ``hash2(i, seed) >= round(rate * 2**32)``, so the rate is exact to ``2**-32``.
 * :func:`dropout`: inverted dropout with that mask.
 
+A mask may be the leading corner of a larger one (``padded_shape``): a training batch cut to its
+longest sentence then draws, at every element, the bit the full-length batch would draw there.
+
 The hash is Chris Wellons' ``lowbias32`` (two multiply–xorshift rounds; full avalanche, low bias),
 applied twice with the seed mixed in before each round, so that different seeds give unrelated
 masks; within one mask, distinct indices give distinct hash values. It is not a cryptographic
@@ -119,36 +122,55 @@ def keep_threshold(rate: float) -> int:
     return min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
 
 
-def keep_mask(key, rate: float, shape) -> jax.Array:
+def _padded_shape(shape, padded_shape) -> tuple[int, ...]:
+    """``padded_shape`` checked against ``shape`` (the same rank, no axis shorter), or ``shape``
+    itself when ``None``; both as tuples of ints."""
+    shape = tuple(int(n) for n in shape)
+    if padded_shape is None:
+        return shape
+    padded = tuple(int(n) for n in padded_shape)
+    if len(padded) != len(shape) or any(p < n for p, n in zip(padded, shape, strict=True)):
+        raise ValueError(f"padded_shape must have the rank of shape and no shorter axis, got "
+                         f"shape {shape} and padded_shape {padded}")
+    return padded
+
+
+def keep_mask(key, rate: float, shape, padded_shape=None) -> jax.Array:
     """A boolean mask of ``shape``: each element ``True`` with probability ``1 - rate``.
 
     Args:
       key: a ``jax.random`` key (any implementation) or its ``uint32`` data.
       rate: the drop probability, ``0 <= rate < 1`` (a Python float: static).
-      shape: the mask's shape (at most ``2**32`` elements).
+      shape: the mask's shape.
+      padded_shape: ``None``, or the shape of a larger array whose leading corner the mask
+        covers (the same rank, no axis shorter; at most ``2**32`` elements): the mask is then
+        ``keep_mask(key, rate, padded_shape)[:shape[0], :shape[1], ...]``, computed for the
+        corner only. A batch cut short of its padding draws the masks of the full-length batch
+        this way (:func:`jax_attention.models.transformer.transformer`'s ``num_steps``).
     """
     shape = tuple(int(n) for n in shape)
-    size = math.prod(shape)
+    padded = _padded_shape(shape, padded_shape)
+    size = math.prod(padded)
     if size > 2 ** 32:
-        raise ValueError(f"a dropout mask holds at most 2**32 elements, got shape {shape} "
+        raise ValueError(f"a dropout mask holds at most 2**32 elements, got shape {padded} "
                          f"({size} elements)")
     seed = key_seed(key)
     index = lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1) if shape else _u32(0)
-    stride = shape[-1] if shape else 1
-    for axis in reversed(range(len(shape) - 1)):  # the row-major index, built in uint32
+    stride = padded[-1] if shape else 1
+    for axis in reversed(range(len(shape) - 1)):  # the row-major index in padded, in uint32
         index = lax.add(index, lax.mul(lax.broadcasted_iota(jnp.uint32, shape, axis),
                                        _u32(stride)))
-        stride *= shape[axis]
+        stride *= padded[axis]
     seed = lax.broadcast(seed, shape)
     bits = hash32(lax.add(hash32(lax.bitwise_xor(index, seed)), lax.mul(seed, _u32(GOLDEN))))
     return lax.ge(bits, lax.full(shape, keep_threshold(rate), jnp.uint32))
 
 
-def dropout(x, rate: float, dropout_rng):
+def dropout(x, rate: float, dropout_rng, padded_shape=None):
     """Inverted dropout (``nn.Dropout``): zero with probability ``rate``, scale the rest by
-    ``1 / (1 - rate)``; ``x`` unchanged without a key (``None``: evaluation) or at rate 0."""
+    ``1 / (1 - rate)``; ``x`` unchanged without a key (``None``: evaluation) or at rate 0.
+    ``padded_shape``: the mask of that larger array's leading corner (:func:`keep_mask`)."""
     if dropout_rng is None or rate == 0.0:
         return x
-    keep = keep_mask(dropout_rng, rate, jnp.shape(x))
+    keep = keep_mask(dropout_rng, rate, jnp.shape(x), padded_shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype))
-

@@ -194,7 +194,7 @@ def _swapped(x):
     return lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
 
 
-def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
+def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng, padded_shape=None):
     """Scaled dot-product attention with inverted dropout on its weights, as the Transformer
     trains it (d2l §11.5): ``(dropout(W) @ V, W)`` with ``W = masked_softmax(Q K^T / sqrt(d))``.
 
@@ -216,6 +216,8 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
       keep: a boolean mask broadcastable to ``(B, ..., T, S)`` (True = attend), or ``None``.
         Queries that attend no key get zero weights and outputs.
       rate: the dropout rate, ``0 < rate < 1`` (a Python float). dropout_rng: its key.
+      padded_shape: ``None``, or the weights' shape ``(B, ..., T', S')`` in the batch this one
+        was cut from: the dropout mask is that batch's (:func:`jax_attention.nn.dropout.keep_mask`).
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))``, the weights before dropout.
@@ -227,7 +229,7 @@ def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng):
         raise ValueError(f"queries and keys must have the same leading axes (B, ...), got "
                          f"{queries.shape} and {keys.shape}")
     scaled = _scaled(queries, None, queries.shape[-1])  # as _dot_product_scores scales them
-    mask = keep_mask(dropout_rng, rate, scaled.shape[:-1] + keys.shape[-2:-1])
+    mask = keep_mask(dropout_rng, rate, scaled.shape[:-1] + keys.shape[-2:-1], padded_shape)
     return _dropout_attention(scaled, keys, values, keep, mask, rate)
 
 

@@ -106,12 +106,11 @@ def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len, *,
     """``sum`` of the per-sequence teacher-forced losses over the batch, and its gradient.
 
     The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
-    gradient is clipped to norm 1 before Adam. ``num_steps``: the loss's divisor for a batch
-    cut shorter than the book's length (:func:`padded_lengths`); ``None``: its own length.
-    """
+    gradient is clipped to norm 1 before Adam. ``num_steps``: the book's length of a batch cut
+    shorter (:func:`padded_lengths`), the loss's divisor and its dropout masks' length."""
 
     def loss_fn(model):
-        logits = model(src, src_valid_len, dec_input)
+        logits = model(src, src_valid_len, dec_input, num_steps=num_steps)
         return jnp.sum(masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps))
 
     return nnx.value_and_grad(loss_fn)(model)
