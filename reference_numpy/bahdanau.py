@@ -366,8 +366,9 @@ def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = N
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_steps: int | None = None):
-    """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before ``l.sum()``;
-    ``num_steps``: the divisor of targets cut short of their padding (``masked_cross_entropy``)."""
+    """Per-sequence training loss with teacher forcing (``(B,)``): the book's ``l`` before
+    ``l.sum()``; ``num_steps``: the divisor of targets cut short of their padding
+    (``masked_cross_entropy``)."""
     _check_model(params)
     tgt = check_tokens("tgt", tgt, np.shape(params["decoder"]["embedding"])[0], ndim=2)
     tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")

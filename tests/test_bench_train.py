@@ -376,3 +376,27 @@ def test_torch_compile_peer_trains_and_reports_its_compilation():
     rows = [line.split() for line in table.splitlines()]
     assert [row[0] for row in rows if len(row) == 6 and row[1].isdigit()] == \
         ["ours", "torch", "torch-compile"]
+
+
+def test_the_xla_defaults_peer_is_ours_compiled_without_the_cpu_options():
+    """``--peers ours,ours-xla-defaults,torch``: the same step on the same batches, compiled with
+    XLA's defaults instead of the library's CPU options (each peer's settings name them): the
+    losses agree to float32 rounding, and the record gives its compilation time as ours."""
+    from jax_attention.runtime.compilation import CPU_COMPILER_OPTIONS
+    from jax_attention.train.loop import train_steps
+
+    record = bench.bench_train("transformer", peers=("ours", "ours-xla-defaults", "torch"),
+                               steps=STEPS, repeats=5, warmup=0, sizes=TINY["transformer"],
+                               gemm_size=64, torch_threads=1)
+    ours, plain = record["peers"]["ours"], record["peers"]["ours-xla-defaults"]
+    # The suite's XLA_FLAGS set the backend level themselves: the preset remains.
+    assert ours["settings"]["compiler_options"] == train_steps.options()
+    assert ours["settings"]["compiler_options"]["xla_cpu_opt_preset"] == CPU_COMPILER_OPTIONS[
+        "xla_cpu_opt_preset"]
+    assert plain["settings"]["compiler_options"] == {}
+    assert plain["settings"]["lengths"] == ours["settings"]["lengths"]
+    assert plain["flops_per_step"] == ours["flops_per_step"]
+    assert plain["round_losses"] == pytest.approx(ours["round_losses"], rel=1e-5)
+    assert plain["compile_s"] >= 0 and ours["compile_s"] >= 0
+    assert "ours-xla-defaults" in record["ratios_tokens_per_s"]
+    assert "ours / ours-xla-defaults tokens/s" in bench.format_train(record)

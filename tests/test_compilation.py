@@ -146,3 +146,35 @@ def test_a_second_run_loads_its_programs_from_the_cache(tmp_path, data_path):
     # (the thread starts after the first); the evaluation itself then compiles nothing.
     assert off["timing"]["background_compile_s"] > 0
     assert off["timing"]["evaluation_compile_s"] == 0.0
+
+
+def _scaled_sum(x, *, scale: int):
+    return jnp.sum(jnp.sin(x) * scale)
+
+
+def test_backend_jit_compiles_with_its_cpu_options_on_the_cpu_only(monkeypatch):
+    """:class:`compilation.BackendJit`: on the CPU the options reach XLA (a bad one is XLA's
+    error), an option ``XLA_FLAGS`` sets is left to it, other backends get XLA's defaults; it
+    computes what ``jax.jit`` does and lowers as it does."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU options apply on the CPU backend only")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    bad = compilation.BackendJit(_scaled_sum, static_argnames="scale",
+                                 cpu_options={"xla_backend_optimization_level": "bogus"})
+    with pytest.raises(jax.errors.JaxRuntimeError, match="xla_backend_optimization_level"):
+        bad(jnp.ones(3), scale=2)
+    assert bad.jitted("gpu") is not bad.jitted("cpu") and bad.jitted() is bad.jitted("cpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    yielded = compilation.BackendJit(_scaled_sum, static_argnames="scale",
+                                     cpu_options={"xla_backend_optimization_level": "bogus"})
+    x = jnp.linspace(0.0, 3.0, 7)
+    assert float(yielded(x, scale=2)) == float(jax.jit(_scaled_sum, static_argnames="scale")(
+        x, scale=2))
+    fast = compilation.BackendJit(_scaled_sum, static_argnames="scale",
+                                  cpu_options=compilation.CPU_COMPILER_OPTIONS)
+    assert fast.__wrapped__ is _scaled_sum and fast.__name__ == "_scaled_sum"
+    assert float(fast.lower(x, scale=3).compile()(x)) == pytest.approx(
+        float(jnp.sum(jnp.sin(x) * 3)), rel=1e-6)
+    from jax_attention.train import loop
+    assert isinstance(loop.train_steps, compilation.BackendJit)
+    assert loop.train_steps.cpu_options == compilation.CPU_COMPILER_OPTIONS

@@ -89,6 +89,8 @@ PEERS = {
                  "positions): the work of the book's loop",
     "ours-bf16": "ours with 'train --dtype bfloat16': bfloat16 products and activations from "
                  "float32 parameters, Adam moments and accumulations",
+    "ours-xla-defaults": "ours compiled with XLA's default options, without the library's own "
+                         "for the CPU (jax_attention.runtime.compilation.CPU_COMPILER_OPTIONS)",
     "torch": "the book's train_seq2seq loop on the PyTorch mirror, eager: one train_step per "
              "batch (loss.sum(), backward, grad_clipping, Adam.step), on the unpadded batches",
     "torch-compile": "the same loop with torch.compile (inductor, its defaults) of the loss "
@@ -99,7 +101,7 @@ PEERS = {
 #: The peers of a plain ``bench train``.
 DEFAULT_PEERS = ("ours", "ours-full", "torch")
 #: The peers that run our compiled step (each compiles in its first round).
-_OUR_PEERS = ("ours", "ours-full", "ours-bf16")
+_OUR_PEERS = ("ours", "ours-full", "ours-bf16", "ours-xla-defaults")
 
 
 def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
@@ -199,7 +201,8 @@ class OurRounds:
     """
 
     def __init__(self, graphdef, state, padded: list, bos_id: int, tokens: int, mesh=None, *,
-                 lengths: tuple[int, int] | None = None, num_steps: int | None = None):
+                 lengths: tuple[int, int] | None = None, num_steps: int | None = None,
+                 xla_defaults: bool = False):
         from jax_attention.train.loop import train_steps
 
         if lengths is not None:  # as jax-attention train cuts them (epoch_batches)
@@ -210,7 +213,10 @@ class OurRounds:
         self.state = state if mesh is None else distributed.replicate(state, mesh)
         self.losses: list[float] = []
         self.steps_trained = 0
-        self._train_steps, self._bos_id = train_steps, bos_id
+        #: The XLA options the step compiles with (``xla_defaults``: none of the library's).
+        self.compiler_options = {} if xla_defaults else train_steps.options()
+        self._train_steps = train_steps.jitted(xla_defaults=True) if xla_defaults else train_steps
+        self._bos_id = bos_id
         self._tokens, self._mesh = tokens, mesh
 
     def __call__(self) -> None:
@@ -355,6 +361,7 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
         settings[name] = {**common, "platform": platform,
                           "dtype": "bfloat16" if name == "ours-bf16" else "float32",
                           "lengths": [int(first[0].shape[1]), int(first[2].shape[1])],
+                          "compiler_options": rounds[name].compiler_options,
                           "threads": cores if platform == "cpu" else None,
                           "threads_note": "XLA's own thread pool (on CPU one thread per usable "
                                           "core)",
@@ -469,10 +476,14 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
         *_, graphdef16, state16 = our_training(model, run["model"], nmt, seed, lr, jnp.bfloat16)
         rounds["ours-bf16"] = OurRounds(graphdef16, state16, padded, bos_id, tokens,
                                         num_steps=nmt.num_steps, lengths=rounds["ours"].lengths)
+    if "ours-xla-defaults" in peers:  # ours, compiled with XLA's defaults
+        rounds["ours-xla-defaults"] = OurRounds(
+            graphdef, jax.tree.map(jnp.copy, state), padded, bos_id, tokens,
+            num_steps=nmt.num_steps, lengths=rounds["ours"].lengths, xla_defaults=True)
     say(f"{model}: cost analysis of one step")
     full_flops = _flops_per_step(graphdef, state, padded[0], bos_id)
     flops = {name: full_flops for name in peers}  # ours-bf16: the same model FLOPs as ours
-    flops["ours"] = flops["ours-bf16"] = _flops_per_step(
+    flops["ours"] = flops["ours-bf16"] = flops["ours-xla-defaults"] = _flops_per_step(
         graphdef, state, rounds["ours"].padded[0], bos_id, nmt.num_steps)
     rounds.update(torch_rounds)
     every_peer = dict(rounds)
@@ -584,6 +595,12 @@ def _format_train_ratios(record: dict) -> list[str]:
     if record.get("bfloat16_speedup") is not None:
         lines.append(f"ours-bf16 / ours tokens/s: {record['bfloat16_speedup']:.2f}x (bfloat16 "
                      "products against float32, both cut)")
+    if "ours-xla-defaults" in record["ratios_tokens_per_s"]:
+        plain = record["peers"]["ours-xla-defaults"]
+        lines.append(f"ours / ours-xla-defaults tokens/s: "
+                     f"{record['ratios_tokens_per_s']['ours-xla-defaults']:.2f}x; compilation "
+                     f"{ours['compile_s']:.2f} s against {plain['compile_s']:.2f} s with XLA's "
+                     "defaults")
     if compiled["status"] == "ok":
         lines.append(f"ours / torch-compile tokens/s: "
                      f"{record['ratios_tokens_per_s']['torch-compile']:.2f}x; its compilation "

@@ -294,7 +294,8 @@ def _bench_train(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_PEERS,
                         help=f"the peers to time, among {', '.join(PEERS)}; ours and torch "
                              "always run, ours-full trains at full length, ours-bf16 with "
-                             "--dtype bfloat16, torch-compile adds "
+                             "--dtype bfloat16, ours-xla-defaults compiles ours with XLA's "
+                             "default options, torch-compile adds "
                              "the book's PyTorch loop compiled "
                              "by torch.compile (inductor: the loss, its backward and the "
                              "update), compiled in an untimed round (its compilation time "

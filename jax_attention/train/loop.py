@@ -39,17 +39,16 @@ from flax import nnx
 from jax import lax
 
 from jax_attention.runtime import distributed, interrupts
-from jax_attention.runtime.compilation import CompileTimer
+from jax_attention.runtime.compilation import CPU_COMPILER_OPTIONS, BackendJit, CompileTimer
 from jax_attention.train.progress import ProgressLog, report_compiled, time_left
 from jax_attention.models.configs import LongRunConfig
 from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
-           "pure_step", "guarded_step", "jit_step", "train_steps", "leaf_shardings",
-           "train_step", "pad_batch", "padded_lengths",
-           "epoch_batches", "Schedule", "Progress", "ProgressLog", "EpochsResult",
-           "sigint_requests", "training_mesh", "nonfinite_error", "open_checkpoints",
-           "train_epochs"]
+           "pure_step", "guarded_step", "jit_step", "train_steps", "leaf_shardings", "train_step",
+           "pad_batch", "padded_lengths", "epoch_batches", "Schedule", "Progress", "ProgressLog",
+           "EpochsResult", "sigint_requests", "training_mesh", "nonfinite_error",
+           "open_checkpoints", "train_epochs"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -227,7 +226,8 @@ def guarded_step(graphdef, state, batch, halted, skip_nonfinite, num_steps: int 
 jit_step = jax.jit(pure_step, static_argnums=(0, 3), donate_argnums=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 5, 6), donate_argnums=1)
+@functools.partial(BackendJit, cpu_options=CPU_COMPILER_OPTIONS, static_argnums=(0, 3, 5, 6),
+                   donate_argnums=1)
 def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, shardings=None,
                 num_steps: int | None = None):
     """Several training steps in one compiled call: ``lax.scan`` of :func:`guarded_step`.
@@ -250,7 +250,8 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, sha
     it, XLA's sharding propagation through the step's conditionals split leaves that were
     placed replicated. ``None`` on one device.
 
-    ``num_steps`` (static): the loss's divisor for batches cut shorter (:func:`padded_lengths`).
+    ``num_steps`` (static): the book's length of batches cut shorter (:func:`padded_lengths`).
+    Compiled by :class:`~jax_attention.runtime.compilation.BackendJit` (fast-compile on a CPU).
 
     Returns:
       ``(state, losses (K,))``: the state after the ``K`` steps and each step's summed loss (NaN
