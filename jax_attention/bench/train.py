@@ -71,7 +71,7 @@ from jax_attention.runtime import distributed
 
 __all__ = ["MODELS", "BOOK_MODELS", "SIZES", "SIZE_NAMES", "PEERS", "DEFAULT_PEERS",
            "bench_train", "format_train",
-           "our_training", "stack_batches", "OurRounds", "training_batches",
+           "our_training", "stack_batches", "OurRounds", "training_batches", "shipped_lengths",
            "check_model_and_steps", "bench_settings"]
 
 #: The models :func:`bench_train` can train: the names of
@@ -149,6 +149,15 @@ def _step_batches(nmt, steps: int):
             padded.append(pad_batch(batch, nmt.batch_size, src_pad, tgt_pad))
         epoch += 1
     return plain, padded
+
+
+def shipped_lengths(model: str, nmt) -> tuple[int, int] | None:
+    """The lengths ``jax-attention train MODEL`` cuts ``nmt``'s batches to with its default
+    settings (:func:`jax_attention.train.seq2seq.training_lengths`): what ``ours`` trains on."""
+    from jax_attention.train.seq2seq import training_lengths
+
+    spec = registry.get_model(model)
+    return training_lengths(spec, nmt, spec.train_config())
 
 
 def training_batches(batch_size: int, num_steps: int, num_examples: int, data, seed: int,
@@ -449,8 +458,6 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     import jax.numpy as jnp
     from flax import nnx
 
-    from jax_attention.train.loop import padded_lengths
-
     check_model_and_steps(model, steps)
     peers = _check_peers(peers)
     run = train_sizes(model, size, sizes, batch_size=batch_size, num_steps=num_steps,
@@ -467,8 +474,7 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
                                  seed=seed, lr=lr)
     bos_id = nmt.tgt_vocab["<bos>"]
     rounds = {"ours": OurRounds(graphdef, state, padded, bos_id, tokens, num_steps=nmt.num_steps,
-                                lengths=padded_lengths(nmt, trim_source=registry.get_model(
-                                    model).trims_source))}
+                                lengths=shipped_lengths(model, nmt))}
     if "ours-full" in peers:  # its own copy: each call donates the state it trains
         rounds["ours-full"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), padded, bos_id,
                                         tokens)

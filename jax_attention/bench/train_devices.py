@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from jax_attention.bench.common import (environment, format_environment, load_average,
                                         summarize, time_interleaved)
 from jax_attention.bench.train import (MODELS, OurRounds, bench_settings, check_model_and_steps,
-                                       our_training, training_batches)
+                                       our_training, shipped_lengths, training_batches)
 from jax_attention.bench.train_sizes import train_sizes
 from jax_attention.runtime import distributed
 
@@ -51,17 +51,13 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     ``devices`` devices, timed after the compiling call and ``warmup`` rounds."""
     import jax
 
-    from jax_attention.models.registry import get_model
-    from jax_attention.train.loop import padded_lengths
-
     mesh = distributed.make_mesh(devices)
     distributed.check_batch_size(batch_size, mesh)
     nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                                steps)
     _, _, graphdef, state = our_training(model, sizes, nmt, seed, lr)
-    lengths = padded_lengths(nmt, trim_source=get_model(model).trims_source)
     ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens, mesh,
-                     lengths=lengths, num_steps=nmt.num_steps)
+                     lengths=shipped_lengths(model, nmt), num_steps=nmt.num_steps)
 
     start = time.perf_counter()
     ours()

@@ -335,11 +335,11 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
     check_model(params, num_heads)
-    inputs = _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads,
-                                   max_positions, num_steps)
-    return _transformer(params, *inputs[:3], num_heads=num_heads, max_positions=max_positions,
-                        dropout=check_dropout(dropout), dropout_rng=dropout_rng,
-                        num_steps=inputs[3])
+    src, src_keep, dec_input, num_steps = _checked_model_inputs(
+        params, src, src_valid_len, dec_input, num_heads, max_positions, num_steps)
+    return _transformer(params, src, src_keep, dec_input, num_heads=num_heads,
+                        max_positions=max_positions, dropout=check_dropout(dropout),
+                        dropout_rng=dropout_rng, num_steps=num_steps)
 
 
 def _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads: int,
