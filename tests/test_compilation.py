@@ -163,7 +163,6 @@ def test_backend_jit_compiles_with_its_cpu_options_on_the_cpu_only(monkeypatch):
                                  cpu_options={"xla_backend_optimization_level": "bogus"})
     with pytest.raises(jax.errors.JaxRuntimeError, match="xla_backend_optimization_level"):
         bad(jnp.ones(3), scale=2)
-    assert bad.jitted("gpu") is not bad.jitted("cpu") and bad.jitted() is bad.jitted("cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
     yielded = compilation.BackendJit(_scaled_sum, static_argnames="scale",
                                      cpu_options={"xla_backend_optimization_level": "bogus"})
@@ -173,8 +172,17 @@ def test_backend_jit_compiles_with_its_cpu_options_on_the_cpu_only(monkeypatch):
     fast = compilation.BackendJit(_scaled_sum, static_argnames="scale",
                                   cpu_options=compilation.CPU_COMPILER_OPTIONS)
     assert fast.__wrapped__ is _scaled_sum and fast.__name__ == "_scaled_sum"
+    assert fast.jitted("gpu") is not fast.jitted("cpu") and fast.jitted() is fast.jitted("cpu")
     assert float(fast.lower(x, scale=3).compile()(x)) == pytest.approx(
         float(jnp.sum(jnp.sin(x) * 3)), rel=1e-6)
+    # An option this XLA does not have (as jaxlib 0.8.1 lacks xla_cpu_opt_preset) is left out.
+    unknown = compilation.BackendJit(_scaled_sum, static_argnames="scale", cpu_options={
+        "xla_no_such_option_here": 1, "xla_backend_optimization_level": 1})
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert unknown.options() == {"xla_backend_optimization_level": 1}
+    assert float(unknown(x, scale=2)) == pytest.approx(float(jnp.sum(jnp.sin(x) * 2)), rel=1e-6)
+    assert not compilation.xla_knows("xla_no_such_option_here", 1)
+    assert compilation.xla_knows("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE")
     from jax_attention.train import loop
     assert isinstance(loop.train_steps, compilation.BackendJit)
     assert loop.train_steps.cpu_options == compilation.CPU_COMPILER_OPTIONS

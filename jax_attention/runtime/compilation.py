@@ -51,7 +51,7 @@ from pathlib import Path
 
 __all__ = ["ENVIRONMENT_VARIABLE", "MIN_COMPILE_TIME_S", "CPU_COMPILER_OPTIONS",
            "default_cache_dir", "cache_disabled", "enable_compilation_cache", "CompileTimer",
-           "BackendJit"]
+           "xla_knows", "BackendJit"]
 
 #: Set to ``0`` (or ``off``, ``false``, ``no``) to keep the commands from using the cache.
 ENVIRONMENT_VARIABLE = "JAX_ATTENTION_COMPILATION_CACHE"
@@ -216,6 +216,22 @@ class CompileTimer:
         jax.monitoring.unregister_event_listener(self._count)
 
 
+@functools.cache
+def xla_knows(name: str, value) -> bool:
+    """Whether the installed XLA has the compile option ``name`` (an older jaxlib may lack one:
+    jaxlib 0.8.1 has no ``xla_cpu_opt_preset``), tried once per process on a trivial program of
+    the default backend. An option it knows with a value it refuses still raises."""
+    import jax
+
+    try:
+        jax.jit(lambda x: x, compiler_options={name: value}).lower(0.0).compile()
+    except jax.errors.JaxRuntimeError as error:
+        if f"No such compile option: '{name}'" in str(error):
+            return False
+        raise
+    return True
+
+
 class BackendJit:
     """``jax.jit(fun, **jit_kwargs)`` compiled with ``cpu_options`` when JAX's default backend is
     the CPU, with XLA's defaults on any other (the options are the CPU's: on a GPU the backend
@@ -250,14 +266,15 @@ class BackendJit:
 
     def options(self, backend: str | None = None, *, xla_defaults: bool = False) -> dict:
         """The options :meth:`jitted` compiles with on ``backend``: :attr:`cpu_options` on the
-        CPU less those ``XLA_FLAGS`` sets, none elsewhere or with ``xla_defaults``."""
+        CPU less those ``XLA_FLAGS`` sets and those the installed XLA lacks (:func:`xla_knows`),
+        none elsewhere or with ``xla_defaults``."""
         import jax
 
         if xla_defaults or (backend or jax.default_backend()) != "cpu":
             return {}
         flags = os.environ.get("XLA_FLAGS", "")
         return {name: value for name, value in self.cpu_options.items()
-                if f"--{name}=" not in flags}
+                if f"--{name}=" not in flags and xla_knows(name, value)}
 
     def __call__(self, *args, **kwargs):
         return self.jitted()(*args, **kwargs)
