@@ -56,8 +56,9 @@ def _devices_child(model: str, devices: int, *, steps: int, repeats: int, warmup
     nmt, _, padded, tokens = training_batches(batch_size, num_steps, num_examples, data, seed,
                                                steps)
     _, _, graphdef, state = our_training(model, sizes, nmt, seed, lr)
+    lengths = shipped_lengths(model, nmt)
     ours = OurRounds(graphdef, state, padded, nmt.tgt_vocab["<bos>"], tokens, mesh,
-                     lengths=shipped_lengths(model, nmt), num_steps=nmt.num_steps)
+                     lengths=lengths, num_steps=nmt.num_steps)
 
     start = time.perf_counter()
     ours()
