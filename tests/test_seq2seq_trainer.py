@@ -118,6 +118,35 @@ def test_a_failed_background_compile_is_logged_and_the_run_goes_on(monkeypatch, 
     assert str(debug.exc_info[1]) == "planted compile failure"
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_warm_up_runs_once_in_the_background_while_training(fails, caplog, data_path):
+    """``warm_up`` (``jax-attention train`` imports its plotting modules with it) is called
+    once, in the background thread, after the training step compiled and before the run
+    returns; an error in it changes nothing of the run (one debug record)."""
+    from jax_attention.train import seq2seq
+
+    calls = []
+
+    def warm_up():
+        calls.append(threading.current_thread().name)
+        if fails:
+            raise ImportError("planted warm-up failure")
+
+    spec = MODELS["bahdanau"]
+    with caplog.at_level(logging.DEBUG, logger=seq2seq.__name__):
+        result = train_seq2seq(spec, spec.model_config(**TINY[spec.name]),
+                               spec.train_config(**TRAINING[spec.name]), data=data_path,
+                               progress=False, log=None, warm_up=warm_up)
+    assert calls == ["jax-attention-compile-evaluation"]
+    assert len(result.losses) == EPOCHS and len(result.translations) == 4
+    records = [record for record in caplog.records if record.name == seq2seq.__name__]
+    if fails:
+        assert [record.levelno for record in records] == [logging.DEBUG]
+        assert records[0].exc_info[0] is ImportError
+    else:
+        assert records == []
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_batches_cut_to_the_longest_sentences_give_the_full_length_loss_and_gradients(
         name, data_path):
@@ -203,6 +232,48 @@ def _dtypes_of(primitive: str, jaxpr) -> list[tuple[str, ...]]:
                 if hasattr(inner, "eqns"):
                     found.extend(_dtypes_of(primitive, inner))
     return found
+
+
+@pytest.mark.parametrize("name, seed, dtype", [("bahdanau", 0, "float32"),
+                                               ("transformer", 2**40 + 3, "float32"),
+                                               ("transformer", 7, "bfloat16")])
+def test_setup_builds_in_one_program_what_the_eager_construction_builds(name, seed, dtype,
+                                                                        data_path):
+    """``setup`` compiles the model's and Adam's initial state as one program: the same
+    structure and values, bit for bit, as building the modules eagerly (the book's recipe:
+    the parameters' key, dropout's "rbg" key, the model in training mode, clipped Adam), the
+    dropout stream included, for any seed (a seed beyond 32 bits too)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jax_attention.train.loop import clipped_adam
+    from jax_attention.train.seq2seq import setup
+
+    spec = MODELS[name]
+    train_config = spec.train_config(**{**TRAINING[name], "seed": seed, "dtype": dtype})
+    nmt, model_config, module, optimizer = setup(spec, spec.model_config(**TINY[name]),
+                                                 train_config, data=data_path)
+    rngs = nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed, impl="rbg"))
+    eager = spec.build(model_config, rngs,
+                       dtype=None if dtype == "float32" else jax.numpy.dtype(dtype))
+    eager.train()
+    eager_optimizer = nnx.Optimizer(eager, clipped_adam(train_config.lr,
+                                                        train_config.clip_global_norm),
+                                    wrt=nnx.Param)
+    graphdef, state = nnx.split((module, optimizer))
+    eager_graphdef, eager_state = nnx.split((eager, eager_optimizer))
+    assert graphdef == eager_graphdef
+
+    def values(state):
+        return [np.asarray(jax.random.key_data(leaf)
+                           if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) else leaf)
+                for leaf in jax.tree.leaves(state)]
+
+    assert len(values(state)) == len(values(eager_state)) > 10
+    for got, want in zip(values(state), values(eager_state), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

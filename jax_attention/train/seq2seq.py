@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -229,15 +230,35 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
                          f"{len(nmt.train)} training pairs; use at most {len(nmt.train)}")
     model_config = dataclasses.replace(model_config, src_vocab_size=len(nmt.src_vocab),
                                        tgt_vocab_size=len(nmt.tgt_vocab))
+    settings = (spec.name, model_config, None if t.dtype == "float32" else t.dtype, t.lr,
+                t.clip_global_norm)
     # Dropout masks come from an "rbg" key (XLA's RngBitGenerator): on CPU the threefry
     # generator's kernels for the masks' shapes roughly double the step's compilation time. Both
     # are deterministic on a given backend.
-    rngs = nnx.Rngs(params=jax.random.key(t.seed), dropout=jax.random.key(t.seed, impl="rbg"))
-    model = spec.build(model_config, rngs,
-                       dtype=None if t.dtype == "float32" else jax.numpy.dtype(t.dtype))
-    model.train()
-    optimizer = nnx.Optimizer(model, clipped_adam(t.lr, t.clip_global_norm), wrt=nnx.Param)
+    keys = (jax.random.key(t.seed), jax.random.key(t.seed, impl="rbg"))
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: _new_training(keys, *settings)))
+    model, optimizer = nnx.merge(graphdef, _initial_state(keys, settings))
     return nmt, model_config, model, optimizer
+
+
+def _new_training(keys: tuple, name: str, model_config, dtype: str | None, lr: float,
+                  clip_global_norm: float):
+    """The model (training mode) and its optimizer (:func:`setup`); ``keys``: the parameters'
+    and dropout's."""
+    rngs = nnx.Rngs(params=keys[0], dropout=keys[1])
+    model = get_model(name).build(model_config, rngs,
+                                  dtype=None if dtype is None else jax.numpy.dtype(dtype))
+    model.train()
+    return model, nnx.Optimizer(model, clipped_adam(lr, clip_global_norm), wrt=nnx.Param)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _initial_state(keys: tuple, settings: tuple):
+    """The state of :func:`_new_training` in one compiled program. Built eagerly, its ~20
+    operations (the initial draw, Adam's zeros of each shape, ...) compiled one by one took
+    ~0.5 s of every run's setup. The keys are traced: one compilation serves every seed. The
+    values are those of the eager construction, bit for bit (tests/test_seq2seq_trainer.py)."""
+    return nnx.state(_new_training(keys, *settings))
 
 
 def _run_record(spec: ModelSpec, model_config, train_config: TrainConfig, nmt) -> dict:
@@ -266,15 +287,19 @@ class _EvaluationCompile(threading.Thread):
     uses the core the steps leave idle: on 2 cores the Transformer's evaluation went from
     ~2.0 s to ~0.01 s of the run. An error here cannot break the run: it is logged (one warning
     of this module's ``logger``, with its traceback) and left to the real evaluation to meet.
+    Then it calls ``warm_up`` (:func:`train_seq2seq`'s), whose errors are left to the caller's
+    own later call to meet (logged at debug level only).
 
     Attributes:
       compile_s: the seconds it compiled (:class:`~jax_attention.runtime.compilation.CompileTimer`).
     """
 
-    def __init__(self, spec: ModelSpec, model, model_config, nmt):
+    def __init__(self, spec: ModelSpec, model, model_config, nmt,
+                 warm_up: Callable[[], object] | None = None):
         super().__init__(name="jax-attention-compile-evaluation", daemon=True)
         self._work = (spec, jax.tree.map(lambda leaf: np.array(leaf, copy=True),
                                          model.params_dict()), model_config, nmt)
+        self._warm_up = warm_up
         self.compile_s = 0.0
 
     def run(self) -> None:
@@ -289,6 +314,11 @@ class _EvaluationCompile(threading.Thread):
                                type(error).__name__, error)
                 logger.debug("the background compile's error", exc_info=True)
         self.compile_s = timer.seconds
+        if self._warm_up is not None:
+            try:
+                self._warm_up()
+            except Exception:  # noqa: BLE001 - the caller's own call meets it
+                logger.debug("the background warm-up failed", exc_info=True)
 
     def wait(self) -> None:
         """Wait for its compilations, if it was started: an interpreter that exits while XLA
@@ -426,7 +456,8 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
                   data: str | os.PathLike | None = None,
                   checkpoint: str | os.PathLike | None = None, progress: bool = True,
                   log: Callable[[str], object] | None = print,
-                  log_every: int = 10) -> Seq2SeqResult:
+                  log_every: int = 10,
+                  warm_up: Callable[[], object] | None = None) -> Seq2SeqResult:
     """Train a registered seq2seq model on English–French — the book's ``train_seq2seq``.
 
     The recipe: the first ``num_examples`` pairs (:func:`jax_attention.data.nmt.load_data_nmt`),
@@ -452,6 +483,11 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
       progress: show a progress bar over the epochs (stderr, only on a terminal).
       log: called with ``"epoch {e}, loss {loss:.4f}, {tokens/sec:.1f} tokens/sec"`` every
         ``log_every`` epochs (and after the last), or ``None``.
+      warm_up: called once, in a background thread, once the training step has compiled (after
+        the evaluation's programs compiled there): work the caller will need after training,
+        done on the core the steps leave idle (``jax-attention train`` imports its plotting
+        module). Its errors are ignored: the caller's own later call meets them. Not called
+        by processes other than 0 of a multi-process run.
 
     Returns:
       A :class:`Seq2SeqResult`, with the book's four sentences translated and scored.
@@ -483,7 +519,7 @@ def train_seq2seq(model, model_config=None, train_config: TrainConfig | None = N
             nmt, model_config, module, optimizer = setup(spec, model_config, train_config,
                                                          data=data)
         config = _run_record(spec, model_config, train_config, nmt)
-        early = (_EvaluationCompile(spec, module, model_config, nmt)
+        early = (_EvaluationCompile(spec, module, model_config, nmt, warm_up)
                  if distributed.is_main_process() else None)
         with phases("training_s"), CompileTimer(this_thread=True) as training_compile:
             trained = _train(spec, module, optimizer, nmt, train_config, early, progress=progress,
@@ -546,7 +582,8 @@ def _train_by_name(name: str, settings: dict) -> Seq2SeqResult:
         groups[config_class] = config_class(**{k: rest.pop(k) for k in list(rest) if k in names})
     if not spec.tensor_parallel and "model_parallel" in settings:
         raise TypeError(f"train_{name}() got an unexpected keyword argument 'model_parallel'")
-    unknown = sorted(set(rest) - {"data", "checkpoint", "progress", "log", "log_every"})
+    unknown = sorted(set(rest) - {"data", "checkpoint", "progress", "log", "log_every",
+                                  "warm_up"})
     if unknown:
         raise TypeError(f"train_{name}() got an unexpected keyword argument {unknown[0]!r}")
     return train_seq2seq(spec, spec.model_config(**model_settings),
