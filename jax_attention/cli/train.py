@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -170,7 +171,23 @@ def _from_args(config_class, args: argparse.Namespace, parser: argparse.Argument
 
 
 def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Handler of ``train MODEL`` for every registered model; see its ``--help``."""
+    """Handler of ``train MODEL`` for every registered model; see its ``--help``.
+
+    With ``--out``, a helper process (:class:`~jax_attention.runtime.helper_process.
+    HelperProcess`) starts while the steps run and draws about half of the figures after
+    training, beside this process."""
+    from jax_attention.runtime.helper_process import HelperProcess
+
+    helper = None if args.out is None else HelperProcess(preload=_PLOTTING_MODULES)
+    try:
+        return _train_and_report(spec, args, parser, helper)
+    finally:
+        if helper is not None:
+            helper.close()
+
+
+def _train_and_report(spec, args: argparse.Namespace, parser: argparse.ArgumentParser,
+                      helper) -> int:
     check_output_arguments(args, parser)
     check_checkpoint_argument(args.checkpoint, parser)
     check_long_run_arguments(args, parser)
@@ -185,7 +202,8 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     result, status = _run_training(functools.partial(train_seq2seq, spec, *configs), {
         "data": args.data, "checkpoint": args.checkpoint, "progress": args.progress,
         "log_every": args.log_every,
-        "warm_up": None if args.out is None else _import_plotting}, parser)
+        "warm_up": None if helper is None else functools.partial(_prepare_plots, helper)},
+        parser)
     if status is not None:
         return status
     from jax_attention.runtime.distributed import is_main_process
@@ -202,19 +220,8 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     failures = [] if result.export_error is None else [result.export_error]
     plots = {}
     if args.out is not None:
-        from jax_attention.viz.plotting import plot_curve
-
-        interrupts.phase("plots")
-        try:
-            plots["loss"] = args.out / f"{spec.name}_loss.png"
-            plot_curve(result.losses, ylabel="loss", path=plots["loss"],
-                       title=f"{spec.title}, training loss")
-            # The book's figures: the weights of the last sentence, keys cut to its source tokens.
-            plots.update(spec.attention_plots(result.translations[-1][1], args.out))
-        except OSError as error:
-            failures.append(f"could not write the plots into {args.out} "
-                            f"({provenance.os_reason(error)})")
-            plots = {name: path for name, path in plots.items() if path.is_file()}
+        plots, failure = _write_plots(spec, result, args.out, helper)
+        failures += [] if failure is None else [failure]
     figures = {**result.figures(), "compilation_cache": None if cache is None else str(cache)}
     finish_outputs(args, f"train {spec.name}", figures, plots, environment, failures=failures)
     if args.out is None:
@@ -224,6 +231,45 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     return EXIT_WRITE_FAILED if failures else 0
 
 
+#: What the figures need: imported here and in the helper process while the steps run.
+_PLOTTING_MODULES = ("jax_attention.viz.plotting", "jax_attention.viz.attention_view")
+
+
+def _prepare_plots(helper) -> None:
+    """``train_seq2seq(warm_up=...)``: the plotting modules imported (Matplotlib's import was
+    ~0.4 s of the run after training) and the helper process started, both while training runs
+    on the other core."""
+    for name in _PLOTTING_MODULES:
+        importlib.import_module(name)
+    helper.start()
+
+
+def _write_plots(spec, result, out: Path, helper) -> tuple[dict, str | None]:
+    """The loss curve and the model's attention figures of the last book sentence (keys cut to
+    its source tokens) and its view, written into ``out``, about half of them by ``helper``:
+    ``(the plots written, None or the line that says why some are missing)``."""
+    from jax_attention.runtime.helper_process import Task
+    from jax_attention.viz.plotting import plot_curve
+
+    interrupts.phase("plots")
+    tasks = []
+
+    def collect(drawings) -> None:
+        tasks.extend(Task(draw, portable=portable) for draw, portable in drawings)
+
+    loss = out / f"{spec.name}_loss.png"
+    plots = {"loss": loss, **spec.attention_plots(result.translations[-1][1], out, run=collect)}
+    # Last: the figures that the helper draws are every other portable one, from the first.
+    tasks.append(Task(plot_curve, list(result.losses), ylabel="loss", path=loss,
+                      title=f"{spec.title}, training loss"))
+    try:
+        helper.run(tasks)
+    except OSError as error:
+        return ({name: path for name, path in plots.items() if path.is_file()},
+                f"could not write the plots into {out} ({provenance.os_reason(error)})")
+    return plots, None
+
+
 #: Handler of ``train bahdanau``: :func:`run_train_seq2seq` bound to the registry's Bahdanau
 #: (GRU encoder-decoder with additive attention) spec; called as ``(args, parser)``, returns the
 #: exit status.
@@ -231,13 +277,6 @@ run_train_bahdanau = functools.partial(run_train_seq2seq, MODELS["bahdanau"])
 #: Handler of ``train transformer``: :func:`run_train_seq2seq` bound to the registry's Transformer
 #: spec; called as ``(args, parser)``, returns the exit status.
 run_train_transformer = functools.partial(run_train_seq2seq, MODELS["transformer"])
-
-
-def _import_plotting() -> None:
-    """The modules of the plots and the attention view, imported while training runs
-    (``train_seq2seq(warm_up=...)``): Matplotlib's import was ~0.4 s of the run after training."""
-    import jax_attention.viz.attention_view  # noqa: F401
-    import jax_attention.viz.plotting  # noqa: F401
 
 
 def _acknowledge_interrupt(args: argparse.Namespace) -> str:

@@ -11,6 +11,7 @@ new model is one file (the model) and one entry here (see docs/architecture.md, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,12 @@ class ModelSpec:
         -> (tokens (B, max_len), lengths (B,), extras)``: batched greedy decoding (compiled).
       translate: ``translate(params, sentences, src_vocab, tgt_vocab, config, *, max_len=None,
         beam_size=1) -> list`` of translations (:mod:`jax_attention.models.translation`).
-      attention_plots: ``attention_plots(translation, out_dir) -> {name: path}``: the book's
-        attention figures of one translation, written as PNG, and its interactive view
-        (``"view"``, an HTML page: :func:`jax_attention.viz.attention_view.translation_view`).
+      attention_plots: ``attention_plots(translation, out_dir, *, run=...) -> {name: path}``:
+        the book's attention figures of one translation, written as PNG, and its interactive
+        view (``"view"``, an HTML page: :func:`jax_attention.viz.attention_view.translation_view`).
+        ``run(tasks)`` draws them, ``tasks`` a list of ``(draw, portable)``: ``draw()`` writes
+        one file, ``portable`` says it pickles for another process (arrays and strings); the
+        default draws them in order, here.
       torch_mirror: ``torch_mirror(config) -> torch.nn.Module``: the book's PyTorch model
         mirroring ours (:mod:`jax_attention.interop.torch_models`; weights by
         ``interop.to_torch(params, name)``).
@@ -133,12 +137,25 @@ def _bahdanau_translate(params, sentences, src_vocab, tgt_vocab, config: Bahdana
     return translate(params, sentences, src_vocab, tgt_vocab, config.num_steps, max_len=max_len)
 
 
-def _bahdanau_plots(translation, out_dir: Path) -> dict:
+def _run_here(tasks) -> None:
+    for draw, _ in tasks:
+        draw()
+
+
+def _save_view(translation, path: Path) -> None:
     from jax_attention.viz.attention_view import translation_view
+
+    translation_view(translation).save(path)
+
+
+def _bahdanau_plots(translation, out_dir: Path, *, run=_run_here) -> dict:
     from jax_attention.viz.plotting import bahdanau_attention_plots
 
-    view = translation_view(translation).save(Path(out_dir) / "bahdanau_attention.html")
-    return {**bahdanau_attention_plots(translation, out_dir), "view": view}
+    plots = {"attention": Path(out_dir) / "bahdanau_attention.png",
+             "view": Path(out_dir) / "bahdanau_attention.html"}
+    run([(functools.partial(bahdanau_attention_plots, translation, out_dir), False),
+         (functools.partial(_save_view, translation, plots["view"]), False)])
+    return plots
 
 
 def _bahdanau_torch(config: BahdanauConfig):
@@ -205,12 +222,15 @@ def _transformer_check_shards(config: TransformerConfig, shards: int) -> None:
                              f"devices of the mesh's 'model' axis")
 
 
-def _transformer_plots(translation, out_dir: Path) -> dict:
-    from jax_attention.viz.attention_view import translation_view
-    from jax_attention.viz.plotting import transformer_attention_plots
+def _transformer_plots(translation, out_dir: Path, *, run=_run_here) -> dict:
+    from jax_attention.viz.plotting import transformer_attention_figures
 
-    view = translation_view(translation).save(Path(out_dir) / "transformer_attention.html")
-    return {**transformer_attention_plots(translation, out_dir), "view": view}
+    figures = transformer_attention_figures(translation, out_dir)
+    plots = {**{name: path for name, (path, _) in figures.items()},
+             "view": Path(out_dir) / "transformer_attention.html"}
+    run([(draw, True) for _, draw in figures.values()]
+        + [(functools.partial(_save_view, translation, plots["view"]), False)])
+    return plots
 
 
 #: The registered seq2seq models, by name.

@@ -13,6 +13,7 @@ float64 NumPy before plotting.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "layer_head_heatmaps",
     "bahdanau_attention_plots",
     "transformer_attention_plots",
+    "transformer_attention_figures",
     "save_figure",
 ]
 
@@ -428,23 +430,36 @@ def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict
       ``transformer_encoder_self_attention.png``, ``transformer_decoder_self_attention.png`` and
       ``transformer_encoder_decoder_attention.png``.
     """
+    figures = transformer_attention_figures(translation, out_dir)
+    for _, draw in figures.values():
+        draw()
+    return {name: path for name, (path, _) in figures.items()}
+
+
+def transformer_attention_figures(translation, out_dir: str | os.PathLike
+                                  ) -> dict[str, tuple[Path, functools.partial]]:
+    """The figures of :func:`transformer_attention_plots`, not drawn yet: ``{name: (path,
+    draw)}``, ``draw()`` drawing the figure and writing it to ``path``. Each ``draw`` is a
+    :func:`functools.partial` of :func:`layer_head_heatmaps` on NumPy arrays and strings: it
+    pickles, so another process can draw it (``jax-attention train`` draws them in two).
+    """
     out_dir = Path(out_dir)
     t = translation
-    inputs = t.decoder_inputs  # the decoder reads <bos> and its own predictions
-    plots = {"encoder_self": out_dir / "transformer_encoder_self_attention.png",
-             "decoder_self": out_dir / "transformer_decoder_self_attention.png",
-             "encoder_decoder": out_dir / "transformer_encoder_decoder_attention.png"}
-    layer_head_heatmaps(t.encoder_self, plots["encoder_self"], xlabel="Key positions",
-                        ylabel="Query positions", xticks=t.source_tokens, yticks=t.source_tokens,
-                        title=f"Transformer encoder self-attention, every layer and head\n"
-                              f"{translation_title(t)}")
-    layer_head_heatmaps(t.decoder_self, plots["decoder_self"], xlabel="Key positions",
-                        ylabel="Query positions", xticks=inputs, yticks=inputs,
-                        title=f"Transformer decoder self-attention (causal), every layer and "
-                              f"head\n{translation_title(t)}")
-    layer_head_heatmaps(t.encoder_decoder, plots["encoder_decoder"],
-                        xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)",
-                        xticks=t.source_tokens, yticks=inputs,
-                        title=f"Transformer encoder\u2013decoder attention, every layer and "
-                              f"head\n{translation_title(t)}")
-    return plots
+    inputs = list(t.decoder_inputs)  # the decoder reads <bos> and its own predictions
+    title = translation_title(t)
+    figures = {
+        "encoder_self": (t.encoder_self, "transformer_encoder_self_attention.png",
+                         ("Key positions", "Query positions", t.source_tokens, t.source_tokens),
+                         "Transformer encoder self-attention, every layer and head"),
+        "decoder_self": (t.decoder_self, "transformer_decoder_self_attention.png",
+                         ("Key positions", "Query positions", inputs, inputs),
+                         "Transformer decoder self-attention (causal), every layer and head"),
+        "encoder_decoder": (t.encoder_decoder, "transformer_encoder_decoder_attention.png",
+                            ("Source tokens (keys)", "Decoder inputs (queries)",
+                             t.source_tokens, inputs),
+                            "Transformer encoder\u2013decoder attention, every layer and head"),
+    }
+    return {name: (out_dir / file, functools.partial(
+        layer_head_heatmaps, np.asarray(weights), out_dir / file, xlabel=xlabel, ylabel=ylabel,
+        xticks=list(xticks), yticks=list(yticks), title=f"{what}\n{title}"))
+        for name, (weights, file, (xlabel, ylabel, xticks, yticks), what) in figures.items()}
