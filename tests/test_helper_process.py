@@ -5,6 +5,7 @@ reaches only the main process."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 from pathlib import Path
@@ -92,3 +93,15 @@ def test_sigint_to_the_worker_is_ignored(helper, tmp_path):
     path = tmp_path / "after.txt"
     helper.run([Task(_write_pid, path)])
     assert _pids([path]) == [worker]
+
+
+def test_a_worker_that_cannot_start_leaves_every_task_here(tmp_path):
+    """A preload that fails to import (the worker's start fails): ``start`` says so, no process is
+    left behind, and the tasks run here."""
+    helper = HelperProcess(preload=("jax_attention.no_such_module",))
+    assert not helper.start()
+    assert not multiprocessing.active_children()
+    paths = [tmp_path / f"{n}.txt" for n in range(2)]
+    helper.run([Task(_write_pid, path) for path in paths])
+    assert set(_pids(paths)) == {os.getpid()}
+    helper.close()

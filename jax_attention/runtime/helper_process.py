@@ -13,6 +13,10 @@ Transformer on one core); :class:`HelperProcess` draws about half of them on the
   was never started, or died) runs here instead, so the result never depends on the helper.
 * :meth:`HelperProcess.close` stops the worker, after the task it is running.
 
+Like every ``spawn`` worker of :mod:`multiprocessing`, the worker imports the main module of this
+process first (as ``__mp_main__``): the ``jax-attention`` command's entry points are guarded by
+``if __name__ == "__main__"``, and a script that starts a helper must be too.
+
 Ctrl-C: the worker ignores SIGINT (it is blocked from its first instruction, since the starting
 thread blocks it while spawning, and ignored once it runs), so a Ctrl-C in the terminal, which
 reaches the whole process group, stops only the main process: :meth:`run` then waits for the
@@ -74,12 +78,15 @@ class HelperProcess:
             # The worker inherits this thread's signal mask: blocked, a Ctrl-C that comes while
             # it starts cannot end it with a traceback before _initialize ignores SIGINT.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            executor = None
             try:
                 executor = concurrent.futures.ProcessPoolExecutor(
                     max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                     initializer=_initialize, initargs=(self._preload,))
                 executor.submit(_ready).result()
-            except (OSError, BrokenProcessPool, ImportError):
+            except Exception:  # noqa: BLE001 - no helper: every task runs here
+                if executor is not None:
+                    executor.shutdown(wait=True, cancel_futures=True)
                 return False
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
