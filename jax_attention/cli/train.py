@@ -176,9 +176,11 @@ def run_train_seq2seq(spec, args: argparse.Namespace, parser: argparse.ArgumentP
     With ``--out``, a helper process (:class:`~jax_attention.runtime.helper_process.
     HelperProcess`) starts while the steps run and draws about half of the figures after
     training, beside this process."""
-    from jax_attention.runtime.helper_process import HelperProcess
+    helper = None
+    if args.out is not None:  # (multiprocessing's import: ~30 ms a run without plots)
+        from jax_attention.runtime.helper_process import HelperProcess
 
-    helper = None if args.out is None else HelperProcess(preload=_PLOTTING_MODULES)
+        helper = HelperProcess(preload=_PLOTTING_MODULES)
     try:
         return _train_and_report(spec, args, parser, helper)
     finally:
