@@ -649,8 +649,8 @@ def _pairs_sha256(text: str, source: list, target: list, skipped: dict[str, int]
     in the book's file, it is ``text`` itself but for the spaces that tokenising drops (doubled,
     or at the start or end of a column): those few lines are rebuilt and the rest is hashed as it
     is, several times faster than building the whole text anew (tests compare the two ways and
-    check that the book's file takes this path). UTF-8 never uses the bytes of a space, tab or newline inside a character, so the
-    search is done on the encoded bytes, with NumPy.
+    check that the book's file takes this path). UTF-8 never uses the bytes of a space, tab or
+    newline inside a character, so the search is done on the encoded bytes, with NumPy.
     """
     n = len(source)
     body = text.removesuffix("\n").encode("utf-8", "surrogatepass")
