@@ -897,10 +897,15 @@ FIRST_600_FINGERPRINT = {
 ALL_PAIRS_SHA256 = "2b7fe44462a44bdf95babc885afd8dfd661fbb2f40932d4e8755cbc5995fcf60"
 
 
+def _pairs_text_by_definition(source, target) -> bytes:
+    """The text TranslationData.fingerprint hashes, by its documented definition, pair by pair."""
+    return "\n".join(" ".join(src) + "\t" + " ".join(tgt)
+                     for src, tgt in zip(source, target)).encode("utf-8")
+
+
 def _pairs_sha256_by_definition(source, target):
     """TranslationData.fingerprint's documented definition, pair by pair."""
-    text = "\n".join(" ".join(src) + "\t" + " ".join(tgt) for src, tgt in zip(source, target))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_pairs_text_by_definition(source, target)).hexdigest()
 
 
 def test_fingerprint_of_the_book_data(nmt, book_pairs):
@@ -962,8 +967,7 @@ def test_fingerprint_of_the_whole_file_hashes_the_text_as_it_is(preprocessed, al
     assert digest == ALL_PAIRS_SHA256 == _pairs_sha256_by_definition(source, target)
     as_is = sum(len(chunk) for chunk, view in updates if view)
     rebuilt = [chunk for chunk, view in updates if not view]
-    assert b"".join(chunk for chunk, _ in updates) == "\n".join(
-        " ".join(src) + "\t" + " ".join(tgt) for src, tgt in zip(source, target)).encode()
+    assert b"".join(chunk for chunk, _ in updates) == _pairs_text_by_definition(source, target)
     assert as_is > 0.99 * len(body)
     assert 0 < len(rebuilt) < len(source) // 100  # the book's file has a few such lines
     assert all(b"\n" not in line for line in rebuilt)  # each rebuilt piece is one line
