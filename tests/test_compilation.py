@@ -117,12 +117,17 @@ def test_a_second_run_loads_its_programs_from_the_cache(tmp_path, data_path):
     off, off_out = _train(tmp_path, data_path, "off", "--no-compilation-cache")
     assert off["compilation_cache"] is None and not cache.exists()
     assert "no compilation cache" in off_out
-    first, _ = _train(tmp_path, data_path, "first")
+    first, first_out = _train(tmp_path, data_path, "first")
     assert first["compilation_cache"] == str(cache) and any(cache.iterdir())
     assert first["timing"]["compile_cache_hits"] == 0
+    assert "compiled the training step in" in first_out
+    # The training step is kept whole too (runtime/executable_cache.py): one entry.
+    (stored,) = (cache / compilation.EXECUTABLES).iterdir()
     second, second_out = _train(tmp_path, data_path, "second")
     assert second["timing"]["compile_cache_hits"] > 0
     assert "loaded from the compilation cache" in second_out
+    assert "loaded the training step from the compilation cache in" in second_out
+    assert list((cache / compilation.EXECUTABLES).iterdir()) == [stored]
     # A loaded program is the compiled one: the same losses, bit for bit.
     assert second["losses"] == first["losses"] == off["losses"]
     # translate takes the flag too.

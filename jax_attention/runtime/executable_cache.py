@@ -1,0 +1,365 @@
+"""Compiled programs kept on disk under a key of what decides them, so that a later run loads its
+training step without tracing, lowering or compiling it.
+
+JAX's persistent compilation cache (:mod:`jax_attention.runtime.compilation`) keys a program by
+its lowered StableHLO, so a run that finds its training step there has still traced and lowered
+it first: most of a warm run's compilation (docs/compilation-cache.md). This cache keys XLA's
+executable (:mod:`jax.experimental.serialize_executable`) by everything that decides the program
+*before* it is traced:
+
+- ``what``: the caller's description of the program — for the training step the run's
+  configuration (:func:`jax_attention.train.loop.step_program`), which already has to name
+  everything that shapes a run, since a training checkpoint is resumed only under the same one;
+- the source of this package (a SHA-256 over every ``.py`` file of ``jax_attention/``) and what
+  its imported modules hold now (:func:`live_digest`: a function or setting replaced at run
+  time is a miss too), Python's version and the versions of jax, jaxlib, flax, optax and the
+  rest of :data:`~jax_attention.runtime.provenance.DISTRIBUTIONS`;
+- the backend (platform, its version, the devices' kinds and count) and the CPU (its model and
+  flags: code compiled for one instruction set must not run on another);
+- the compile options, ``XLA_FLAGS`` and every ``jax.config`` setting;
+- the arguments: their tree structure, shapes, dtypes, weak types and shardings, and the static
+  ones that ``what`` does not describe (``repr``).
+
+Any change is a miss: the program is traced, lowered and compiled as usual (JAX's own cache may
+still serve XLA's part), and written. A loaded executable is the one XLA produced, so results are
+the same bit for bit.
+
+Entries are ``DIR/<key>.executable``, each written to a temporary file and renamed, so that a
+writer killed halfway leaves nothing half-written and two runs writing the same entry leave one
+whole; the newest :data:`MAX_ENTRIES` (by last use) are kept. An entry that cannot be read back
+(truncated, damaged, another format) is removed with one warning and the program compiled and
+written again; an entry that cannot be written (a read-only or full disk) gives one warning and
+the run goes on. The cache is off unless a command turns it on
+(:func:`jax_attention.runtime.compilation.enable_compilation_cache`), and in multi-process runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pickle
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from jax_attention.runtime.provenance import os_reason, versions
+
+__all__ = ["FORMAT", "MAX_ENTRIES", "LOAD_EVENT", "HIT_EVENT", "ExecutableCache", "StoredJit",
+           "source_digest", "live_digest"]
+
+#: The format of an entry; another one is a miss.
+FORMAT = "jax-attention.executable/1"
+
+#: Entries kept (the newest by last use); a training step is ~3 MB.
+MAX_ENTRIES = 16
+
+#: The ``jax.monitoring`` time span of a load (what
+#: :class:`~jax_attention.runtime.compilation.CompileTimer` counts as compiling).
+LOAD_EVENT = "/jax_attention/executable_cache/load_duration"
+
+#: The ``jax.monitoring`` event of each executable loaded (what
+#: :class:`~jax_attention.runtime.compilation.CompileTimer` counts as a cache hit).
+HIT_EVENT = "/jax_attention/executable_cache/hits"
+
+_SUFFIX = ".executable"
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 over the path and bytes of every ``.py`` file of this package, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+        digest.update(f"{path.relative_to(_PACKAGE_DIR).as_posix()}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+# Module-level settings that :func:`live_digest` records by value: the immutable ones (a dict or
+# list is state more often than a setting: a cache, a registry).
+_SIMPLE = (bool, int, float, str, bytes, type(None), tuple, frozenset)
+
+
+def _live_entry(owner: str, name: str, value):
+    """What :func:`live_digest` records of one attribute, or ``None``."""
+    target = getattr(value, "__wrapped__", value)
+    if callable(target) and hasattr(target, "__qualname__"):
+        return owner, name, getattr(target, "__module__", None), target.__qualname__
+    if isinstance(value, _SIMPLE):
+        # A set's order changes with the string hash seed: its sorted items.
+        text = repr(sorted(map(repr, value))) if isinstance(value, frozenset) else repr(value)
+        return None if " at 0x" in text else (owner, name, text)
+    return None
+
+
+def live_digest() -> str:
+    """SHA-256 of what this package's imported modules hold now: each module-level function,
+    class and wrapped function by module and qualified name, each function of a class defined
+    there likewise, and each module-level constant (numbers, strings, tuples, frozen sets) by
+    its ``repr``. A function or setting replaced at run time (a test's ``monkeypatch``, a user's
+    experiment) changes the program without changing a file: it changes this digest."""
+    entries = []
+    for module_name in sorted(name for name in list(sys.modules)
+                              if name == "jax_attention" or name.startswith("jax_attention.")):
+        namespace = dict(vars(sys.modules[module_name]))
+        for name in sorted(namespace):
+            value = namespace[name]
+            entry = _live_entry(module_name, name, value)
+            if entry is not None:
+                entries.append(entry)
+            if isinstance(value, type) and value.__module__ == module_name:
+                for attribute in sorted(vars(value)):
+                    member = vars(value)[attribute]
+                    if callable(member) or isinstance(member, _SIMPLE):
+                        entry = _live_entry(f"{module_name}.{name}", attribute, member)
+                        if entry is not None:
+                            entries.append(entry)
+    return hashlib.sha256(repr(entries).encode()).hexdigest()
+
+
+@functools.cache
+def _cpu() -> dict:
+    """The CPU's architecture, and its model and flags where Linux tells them."""
+    found = {"machine": platform.machine()}
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "flags", "Features", "CPU part") and name not in found:
+            found[name] = " ".join(sorted(value.split())) if name in ("flags", "Features") \
+                else value.strip()
+    return found
+
+
+def _leaf_type(leaf) -> tuple:
+    """A traced argument's type as the compiled program sees it (hashable)."""
+    aval = getattr(leaf, "aval", None)  # an array's, at a tenth of jax.typeof's cost
+    if aval is None:
+        import jax
+
+        aval = jax.typeof(leaf)
+    return aval, getattr(leaf, "sharding", None)
+
+
+def _sharding_text(sharding) -> str:
+    """``repr`` of a sharding with its devices' ids (a mesh's ``repr`` leaves them out)."""
+    if sharding is None:
+        return "None"
+    return f"{sharding!r} on {sorted(device.id for device in sharding.device_set)}"
+
+
+def _static_text(arg) -> str:
+    """A static argument in the key: its ``repr``, a tuple of shardings with their devices."""
+    if isinstance(arg, tuple) and arg and all(hasattr(item, "device_set") for item in arg):
+        return repr([_sharding_text(sharding) for sharding in arg])
+    return repr(arg)
+
+
+#: Executables loaded or compiled in this process, by directory and key (the newest
+#: :data:`MAX_ENTRIES`): a second run in one process (the tests, a notebook) takes its program
+#: from here, as ``jax.jit``'s own cache would give it, instead of reading it back.
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def _remember(directory: Path, key: str, compiled) -> None:
+    _LOADED.pop((str(directory), key), None)
+    _LOADED[str(directory), key] = compiled
+    while len(_LOADED) > MAX_ENTRIES:
+        del _LOADED[next(iter(_LOADED))]
+
+
+class ExecutableCache:
+    """The directory of compiled programs; see the module docstring.
+
+    Args:
+      directory: where the entries are kept (created when the first is written).
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self._warned: set[str] = set()
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def key(self, description: dict) -> str:
+        """The entry's name for ``description`` (a JSON-ready dict), with the environment's
+        parts added (see the module docstring)."""
+        import jax
+
+        backend = jax.devices()[0].client
+        record = {"format": FORMAT, "program": description, "sources": source_digest(),
+                  "live": live_digest(),
+                  "python": sys.version, "versions": versions(),
+                  "backend": {"platform": backend.platform,
+                              "version": backend.platform_version,
+                              "devices": [device.device_kind for device in jax.devices()]},
+                  "cpu": _cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                  "jax_config": {name: repr(value)
+                                 for name, value in sorted(jax.config.values.items())}}
+        text = json.dumps(record, sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def load(self, key: str):
+        """The executable stored under ``key``, or ``None`` (none, or one that cannot be read
+        back: removed, with one warning)."""
+        from jax.experimental import serialize_executable
+
+        path = self.directory / f"{key}{_SUFFIX}"
+        if not path.is_file():
+            return None
+        import jax
+
+        start = time.time()
+        try:
+            with open(path, "rb") as file:
+                entry = pickle.load(file)
+            if not isinstance(entry, dict) or entry.get("format") != FORMAT \
+                    or entry.get("key") != key:
+                raise ValueError("not an entry of this format")
+            compiled = serialize_executable.deserialize_and_load(
+                entry["payload"], entry["in_tree"], entry["out_tree"])
+        except Exception as error:  # any damage is a miss; nothing of it is used
+            self._warn_once("read", f"the stored executable {str(path)!r} cannot be read back "
+                                    f"({type(error).__name__}: {error}); compiling it again")
+            path.unlink(missing_ok=True)
+            return None
+        jax.monitoring.record_event_time_span(LOAD_EVENT, start, time.time())
+        jax.monitoring.record_event(HIT_EVENT)
+        try:
+            os.utime(path)  # last use, for pruning
+        except OSError:
+            pass
+        return compiled
+
+    def store(self, key: str, compiled) -> Path | None:
+        """Write ``compiled`` (a ``jax.stages.Compiled``) under ``key``; ``None`` (and one
+        warning) when it cannot be written or serialized."""
+        from jax.experimental import serialize_executable
+
+        temporary = None
+        try:
+            payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".writing-",
+                                                 suffix=_SUFFIX)
+            with os.fdopen(handle, "wb") as file:
+                pickle.dump({"format": FORMAT, "key": key, "payload": payload,
+                             "in_tree": in_tree, "out_tree": out_tree}, file,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+            path = self.directory / f"{key}{_SUFFIX}"
+            os.replace(temporary, path)
+            temporary = None
+        except OSError as error:
+            self._warn_once("write", f"the compiled program cannot be kept in "
+                                     f"{str(self.directory)!r} ({os_reason(error)}); the next "
+                                     "run compiles it again")
+            return None
+        except Exception as error:  # a backend that cannot serialize: the run goes on
+            self._warn_once("serialize", f"the compiled program cannot be serialized "
+                                         f"({type(error).__name__}: {error}); the next run "
+                                         "compiles it again")
+            return None
+        finally:
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        """Keep the newest :data:`MAX_ENTRIES` entries (by last use)."""
+        try:
+            entries = sorted(self.directory.glob(f"*{_SUFFIX}"),
+                             key=lambda path: path.stat().st_mtime, reverse=True)
+            for path in entries[MAX_ENTRIES:]:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass  # another run pruning at the same time; the next write tries again
+
+
+class StoredJit:
+    """A jitted function whose executables come from an :class:`ExecutableCache`.
+
+    Called as the function, with the same arguments: each distinct signature (the static
+    arguments and the traced ones' types) is loaded from the cache or compiled once
+    (``jitted.lower(...).compile()``) and written, then called with the traced arguments. A call
+    with the static arguments of the call before goes straight to its program, which checks the
+    traced arguments' types itself (a ``TypeError`` or ``ValueError`` before it runs anything:
+    then the signature is looked up as for a new one).
+
+    Args:
+      jitted: a :class:`~jax_attention.runtime.compilation.BackendJit`, called with positional
+        arguments only.
+      cache: the :class:`ExecutableCache`.
+      description: what decides the program beyond the arguments' types (JSON-ready), standing
+        in for the static arguments of ``described`` in the key.
+      described: the static arguments whose ``repr`` is not stable across processes (an NNX
+        graph definition), which ``description`` describes instead.
+    """
+
+    def __init__(self, jitted, cache: ExecutableCache, description: dict, *,
+                 described: tuple[int, ...] = ()):
+        self._jitted, self._cache, self._description = jitted, cache, description
+        self._static = frozenset(jitted.static_argnums)
+        self._described = frozenset(described)
+        self._programs: dict = {}
+        self._last: tuple | None = None  # (the static arguments, their program) of the last call
+
+    def _signature(self, args) -> tuple:
+        import jax
+
+        traced = [arg for i, arg in enumerate(args) if i not in self._static]
+        leaves, tree = jax.tree.flatten(traced)
+        return (tuple(arg for i, arg in enumerate(args) if i in self._static), tree,
+                tuple(_leaf_type(leaf) for leaf in leaves))
+
+    def _description_of(self, args, tree, types) -> dict:
+        options = getattr(self._jitted, "options", lambda: {})()
+        return {"function": getattr(self._jitted, "__qualname__", repr(self._jitted)),
+                "module": getattr(self._jitted, "__module__", None),
+                "described": self._description, "options": options,
+                "static": [_static_text(arg) for i, arg in enumerate(args)
+                           if i in self._static and i not in self._described],
+                "tree": str(tree), "types": [[repr(aval), _sharding_text(sharding)]
+                                             for aval, sharding in types]}
+
+    def __call__(self, *args):
+        statics = [arg for i, arg in enumerate(args) if i in self._static]
+        traced = [arg for i, arg in enumerate(args) if i not in self._static]
+        last = self._last
+        if last is not None and len(last[0]) == len(statics) and all(
+                a is b or a == b for a, b in zip(last[0], statics)):
+            try:
+                return last[1](*traced)
+            except (TypeError, ValueError):  # other types: raised before anything ran
+                pass
+        compiled = self._compiled(args)
+        self._last = (statics, compiled)
+        return compiled(*traced)
+
+    def _compiled(self, args):
+        """The program of ``args``' signature: from this object, the process, the directory, or
+        compiled (and written)."""
+        signature = self._signature(args)
+        compiled = self._programs.get(signature)
+        if compiled is None:
+            key = self._cache.key(self._description_of(args, *signature[1:]))
+            compiled = _LOADED.get((str(self._cache.directory), key))
+            if compiled is None:
+                compiled = self._cache.load(key)
+            if compiled is None:
+                compiled = self._jitted.lower(*args).compile()
+                self._cache.store(key, compiled)
+            _remember(self._cache.directory, key, compiled)
+            self._programs[signature] = compiled
+        return compiled

@@ -1,0 +1,283 @@
+"""The executable cache (:mod:`jax_attention.runtime.executable_cache`): a stored training step
+loads without tracing and trains the same; what keys it; damaged entries, unwritable
+directories, pruning; the seed and the epochs left out of the step's key
+(:func:`jax_attention.models.configs.step_program`)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_attention.models.configs import step_program
+from jax_attention.models.registry import MODELS
+from jax_attention.runtime import compilation, executable_cache
+from jax_attention.runtime.checkpointing import state_arrays
+from jax_attention.runtime.executable_cache import ExecutableCache, StoredJit
+from jax_attention.train import loop, seq2seq
+from tests.shared_runs import TINY
+
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+
+
+def _run(seed: int = 1):
+    """``(nmt, graphdef, state, record)`` of the tiny Bahdanau run before its first step; the
+    record is the run's configuration as its checkpoints (and the executable cache) get it."""
+    spec = MODELS["bahdanau"]
+    sizes = {name: value for name, value in TINY.items()
+             if name not in ("epochs", "progress", "log")}
+    model_settings, train_settings, _ = spec.split_settings({**sizes, "seed": seed})
+    model_config = spec.model_config(**model_settings, dropout=0.1)
+    train_config = spec.train_config(**train_settings)
+    nmt, model_config, model, optimizer = seq2seq.setup(spec, model_config, train_config)
+    record = {"model": spec.name, **model_config.record(), "training": train_config.record(),
+              "data": nmt.fingerprint}
+    return nmt, *nnx.split((model, optimizer)), record
+
+
+def _arguments(nmt, graphdef, state):
+    batches, _ = loop.epoch_batches(nmt, 0)
+    return graphdef, state, batches, nmt.tgt_vocab["<bos>"], False, None, None
+
+
+def _fresh_steps():
+    """:func:`loop.train_steps` compiled the same way, as a function no cache of this process has
+    seen (``jax.jit`` keeps traces by function): a call that does not trace it loaded it."""
+
+    def steps(graphdef, state, batches, bos_id, skip_nonfinite=False, shardings=None,
+              num_steps=None):
+        return loop.train_steps.__wrapped__(graphdef, state, batches, bos_id, skip_nonfinite,
+                                            shardings, num_steps)
+
+    return compilation.BackendJit(steps, cpu_options=loop.train_steps.cpu_options,
+                                  static_argnums=loop.train_steps.static_argnums,
+                                  donate_argnums=1)
+
+
+def _copy(state):
+    return jax.tree.map(lambda array: array.copy(), state)
+
+
+class _Events:
+    """The traces and cache hits JAX reports while open."""
+
+    def __enter__(self):
+        self.traces, self.hits = 0, 0
+        jax.monitoring.register_event_time_span_listener(self._span)
+        jax.monitoring.register_event_listener(self._event)
+        return self
+
+    def _span(self, event, start, end, **_):
+        self.traces += event == _TRACE
+
+    def _event(self, event, **_):
+        self.hits += event == executable_cache.HIT_EVENT
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_time_span_listener(self._span)
+        jax.monitoring.unregister_event_listener(self._event)
+
+
+@pytest.fixture
+def fresh_memory(monkeypatch):
+    """No executable of this process's memory: every load reads the directory."""
+    monkeypatch.setattr(executable_cache, "_LOADED", {})
+
+
+def test_a_stored_step_loads_without_tracing_and_trains_the_same(tmp_path, fresh_memory):
+    nmt, graphdef, state, record = _run()
+    args = _arguments(nmt, graphdef, state)
+    expected_state, expected_losses = loop.train_steps(*args[:1], _copy(state), *args[2:])
+    cache = ExecutableCache(tmp_path / "executables")
+
+    with _Events() as first:
+        stored = StoredJit(_fresh_steps(), cache, step_program(record), described=(0,))
+        state_1, losses_1 = stored(graphdef, _copy(state), *args[2:])
+    assert first.traces > 0 and first.hits == 0
+    entries = list(cache.directory.iterdir())
+    assert len(entries) == 1 and entries[0].suffix == ".executable"
+
+    executable_cache._LOADED.clear()  # as in a new process
+    given = _copy(state)
+    with _Events() as second:
+        stored = StoredJit(_fresh_steps(), cache, step_program(record), described=(0,))
+        state_2, losses_2 = stored(graphdef, given, *args[2:])
+    assert second.traces == 0 and second.hits == 1
+    # The state is donated, as the jitted step donates it.
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(given))
+    # The stored program is the compiled one: bit for bit the same losses and state.
+    for losses in (losses_1, losses_2):
+        np.testing.assert_array_equal(np.asarray(losses), np.asarray(expected_losses))
+    want = state_arrays(expected_state)
+    for result in (state_1, state_2):
+        got = state_arrays(result)
+        assert got.keys() == want.keys()
+        for path in want:
+            np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    # A second call of the same signature reuses the program (no key, no load).
+    with _Events() as third:
+        stored(graphdef, state_2, *args[2:])
+    assert third.traces == 0 and third.hits == 0
+
+
+def test_the_seed_and_the_epochs_do_not_change_the_step():
+    """What :func:`step_program` leaves out of the key: the step lowered for another seed (and
+    so other weights, batches and dropout keys) is the same program."""
+    lowered = []
+    for seed in (1, 2):
+        nmt, graphdef, state, record = _run(seed)
+        lowered.append(loop.train_steps.lower(*_arguments(nmt, graphdef, state)).as_text())
+    assert lowered[0] == lowered[1]
+    records = [_run(seed)[3] for seed in (1, 2)]
+    records[1]["training"]["epochs"] = records[0]["training"]["epochs"] + 5
+    assert records[0] != records[1]
+    assert step_program(records[0]) == step_program(records[1])
+    # Every other setting stays in it.
+    changed = {**records[0], "dropout": 0.2}
+    assert step_program(changed) != step_program(records[0])
+    assert set(step_program(records[0])["training"]) == set(records[0]["training"]) - {
+        "seed", "epochs"}
+
+
+def _tiny(x, *, scale: int):
+    return jnp.sum(jnp.sin(x) * scale)
+
+
+def _tiny_call(x, scale):
+    return _tiny(x, scale=scale)
+
+
+def _keyed(cache, description, *args):
+    stored = StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
+                       cache, description)
+    return cache.key(stored._description_of(args, *stored._signature(args)[1:]))
+
+
+def test_the_key_changes_with_what_decides_the_program(tmp_path, monkeypatch):
+    cache = ExecutableCache(tmp_path)
+    x = jnp.ones(3)
+    base = _keyed(cache, {"a": 1}, x, 2)
+    assert _keyed(cache, {"a": 1}, x, 2) == base  # deterministic
+    assert _keyed(cache, {"a": 2}, x, 2) != base  # the description
+    assert _keyed(cache, {"a": 1}, x, 3) != base  # a static argument
+    assert _keyed(cache, {"a": 1}, jnp.ones(4), 2) != base  # a shape
+    assert _keyed(cache, {"a": 1}, jnp.ones(3, jnp.bfloat16), 2) != base  # a dtype
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=/x")
+    assert _keyed(cache, {"a": 1}, x, 2) != base  # XLA's flags
+    monkeypatch.undo()
+    with jax.default_matmul_precision("bfloat16"):
+        assert _keyed(cache, {"a": 1}, x, 2) != base  # JAX's configuration
+    # A function of the package replaced at run time (no file changed) is another program.
+    monkeypatch.setattr(loop, "masked_cross_entropy", lambda *args, **kwargs: None)
+    assert _keyed(cache, {"a": 1}, x, 2) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(executable_cache, "MAX_ENTRIES", executable_cache.MAX_ENTRIES + 1)
+    assert _keyed(cache, {"a": 1}, x, 2) != base  # a module's setting likewise
+    monkeypatch.undo()
+    assert _keyed(cache, {"a": 1}, x, 2) == base
+
+
+def _stored_tiny(cache):
+    return StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
+                     cache, {"test": "tiny"})
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memory, damage):
+    cache = ExecutableCache(tmp_path)
+    x = jnp.linspace(0.0, 1.0, 5)
+    want = float(_tiny(x, scale=3))
+    assert float(_stored_tiny(cache)(x, 3)) == want
+    (entry,) = tmp_path.iterdir()
+    data = entry.read_bytes()
+    entry.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"\x80\x04not a pickle",
+                       "empty": b""}[damage])
+    executable_cache._LOADED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert float(_stored_tiny(cache)(x, 3)) == want
+    assert len(caught) == 1 and "cannot be read back" in str(caught[0].message)
+    assert str(entry) in str(caught[0].message)
+    # Written again, whole: the next process loads it.
+    executable_cache._LOADED.clear()
+    with _Events() as events, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(_stored_tiny(cache)(x, 3)) == want
+    assert events.hits == 1 and events.traces == 0
+
+
+def test_an_entry_of_another_key_is_not_used(tmp_path, fresh_memory):
+    """An entry renamed (or copied) under another key is refused, not run."""
+    cache = ExecutableCache(tmp_path)
+    x = jnp.ones(3)
+    _stored_tiny(cache)(x, 2)
+    (entry,) = tmp_path.iterdir()
+    other = StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
+                      cache, {"test": "tiny"})
+    key = cache.key(other._description_of((x, 5), *other._signature((x, 5))[1:]))
+    entry.rename(tmp_path / f"{key}.executable")
+    executable_cache._LOADED.clear()
+    with pytest.warns(RuntimeWarning, match="not an entry of this format"):
+        assert float(other(x, 5)) == float(_tiny(x, scale=5))
+
+
+def test_an_unwritable_directory_is_one_warning_and_the_call_goes_on(tmp_path, fresh_memory):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cache = ExecutableCache(blocker / "executables")
+    x = jnp.ones(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert float(_stored_tiny(cache)(x, 7)) == float(_tiny(x, scale=7))
+        assert float(_stored_tiny(cache)(x, 8)) == float(_tiny(x, scale=8))
+    assert len(caught) == 1 and "cannot be kept in" in str(caught[0].message)
+    assert blocker.read_text() == "not a directory"
+
+
+def test_the_newest_entries_are_kept(tmp_path, fresh_memory, monkeypatch):
+    monkeypatch.setattr(executable_cache, "MAX_ENTRIES", 2)
+    cache = ExecutableCache(tmp_path)
+    stored = _stored_tiny(cache)
+    order = []
+    for scale in (1, 2, 3):
+        stored(jnp.ones(3), scale)
+        order += [path.name for path in tmp_path.iterdir() if path.name not in order]
+        # Each entry older than the next one written (the file system's clock may be coarse).
+        for path in tmp_path.iterdir():
+            os.utime(path, (1000 + order.index(path.name),) * 2)
+    assert len(order) == 3
+    assert {path.name for path in tmp_path.iterdir()} == set(order[1:])
+    assert not any(path.name.startswith(".writing-") for path in tmp_path.iterdir())
+
+
+def test_the_commands_cache_turns_it_on_and_off(tmp_path, monkeypatch):
+    """:func:`compilation.executables`: ``executables/`` in the compilation cache's directory
+    once :func:`compilation.enable_compilation_cache` turned it on; off with the cache."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {name: getattr(jax.config, name) for name in names}
+    monkeypatch.setattr(compilation, "_executables", compilation._executables)  # put back after
+    try:
+        chosen = compilation.enable_compilation_cache(directory=tmp_path / "chosen")
+        assert compilation.executables().directory == chosen / compilation.EXECUTABLES
+        assert compilation.enable_compilation_cache(False) is None
+        assert compilation.executables() is None
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+
+
+def test_a_call_of_other_types_gets_its_own_program(tmp_path, fresh_memory):
+    """The same static arguments with other traced types (the last program refuses them before
+    running) get a program of their own; a Python scalar's weak type is a type too."""
+    cache = ExecutableCache(tmp_path)
+    stored = _stored_tiny(cache)
+    for x in (jnp.ones(3), jnp.ones(4), jnp.ones(3, jnp.bfloat16), jnp.ones(4), 1.5,
+              jnp.ones(3)):
+        assert float(stored(x, 2)) == pytest.approx(float(_tiny(jnp.asarray(x), scale=2)),
+                                                      rel=1e-2)
+    assert len(list(tmp_path.iterdir())) == 4
