@@ -5,6 +5,7 @@ directories, pruning; the seed and the epochs left out of the step's key
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 
@@ -281,3 +282,31 @@ def test_a_call_of_other_types_gets_its_own_program(tmp_path, fresh_memory):
         assert float(stored(x, 2)) == pytest.approx(float(_tiny(jnp.asarray(x), scale=2)),
                                                       rel=1e-2)
     assert len(list(tmp_path.iterdir())) == 4
+
+
+@pytest.mark.parametrize("fault", ["disk full", "Ctrl-C"])
+def test_a_write_cut_short_leaves_no_entry(tmp_path, fresh_memory, monkeypatch, fault):
+    """A full disk while the entry is written is one warning and no entry (the call's result
+    stands); a Ctrl-C (KeyboardInterrupt) there propagates, leaving no entry either."""
+    real_dump = executable_cache.pickle.dump
+
+    def cut_short(entry, file, **kwargs):
+        real_dump({"format": "half"}, file, **kwargs)  # some bytes are on disk already
+        if fault == "Ctrl-C":
+            raise KeyboardInterrupt
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(executable_cache.pickle, "dump", cut_short)
+    cache = ExecutableCache(tmp_path)
+    x = jnp.ones(3)
+    if fault == "Ctrl-C":
+        with pytest.raises(KeyboardInterrupt):
+            _stored_tiny(cache)(x, 2)
+    else:
+        with pytest.warns(RuntimeWarning, match="cannot be kept in .*No space left on device"):
+            assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, scale=2))
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(executable_cache.pickle, "dump", real_dump)
+    executable_cache._LOADED.clear()
+    assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, scale=2))  # written this time
+    assert len(list(tmp_path.iterdir())) == 1
