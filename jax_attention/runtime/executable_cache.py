@@ -229,6 +229,8 @@ class ExecutableCache:
                 raise ValueError("not an entry of this format")
             compiled = serialize_executable.deserialize_and_load(
                 entry["payload"], entry["in_tree"], entry["out_tree"])
+        except FileNotFoundError:  # pruned by another run since is_file(): a plain miss
+            return None
         except Exception as error:  # any damage is a miss; nothing of it is used
             self._warn_once("read", f"the stored executable {str(path)!r} cannot be read back "
                                     f"({type(error).__name__}: {error}); compiling it again")
