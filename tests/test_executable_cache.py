@@ -26,14 +26,14 @@ from tests.shared_runs import TINY
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 
 
-def _run(seed: int = 1):
+def _run(seed: int = 1, dropout: float = 0.1):
     """``(nmt, graphdef, state, record)`` of the tiny Bahdanau run before its first step; the
     record is the run's configuration as its checkpoints (and the executable cache) get it."""
     spec = MODELS["bahdanau"]
     sizes = {name: value for name, value in TINY.items()
              if name not in ("epochs", "progress", "log")}
     model_settings, train_settings, _ = spec.split_settings({**sizes, "seed": seed})
-    model_config = spec.model_config(**model_settings, dropout=0.1)
+    model_config = spec.model_config(**model_settings, dropout=dropout)
     train_config = spec.train_config(**train_settings)
     nmt, model_config, model, optimizer = seq2seq.setup(spec, model_config, train_config)
     record = {"model": spec.name, **model_config.record(), "training": train_config.record(),
@@ -310,3 +310,22 @@ def test_a_write_cut_short_leaves_no_entry(tmp_path, fresh_memory, monkeypatch, 
     executable_cache._LOADED.clear()
     assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, scale=2))  # written this time
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_the_graph_definition_shows_in_the_key(tmp_path):
+    """A described argument (the NNX graph definition) enters the key as its ``repr`` less
+    memory addresses: another module attribute (a dropout rate the description left out) is
+    another key, the same model is the same key."""
+    cache = ExecutableCache(tmp_path)
+    keys, shown = [], []
+    for dropout in (0.1, 0.3, 0.1):
+        nmt, graphdef, state, _ = _run(dropout=dropout)
+        assert " at 0x" in repr(graphdef)  # the optimizer's functions
+        stored = StoredJit(loop.train_steps, cache, {"partial": True}, described=(0,))
+        args = _arguments(nmt, graphdef, state)
+        description = stored._description_of(args, *stored._signature(args)[1:])
+        shown += description["shown"]
+        keys.append(cache.key(description))
+    assert all(" at 0x" not in text for text in shown)
+    assert "('dropout', Static(value=0.3))" in shown[1]
+    assert keys[0] != keys[1] and keys[0] == keys[2]

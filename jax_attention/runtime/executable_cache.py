@@ -7,9 +7,10 @@ it first: most of a warm run's compilation (docs/compilation-cache.md). This cac
 executable (:mod:`jax.experimental.serialize_executable`) by everything that decides the program
 *before* it is traced:
 
-- ``what``: the caller's description of the program — for the training step the run's
-  configuration (:func:`jax_attention.train.loop.step_program`), which already has to name
-  everything that shapes a run, since a training checkpoint is resumed only under the same one;
+- ``description``: the caller's description of the program — for the training step the run's
+  configuration (:func:`jax_attention.models.configs.step_program`), which already has to name
+  everything that shapes a run, since a training checkpoint is resumed only under the same one —
+  and the NNX graph definition's ``repr`` (its modules' static attributes);
 - the source of this package (a SHA-256 over every ``.py`` file of ``jax_attention/``) and what
   its imported modules hold now (:func:`live_digest`: a function or setting replaced at run
   time is a miss too), Python's version and the versions of jax, jaxlib, flax, optax and the
@@ -17,8 +18,8 @@ executable (:mod:`jax.experimental.serialize_executable`) by everything that dec
 - the backend (platform, its version, the devices' kinds and count) and the CPU (its model and
   flags: code compiled for one instruction set must not run on another);
 - the compile options, ``XLA_FLAGS`` and every ``jax.config`` setting;
-- the arguments: their tree structure, shapes, dtypes, weak types and shardings, and the static
-  ones that ``what`` does not describe (``repr``).
+- the arguments: their tree structure, shapes, dtypes, weak types and shardings, and the other
+  static ones (``repr``).
 
 Any change is a miss: the program is traced, lowered and compiled as usual (JAX's own cache may
 still serve XLA's part), and written. A loaded executable is the one XLA produced, so results are
@@ -41,6 +42,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -67,6 +69,7 @@ LOAD_EVENT = "/jax_attention/executable_cache/load_duration"
 HIT_EVENT = "/jax_attention/executable_cache/hits"
 
 _SUFFIX = ".executable"
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -306,7 +309,10 @@ class StoredJit:
       description: what decides the program beyond the arguments' types (JSON-ready), standing
         in for the static arguments of ``described`` in the key.
       described: the static arguments whose ``repr`` is not stable across processes (an NNX
-        graph definition), which ``description`` describes instead.
+        graph definition, which shows its optimizer's functions by address), which
+        ``description`` describes: they enter the key as ``description`` and as their ``repr``
+        less memory addresses. ``description`` must name what that ``repr`` does not show (an
+        optimizer's learning rate, a value its functions close over).
     """
 
     def __init__(self, jitted, cache: ExecutableCache, description: dict, *,
@@ -332,6 +338,10 @@ class StoredJit:
                 "described": self._description, "options": options,
                 "static": [_static_text(arg) for i, arg in enumerate(args)
                            if i in self._static and i not in self._described],
+                # What the described arguments show of themselves, less memory addresses (an
+                # NNX graph definition's static attributes: a dropout rate, a head count).
+                "shown": [_ADDRESS.sub("", repr(arg)) for i, arg in enumerate(args)
+                          if i in self._described],
                 "tree": str(tree), "types": [[repr(aval), _sharding_text(sharding)]
                                              for aval, sharding in types]}
 

@@ -723,8 +723,8 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
     call; with ``checkpoint_every = N`` a call also ends at every multiple of ``N`` steps, where
     a checkpoint is saved (scanning an epoch in pieces is bit-identical on CPU). The model and
     optimizer get the trained state back at the end, in a ``finally`` block. ``config``: the
-    run's record (checkpoints); with the executable cache on
-    (:func:`~jax_attention.runtime.compilation.executables`) it keys the compiled step there.
+    run's record, naming all the model and optimizer are built from: it keys the checkpoints
+    and, with :func:`~jax_attention.runtime.compilation.executables` on, the compiled step.
 
     ``long_run`` (:class:`~jax_attention.models.configs.LongRunConfig`): with a ``checkpoint_dir``, a
     training checkpoint is written every ``checkpoint_every`` steps (``None``: every epoch), at
