@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -188,8 +189,20 @@ def _stored_tiny(cache):
                      cache, {"test": "tiny"})
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memory, damage):
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "undeletable"])
+def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memory, damage,
+                                                           monkeypatch):
+    """A damaged entry is removed (one that cannot be removed is replaced by the next write),
+    with one warning; the program compiles, and is loaded the next time."""
+    if damage == "undeletable":
+        real_unlink = Path.unlink
+
+        def refuse(path, *args, **kwargs):
+            if path.suffix == ".executable":
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real_unlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "unlink", refuse)
     cache = ExecutableCache(tmp_path)
     x = jnp.linspace(0.0, 1.0, 5)
     want = float(_tiny(x, scale=3))
@@ -197,7 +210,7 @@ def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memor
     (entry,) = tmp_path.iterdir()
     data = entry.read_bytes()
     entry.write_bytes({"truncated": data[:len(data) // 2], "garbage": b"\x80\x04not a pickle",
-                       "empty": b""}[damage])
+                       "empty": b"", "undeletable": data[:10]}[damage])
     executable_cache._LOADED.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -36,6 +36,7 @@ the run goes on. The cache is off unless a command turns it on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -237,7 +238,8 @@ class ExecutableCache:
         except Exception as error:  # any damage is a miss; nothing of it is used
             self._warn_once("read", f"the stored executable {str(path)!r} cannot be read back "
                                     f"({type(error).__name__}: {error}); compiling it again")
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # one that stays is replaced by the next write
+                path.unlink(missing_ok=True)
             return None
         jax.monitoring.record_event_time_span(LOAD_EVENT, start, time.time())
         jax.monitoring.record_event(HIT_EVENT)
