@@ -86,6 +86,16 @@ def test_cache_settings(monkeypatch, tmp_path, restore_cache_config):
     assert enable_compilation_cache() == compilation.default_cache_dir()
 
 
+def test_the_executables_follow_the_cache(tmp_path, monkeypatch, restore_cache_config):
+    """:func:`compilation.executables`: ``executables/`` in the compilation cache's directory
+    once :func:`enable_compilation_cache` turned it on; off with the cache."""
+    monkeypatch.setattr(compilation, "_executables", compilation._executables)  # put back after
+    chosen = enable_compilation_cache(directory=tmp_path / "chosen")
+    assert compilation.executables().directory == chosen / compilation.EXECUTABLES
+    assert enable_compilation_cache(False) is None
+    assert compilation.executables() is None
+
+
 def test_an_unwritable_cache_is_one_warning_and_no_cache(tmp_path, restore_cache_config):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

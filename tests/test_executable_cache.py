@@ -146,18 +146,22 @@ def test_the_seed_and_the_epochs_do_not_change_the_step():
         "seed", "epochs"}
 
 
-def _tiny(x, *, scale: int):
+def _tiny(x, scale):
     return jnp.sum(jnp.sin(x) * scale)
 
 
-def _tiny_call(x, scale):
-    return _tiny(x, scale=scale)
+def _stored_tiny(cache, description=None):
+    return StoredJit(compilation.BackendJit(_tiny, static_argnums=(1,), cpu_options={}),
+                     cache, {"test": "tiny"} if description is None else description)
+
+
+def _description(stored, args) -> dict:
+    """What ``stored`` keys the program of ``args`` by, beside the environment."""
+    return stored._description_of(args, *stored._signature(*stored._split(args))[1:])
 
 
 def _keyed(cache, description, *args):
-    stored = StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
-                       cache, description)
-    return cache.key(stored._description_of(args, *stored._signature(args)[1:]))
+    return cache.key(_description(_stored_tiny(cache, description), args))
 
 
 def test_the_key_changes_with_what_decides_the_program(tmp_path, monkeypatch):
@@ -184,11 +188,6 @@ def test_the_key_changes_with_what_decides_the_program(tmp_path, monkeypatch):
     assert _keyed(cache, {"a": 1}, x, 2) == base
 
 
-def _stored_tiny(cache):
-    return StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
-                     cache, {"test": "tiny"})
-
-
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "undeletable"])
 def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memory, damage,
                                                            monkeypatch):
@@ -205,7 +204,7 @@ def test_a_damaged_entry_is_one_warning_and_compiles_again(tmp_path, fresh_memor
         monkeypatch.setattr(Path, "unlink", refuse)
     cache = ExecutableCache(tmp_path)
     x = jnp.linspace(0.0, 1.0, 5)
-    want = float(_tiny(x, scale=3))
+    want = float(_tiny(x, 3))
     assert float(_stored_tiny(cache)(x, 3)) == want
     (entry,) = tmp_path.iterdir()
     data = entry.read_bytes()
@@ -231,13 +230,12 @@ def test_an_entry_of_another_key_is_not_used(tmp_path, fresh_memory):
     x = jnp.ones(3)
     _stored_tiny(cache)(x, 2)
     (entry,) = tmp_path.iterdir()
-    other = StoredJit(compilation.BackendJit(_tiny_call, static_argnums=(1,), cpu_options={}),
-                      cache, {"test": "tiny"})
-    key = cache.key(other._description_of((x, 5), *other._signature((x, 5))[1:]))
+    other = _stored_tiny(cache)
+    key = cache.key(_description(other, (x, 5)))
     entry.rename(tmp_path / f"{key}.executable")
     executable_cache._LOADED.clear()
     with pytest.warns(RuntimeWarning, match="not an entry of this format"):
-        assert float(other(x, 5)) == float(_tiny(x, scale=5))
+        assert float(other(x, 5)) == float(_tiny(x, 5))
 
 
 def test_an_unwritable_directory_is_one_warning_and_the_call_goes_on(tmp_path, fresh_memory):
@@ -247,8 +245,8 @@ def test_an_unwritable_directory_is_one_warning_and_the_call_goes_on(tmp_path, f
     x = jnp.ones(4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert float(_stored_tiny(cache)(x, 7)) == float(_tiny(x, scale=7))
-        assert float(_stored_tiny(cache)(x, 8)) == float(_tiny(x, scale=8))
+        assert float(_stored_tiny(cache)(x, 7)) == float(_tiny(x, 7))
+        assert float(_stored_tiny(cache)(x, 8)) == float(_tiny(x, 8))
     assert len(caught) == 1 and "cannot be kept in" in str(caught[0].message)
     assert blocker.read_text() == "not a directory"
 
@@ -269,22 +267,6 @@ def test_the_newest_entries_are_kept(tmp_path, fresh_memory, monkeypatch):
     assert not any(path.name.startswith(".writing-") for path in tmp_path.iterdir())
 
 
-def test_the_commands_cache_turns_it_on_and_off(tmp_path, monkeypatch):
-    """:func:`compilation.executables`: ``executables/`` in the compilation cache's directory
-    once :func:`compilation.enable_compilation_cache` turned it on; off with the cache."""
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {name: getattr(jax.config, name) for name in names}
-    monkeypatch.setattr(compilation, "_executables", compilation._executables)  # put back after
-    try:
-        chosen = compilation.enable_compilation_cache(directory=tmp_path / "chosen")
-        assert compilation.executables().directory == chosen / compilation.EXECUTABLES
-        assert compilation.enable_compilation_cache(False) is None
-        assert compilation.executables() is None
-    finally:
-        for name, value in before.items():
-            jax.config.update(name, value)
-
-
 def test_a_call_of_other_types_gets_its_own_program(tmp_path, fresh_memory):
     """The same static arguments with other traced types (the last program refuses them before
     running) get a program of their own; a Python scalar's weak type is a type too."""
@@ -292,7 +274,7 @@ def test_a_call_of_other_types_gets_its_own_program(tmp_path, fresh_memory):
     stored = _stored_tiny(cache)
     for x in (jnp.ones(3), jnp.ones(4), jnp.ones(3, jnp.bfloat16), jnp.ones(4), 1.5,
               jnp.ones(3)):
-        assert float(stored(x, 2)) == pytest.approx(float(_tiny(jnp.asarray(x), scale=2)),
+        assert float(stored(x, 2)) == pytest.approx(float(_tiny(jnp.asarray(x), 2)),
                                                       rel=1e-2)
     assert len(list(tmp_path.iterdir())) == 4
 
@@ -317,11 +299,11 @@ def test_a_write_cut_short_leaves_no_entry(tmp_path, fresh_memory, monkeypatch, 
             _stored_tiny(cache)(x, 2)
     else:
         with pytest.warns(RuntimeWarning, match="cannot be kept in .*No space left on device"):
-            assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, scale=2))
+            assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, 2))
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(executable_cache.pickle, "dump", real_dump)
     executable_cache._LOADED.clear()
-    assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, scale=2))  # written this time
+    assert float(_stored_tiny(cache)(x, 2)) == float(_tiny(x, 2))  # written this time
     assert len(list(tmp_path.iterdir())) == 1
 
 
@@ -336,7 +318,7 @@ def test_the_graph_definition_shows_in_the_key(tmp_path):
         assert " at 0x" in repr(graphdef)  # the optimizer's functions
         stored = StoredJit(loop.train_steps, cache, {"partial": True}, described=(0,))
         args = _arguments(nmt, graphdef, state)
-        description = stored._description_of(args, *stored._signature(args)[1:])
+        description = _description(stored, args)
         shown += description["shown"]
         keys.append(cache.key(description))
     assert all(" at 0x" not in text for text in shown)

@@ -97,7 +97,7 @@ def _live_entry(owner: str, name: str, value):
     if isinstance(value, _SIMPLE):
         # A set's order changes with the string hash seed: its sorted items.
         text = repr(sorted(map(repr, value))) if isinstance(value, frozenset) else repr(value)
-        return None if " at 0x" in text else (owner, name, text)
+        return None if _ADDRESS.search(text) else (owner, name, text)
     return None
 
 
@@ -196,6 +196,9 @@ class ExecutableCache:
             self._warned.add(kind)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}{_SUFFIX}"
+
     def key(self, description: dict) -> str:
         """The entry's name for ``description`` (a JSON-ready dict), with the environment's
         parts added (see the module docstring)."""
@@ -219,7 +222,7 @@ class ExecutableCache:
         back: removed, with one warning)."""
         from jax.experimental import serialize_executable
 
-        path = self.directory / f"{key}{_SUFFIX}"
+        path = self._path(key)
         if not path.is_file():
             return None
         import jax
@@ -243,10 +246,8 @@ class ExecutableCache:
             return None
         jax.monitoring.record_event_time_span(LOAD_EVENT, start, time.time())
         jax.monitoring.record_event(HIT_EVENT)
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # last use, for pruning
-        except OSError:
-            pass
         return compiled
 
     def store(self, key: str, compiled) -> Path | None:
@@ -264,7 +265,7 @@ class ExecutableCache:
                 pickle.dump({"format": FORMAT, "key": key, "payload": payload,
                              "in_tree": in_tree, "out_tree": out_tree}, file,
                             protocol=pickle.HIGHEST_PROTOCOL)
-            path = self.directory / f"{key}{_SUFFIX}"
+            path = self._path(key)
             os.replace(temporary, path)
             temporary = None
         except OSError as error:
@@ -285,13 +286,11 @@ class ExecutableCache:
 
     def _prune(self) -> None:
         """Keep the newest :data:`MAX_ENTRIES` entries (by last use)."""
-        try:
+        with contextlib.suppress(OSError):  # another run pruning too: the next write tries again
             entries = sorted(self.directory.glob(f"*{_SUFFIX}"),
                              key=lambda path: path.stat().st_mtime, reverse=True)
             for path in entries[MAX_ENTRIES:]:
                 path.unlink(missing_ok=True)
-        except OSError:
-            pass  # another run pruning at the same time; the next write tries again
 
 
 class StoredJit:
@@ -325,13 +324,16 @@ class StoredJit:
         self._programs: dict = {}
         self._last: tuple | None = None  # (the static arguments, their program) of the last call
 
-    def _signature(self, args) -> tuple:
+    def _split(self, args) -> tuple[list, list]:
+        """``(the static arguments, the traced ones)``, each in order."""
+        return ([arg for i, arg in enumerate(args) if i in self._static],
+                [arg for i, arg in enumerate(args) if i not in self._static])
+
+    def _signature(self, statics: list, traced: list) -> tuple:
         import jax
 
-        traced = [arg for i, arg in enumerate(args) if i not in self._static]
         leaves, tree = jax.tree.flatten(traced)
-        return (tuple(arg for i, arg in enumerate(args) if i in self._static), tree,
-                tuple(_leaf_type(leaf) for leaf in leaves))
+        return tuple(statics), tree, tuple(_leaf_type(leaf) for leaf in leaves)
 
     def _description_of(self, args, tree, types) -> dict:
         options = getattr(self._jitted, "options", lambda: {})()
@@ -348,8 +350,7 @@ class StoredJit:
                                              for aval, sharding in types]}
 
     def __call__(self, *args):
-        statics = [arg for i, arg in enumerate(args) if i in self._static]
-        traced = [arg for i, arg in enumerate(args) if i not in self._static]
+        statics, traced = self._split(args)
         last = self._last
         if last is not None and len(last[0]) == len(statics) and all(
                 a is b or a == b for a, b in zip(last[0], statics)):
@@ -357,14 +358,14 @@ class StoredJit:
                 return last[1](*traced)
             except (TypeError, ValueError):  # other types: raised before anything ran
                 pass
-        compiled = self._compiled(args)
+        compiled = self._compiled(args, statics, traced)
         self._last = (statics, compiled)
         return compiled(*traced)
 
-    def _compiled(self, args):
+    def _compiled(self, args, statics: list, traced: list):
         """The program of ``args``' signature: from this object, the process, the directory, or
         compiled (and written)."""
-        signature = self._signature(args)
+        signature = self._signature(statics, traced)
         compiled = self._programs.get(signature)
         if compiled is None:
             key = self._cache.key(self._description_of(args, *signature[1:]))
