@@ -49,11 +49,8 @@ import threading
 import warnings
 from pathlib import Path
 
-from jax_attention.runtime import executable_cache
-
 __all__ = ["ENVIRONMENT_VARIABLE", "MIN_COMPILE_TIME_S", "CPU_COMPILER_OPTIONS",
-           "EXECUTABLES", "default_cache_dir", "cache_disabled", "enable_compilation_cache",
-           "executables", "CompileTimer",
+           "default_cache_dir", "cache_disabled", "enable_compilation_cache", "CompileTimer",
            "xla_knows", "BackendJit"]
 
 #: Set to ``0`` (or ``off``, ``false``, ``no``) to keep the commands from using the cache.
@@ -65,12 +62,6 @@ ENVIRONMENT_VARIABLE = "JAX_ATTENTION_COMPILATION_CACHE"
 MIN_COMPILE_TIME_S = 0.2
 
 _OFF = {"0", "off", "false", "no"}
-
-#: The subdirectory of the compilation cache that keeps whole executables
-#: (:mod:`jax_attention.runtime.executable_cache`).
-EXECUTABLES = "executables"
-
-_executables: executable_cache.ExecutableCache | None = None
 
 #: XLA:CPU's fast-compile preset and its LLVM backend at ``-O1`` (``-O3`` by default): the book
 #: models' training step compiles 0.3–0.5 s sooner cold (medians: the Transformer 3.75 s against
@@ -122,44 +113,28 @@ def enable_compilation_cache(enabled: bool = True, directory: Path | str | None 
     """
     import jax
 
-    global _executables
-    _executables = None
     if not enabled or cache_disabled():
         return None
     configured = jax.config.jax_compilation_cache_dir
     if directory is None and configured:
-        path = Path(configured)  # the user's own choice, with the user's own thresholds
-    else:
-        path = Path(directory) if directory is not None else default_cache_dir()
-        reason = _writable(path)
-        if reason is not None:
-            warnings.warn(f"the compilation cache {str(path)!r} cannot be written ({reason}); "
-                          "compiling without it", RuntimeWarning, stacklevel=2)
-            return None
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
-    _executables = executable_cache.ExecutableCache(path / EXECUTABLES)
+        return Path(configured)  # the user's own choice, with the user's own thresholds
+    path = Path(directory) if directory is not None else default_cache_dir()
+    reason = _writable(path)
+    if reason is not None:
+        warnings.warn(f"the compilation cache {str(path)!r} cannot be written ({reason}); "
+                      "compiling without it", RuntimeWarning, stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
     return path
 
 
-def executables() -> executable_cache.ExecutableCache | None:
-    """The cache of whole executables (:mod:`jax_attention.runtime.executable_cache`):
-    ``DIR/executables`` of the compilation cache :func:`enable_compilation_cache` turned on in
-    this process; ``None`` while it is off, and in a multi-process run (each process would
-    write its own part of one program)."""
-    import jax
-
-    return _executables if jax.process_count() == 1 else None
-
-
 #: JAX's monitoring events of one compilation: tracing to a jaxpr, lowering to StableHLO, and
-#: XLA's compilation (or the persistent cache's load, which replaces it; or the executable
-#: cache's load, which replaces all three).
+#: XLA's compilation (or the persistent cache's load, which replaces it).
 _PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
            "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-           "/jax/core/compile/backend_compile_duration": "backend_s",
-           executable_cache.LOAD_EVENT: "backend_s"}
-_CACHE_HITS = frozenset({"/jax/compilation_cache/cache_hits", executable_cache.HIT_EVENT})
+           "/jax/core/compile/backend_compile_duration": "backend_s"}
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileTimer:
@@ -201,7 +176,7 @@ class CompileTimer:
                 self._spans[phase].append((start, end))
 
     def _count(self, event: str, **_) -> None:
-        if event in _CACHE_HITS and self._counts():
+        if event == _CACHE_HIT and self._counts():
             with self._lock:
                 self.cache_hits += 1
 
@@ -300,12 +275,6 @@ class BackendJit:
         flags = os.environ.get("XLA_FLAGS", "")
         return {name: value for name, value in self.cpu_options.items()
                 if f"--{name}=" not in flags and xla_knows(name, value)}
-
-    @property
-    def static_argnums(self) -> tuple[int, ...]:
-        """The ``static_argnums`` given to ``jax.jit``."""
-        static = self._jit_kwargs.get("static_argnums", ())
-        return (static,) if isinstance(static, int) else tuple(static)
 
     def __call__(self, *args, **kwargs):
         return self.jitted()(*args, **kwargs)
