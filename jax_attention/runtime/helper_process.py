@@ -26,6 +26,7 @@ worker's current task (a file is written whole or not at all) and cancels the re
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import importlib
 import multiprocessing
 import signal
@@ -54,6 +55,9 @@ def _initialize(preload: tuple[str, ...]) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for name in preload:
         importlib.import_module(name)
+    # Imported for the worker's life: its collections (and its exit's final one, which
+    # :meth:`HelperProcess.close` waits for) then walk only what its tasks make.
+    gc.freeze()
 
 
 def _ready() -> bool:
