@@ -86,6 +86,16 @@ def test_cache_settings(monkeypatch, tmp_path, restore_cache_config):
     assert enable_compilation_cache() == compilation.default_cache_dir()
 
 
+def test_the_stored_programs_follow_the_cache(tmp_path, monkeypatch, restore_cache_config):
+    """:func:`compilation.stored_programs`: ``programs/`` in the compilation cache's directory
+    once :func:`enable_compilation_cache` turned it on; off with the cache."""
+    monkeypatch.setattr(compilation, "_programs", compilation._programs)  # put back after
+    chosen = enable_compilation_cache(directory=tmp_path / "chosen")
+    assert compilation.stored_programs().directory == chosen / compilation.PROGRAMS
+    assert enable_compilation_cache(False) is None
+    assert compilation.stored_programs() is None
+
+
 def test_an_unwritable_cache_is_one_warning_and_no_cache(tmp_path, restore_cache_config):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -117,12 +127,17 @@ def test_a_second_run_loads_its_programs_from_the_cache(tmp_path, data_path):
     off, off_out = _train(tmp_path, data_path, "off", "--no-compilation-cache")
     assert off["compilation_cache"] is None and not cache.exists()
     assert "no compilation cache" in off_out
-    first, _ = _train(tmp_path, data_path, "first")
+    first, first_out = _train(tmp_path, data_path, "first")
     assert first["compilation_cache"] == str(cache) and any(cache.iterdir())
     assert first["timing"]["compile_cache_hits"] == 0
+    assert "compiled the training step in" in first_out
+    # The training step is kept whole too (runtime/program_cache.py): one entry.
+    (stored,) = (cache / compilation.PROGRAMS).iterdir()
     second, second_out = _train(tmp_path, data_path, "second")
     assert second["timing"]["compile_cache_hits"] > 0
     assert "loaded from the compilation cache" in second_out
+    assert "loaded the training step from the compilation cache in" in second_out
+    assert list((cache / compilation.PROGRAMS).iterdir()) == [stored]
     # A loaded program is the compiled one: the same losses, bit for bit.
     assert second["losses"] == first["losses"] == off["losses"]
     # translate takes the flag too.

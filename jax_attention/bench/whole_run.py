@@ -55,8 +55,8 @@ OURS_PEER = ("jax-attention train MODEL as a user runs it (python -m jax_attenti
 _CACHE_NOTES = {
     "cold": "compilation cache off (JAX_ATTENTION_COMPILATION_CACHE=0): every program compiled "
             "afresh, a first run",
-    "warm": "a temporary compilation cache, filled by one untimed run of the same command "
-            "first: a second run",
+    "warm": "a temporary compilation cache (with its programs/, the training step kept "
+            "traced), filled by one untimed run of the same command first: a second run",
 }
 _CACHE_VARIABLES = ("JAX_ATTENTION_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR",
                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")

@@ -29,7 +29,7 @@ from pathlib import Path
 from jax_attention import _checks
 
 __all__ = ["BahdanauConfig", "TransformerConfig", "TrainConfig", "LongRunConfig", "DeviceConfig",
-           "ModelConfig", "DEFAULT_KEEP", "MAX_SEED"]
+           "ModelConfig", "DEFAULT_KEEP", "MAX_SEED", "step_program"]
 
 #: The largest seed: JAX's keys take a signed 64-bit seed.
 MAX_SEED = 2**63 - 1
@@ -220,6 +220,17 @@ class TrainConfig(_Validated):
         """What checkpoints and exports store: the fields and the fixed parts of the recipe."""
         return {**super().record(), "optimizer": "adam",
                 "loss": "d2l MaskedSoftmaxCELoss, summed over the batch"}
+
+
+def step_program(run: dict) -> dict:
+    """What decides a run's compiled training step beside its arguments' types: the run's record
+    (model settings, ``"training"``: :meth:`TrainConfig.record`, the data's fingerprint) less the
+    seed and the epochs, which change the state and the number of calls, not the program
+    (tests/test_program_cache.py lowers the step both ways). The key of the step in the
+    program cache (:mod:`jax_attention.runtime.program_cache`)."""
+    training = {name: value for name, value in run.get("training", {}).items()
+                if name not in ("seed", "epochs")}
+    return {**run, "training": training}
 
 
 @dataclass(frozen=True)

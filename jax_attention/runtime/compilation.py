@@ -49,8 +49,11 @@ import threading
 import warnings
 from pathlib import Path
 
+from jax_attention.runtime import program_cache
+
 __all__ = ["ENVIRONMENT_VARIABLE", "MIN_COMPILE_TIME_S", "CPU_COMPILER_OPTIONS",
-           "default_cache_dir", "cache_disabled", "enable_compilation_cache", "CompileTimer",
+           "PROGRAMS", "default_cache_dir", "cache_disabled", "enable_compilation_cache",
+           "stored_programs", "CompileTimer",
            "xla_knows", "BackendJit"]
 
 #: Set to ``0`` (or ``off``, ``false``, ``no``) to keep the commands from using the cache.
@@ -62,6 +65,12 @@ ENVIRONMENT_VARIABLE = "JAX_ATTENTION_COMPILATION_CACHE"
 MIN_COMPILE_TIME_S = 0.2
 
 _OFF = {"0", "off", "false", "no"}
+
+#: The subdirectory of the compilation cache that keeps the traced training steps
+#: (:mod:`jax_attention.runtime.program_cache`).
+PROGRAMS = "programs"
+
+_programs: program_cache.ProgramCache | None = None
 
 #: XLA:CPU's fast-compile preset and its LLVM backend at ``-O1`` (``-O3`` by default): the book
 #: models' training step compiles 0.3–0.5 s sooner cold (medians: the Transformer 3.75 s against
@@ -113,20 +122,34 @@ def enable_compilation_cache(enabled: bool = True, directory: Path | str | None 
     """
     import jax
 
+    global _programs
+    _programs = None
     if not enabled or cache_disabled():
         return None
     configured = jax.config.jax_compilation_cache_dir
     if directory is None and configured:
-        return Path(configured)  # the user's own choice, with the user's own thresholds
-    path = Path(directory) if directory is not None else default_cache_dir()
-    reason = _writable(path)
-    if reason is not None:
-        warnings.warn(f"the compilation cache {str(path)!r} cannot be written ({reason}); "
-                      "compiling without it", RuntimeWarning, stacklevel=2)
-        return None
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
+        path = Path(configured)  # the user's own choice, with the user's own thresholds
+    else:
+        path = Path(directory) if directory is not None else default_cache_dir()
+        reason = _writable(path)
+        if reason is not None:
+            warnings.warn(f"the compilation cache {str(path)!r} cannot be written ({reason}); "
+                          "compiling without it", RuntimeWarning, stacklevel=2)
+            return None
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
+    _programs = program_cache.ProgramCache(path / PROGRAMS)
     return path
+
+
+def stored_programs() -> program_cache.ProgramCache | None:
+    """The cache of traced programs (:mod:`jax_attention.runtime.program_cache`):
+    ``DIR/programs`` of the compilation cache :func:`enable_compilation_cache` turned on in
+    this process; ``None`` while it is off, and in a multi-process run (each process would
+    write its own part of one program)."""
+    import jax
+
+    return _programs if jax.process_count() == 1 else None
 
 
 #: JAX's monitoring events of one compilation: tracing to a jaxpr, lowering to StableHLO, and
@@ -275,6 +298,20 @@ class BackendJit:
         flags = os.environ.get("XLA_FLAGS", "")
         return {name: value for name, value in self.cpu_options.items()
                 if f"--{name}=" not in flags and xla_knows(name, value)}
+
+    @property
+    def static_argnums(self) -> tuple[int, ...]:
+        """The ``static_argnums`` given to ``jax.jit``."""
+        return self._argnums("static_argnums")
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        """The ``donate_argnums`` given to ``jax.jit``."""
+        return self._argnums("donate_argnums")
+
+    def _argnums(self, name: str) -> tuple[int, ...]:
+        numbers = self._jit_kwargs.get(name, ())
+        return (numbers,) if isinstance(numbers, int) else tuple(numbers)
 
     def __call__(self, *args, **kwargs):
         return self.jitted()(*args, **kwargs)

@@ -2,16 +2,14 @@
 
 - the step: :func:`loss_and_grads`, :func:`pure_step` (a pure function of the split
   ``(model, optimizer)`` state), :func:`guarded_step` (refuses a non-finite update on the device),
-  :func:`train_steps` (several steps in one compiled ``lax.scan``) and :func:`train_step` (one
-  step in place);
+  :func:`train_steps` (steps in one compiled ``lax.scan``), :func:`train_step` (one, in place);
 - the data of an epoch: :func:`pad_batch`, :func:`padded_lengths` (cutting the padding the
   book trains on), :func:`epoch_batches`;
 - run control: :class:`Schedule` (where a step is, where a compiled call ends, when a training
   checkpoint is due), :class:`Progress` (the bookkeeping a resumed run needs),
-  :func:`sigint_requests`, :func:`training_mesh`, the bar and log lines
-  (:class:`~jax_attention.train.progress.ProgressLog`),
-  :func:`nonfinite_error`, :func:`open_checkpoints` (start or resume a run's training
-  checkpoints);
+  :func:`sigint_requests`, :func:`training_mesh`, :func:`nonfinite_error`,
+  :func:`open_checkpoints` (start or resume training checkpoints), the bar and log lines
+  (:class:`~jax_attention.train.progress.ProgressLog`);
 - :func:`train_epochs`: the whole loop, for any registered seq2seq model.
 
 The loop is the book's ``train_seq2seq`` (d2l §9.7): teacher forcing, the per-sequence masked
@@ -38,10 +36,10 @@ import optax
 from flax import nnx
 from jax import lax
 
-from jax_attention.runtime import distributed, interrupts
+from jax_attention.runtime import compilation, distributed, program_cache, interrupts
 from jax_attention.runtime.compilation import CPU_COMPILER_OPTIONS, BackendJit, CompileTimer
 from jax_attention.train.progress import ProgressLog, report_compiled, time_left
-from jax_attention.models.configs import LongRunConfig
+from jax_attention.models.configs import LongRunConfig, step_program
 from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
 
 __all__ = ["NonFiniteLossError", "TrainingInterrupted", "clipped_adam", "loss_and_grads",
@@ -117,9 +115,8 @@ def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len, *,
 
 def _apply_gradients(model, optimizer: nnx.Optimizer, grads) -> None:
     """``optimizer.update(model, grads)`` (clipping, then Adam), in place."""
-    # optax's Adam computes its bias correction as `decay ** count`, a Python float to the power
-    # of an int32 count, which strict dtype promotion (the tests' setting) rejects; our own code
-    # above stays strict.
+    # optax's Adam takes `decay ** count` (a Python float to the power of an int32 count), which
+    # strict dtype promotion (the tests' setting) rejects; our own code above stays strict.
     with jax.numpy_dtype_promotion("standard"):
         optimizer.update(model, grads)
 
@@ -675,15 +672,14 @@ class _EpochData:
         return distributed.shard_batches(chunk, self._mesh), self._tokens[batch:end]
 
 
-def _compiled_call(graphdef, state, chunk, bos_id: int, skip_nonfinite: bool, shardings,
+def _compiled_call(steps, graphdef, state, chunk, bos_id: int, skip_nonfinite: bool, shardings,
                    num_steps: int | None, *, first: bool):
-    """One compiled call of :func:`train_steps` on ``chunk``, its losses brought to the host
-    (the call's one device sync): ``(state, losses (steps,), timer)``, the timer a CompileTimer
-    for the run's ``first`` call, which compiles, else None (a timer costs ~0.6 ms a call)."""
+    """One call of ``steps`` (:func:`train_steps`, or its :class:`StoredJit`) on ``chunk``, its
+    losses brought to the host (the call's one device sync): ``(state, losses (steps,), timer)``,
+    the timer a CompileTimer for the ``first`` call, else None (a timer costs ~0.6 ms a call)."""
     interrupts.phase("compile" if first else "steps")
     with CompileTimer(this_thread=True) if first else contextlib.nullcontext() as compiling:
-        state, losses = train_steps(graphdef, state, chunk, bos_id, skip_nonfinite, shardings,
-                                    num_steps)
+        state, losses = steps(graphdef, state, chunk, bos_id, skip_nonfinite, shardings, num_steps)
         losses = distributed.to_host(losses)  # the call's one device sync
     return state, losses, compiling
 
@@ -722,12 +718,13 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
 
     The model and optimizer are split once; the steps run in compiled calls of
     :func:`train_steps` over stacked batches, one device sync (their losses) per call: the steps
-    of :func:`train_step` batch after batch — same batches, order, dropout keys and updates —
-    without a Python dispatch, an NNX split/merge and a host round trip per step. Without
-    training checkpoints each epoch is one call; with ``checkpoint_every = N`` a call also ends
-    at every multiple of ``N`` steps, where a checkpoint is saved — which changes no result:
-    scanning an epoch in pieces is bit-identical on CPU. The model and optimizer get the trained
-    state back at the end, in a ``finally`` block.
+    of :func:`train_step` batch after batch (same batches, order, dropout keys and updates)
+    without a dispatch, an NNX split/merge and a host round trip per step. Each epoch is one
+    call; with ``checkpoint_every = N`` a call also ends at every multiple of ``N`` steps, where
+    a checkpoint is saved (scanning an epoch in pieces is bit-identical on CPU). The model and
+    optimizer get the trained state back at the end, in a ``finally`` block. ``config``: the
+    run's record, naming all the model and optimizer are built from: it keys the checkpoints
+    and, with :func:`~jax_attention.runtime.compilation.stored_programs` on, the traced step.
 
     ``long_run`` (:class:`~jax_attention.models.configs.LongRunConfig`): with a ``checkpoint_dir``, a
     training checkpoint is written every ``checkpoint_every`` steps (``None``: every epoch), at
@@ -748,6 +745,9 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
     bos_id = nmt.tgt_vocab["<bos>"]
     schedule = Schedule(epochs, nmt.num_batches, long_run.checkpoint_every)
     graphdef, state = nnx.split((model, optimizer))
+    cache = compilation.stored_programs() if config and mesh.size == 1 else None  # one device
+    steps = train_steps if cache is None else program_cache.StoredJit(
+        train_steps, cache, step_program(config), described=(0,))  # the config names the graph
     checkpoints = None
     try:
         checkpoints, state, done, resumed_from, lines = open_checkpoints(
@@ -774,7 +774,7 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
                 batch, end = done.step % schedule.steps_per_epoch, schedule.call_end(done.step)
                 chunk, tokens = data.call(done.step, end)
                 state, losses, compiling = _compiled_call(
-                    graphdef, state, chunk, bos_id, long_run.skip_nonfinite, shardings,
+                    steps, graphdef, state, chunk, bos_id, long_run.skip_nonfinite, shardings,
                     num_steps, first=clock is None)
                 done.epoch_seconds += time.perf_counter() - start
                 if clock is None:
