@@ -103,7 +103,7 @@ class _Events:
 
 @pytest.fixture
 def fresh_memory(monkeypatch):
-    """No executable of this process's memory: every load reads the directory."""
+    """No compiled program of this process's memory: every load reads the directory."""
     monkeypatch.setattr(program_cache, "_LOADED", {})
 
 
@@ -141,6 +141,12 @@ def test_a_stored_step_loads_without_tracing_and_trains_the_same(tmp_path, fresh
     with _Events(cache) as third:
         stored(graphdef, state_2, *args[2:])
     assert third.traces == 0 and third.hits == 0
+    # Another one of this process, the same key: the compiled program from memory, not traced,
+    # not read back, not compiled again.
+    with _Events(cache) as fourth:
+        StoredJit(_fresh_steps(), cache, step_program(record), described=(0,))(
+            graphdef, _copy(state), *args[2:])
+    assert fourth.traced == [] and fourth.hits == 0
 
 
 def test_the_seed_and_the_epochs_do_not_change_the_step():

@@ -161,15 +161,15 @@ def _static_text(arg) -> str:
     return repr(arg)
 
 
-#: Programs loaded or traced in this process, by directory and key (the newest
-#: :data:`MAX_ENTRIES`): a second run in one process (the tests, a notebook) takes its program
-#: from here, as ``jax.jit``'s own cache would give it, instead of reading it back.
-_LOADED: dict[tuple[str, str], "StoredProgram"] = {}
+#: Programs compiled in this process, by directory and key (the newest :data:`MAX_ENTRIES`): a
+#: second run in one process (the tests, a notebook) takes its compiled step from here, as
+#: ``jax.jit``'s own cache would give it, instead of reading and compiling it again.
+_LOADED: dict[tuple[str, str], "_Compiled"] = {}
 
 
-def _remember(directory: Path, key: str, program: StoredProgram) -> None:
+def _remember(directory: Path, key: str, compiled: _Compiled) -> None:
     _LOADED.pop((str(directory), key), None)
-    _LOADED[str(directory), key] = program
+    _LOADED[str(directory), key] = compiled
     while len(_LOADED) > MAX_ENTRIES:
         del _LOADED[next(iter(_LOADED))]
 
@@ -430,23 +430,25 @@ class StoredJit:
         return _Compiled(compiled, in_tree, program.out_tree)
 
     def _compiled(self, args, statics: list, traced: list) -> _Compiled:
-        """The compiled program of ``args``' signature: from this object, or compiled from the
-        process's, the directory's or a new trace (written)."""
+        """The compiled program of ``args``' signature: from this object or the process, else
+        compiled from the directory's program or from a new trace (written)."""
         signature = self._signature(statics, traced)
         compiled = self._programs.get(signature)
         if compiled is not None:
             return compiled
         key = self._cache.key(self._description_of(args, *signature[1:]))
-        program = _LOADED.get((str(self._cache.directory), key)) or self._cache.load(key)
-        if program is not None:
-            try:
-                compiled = self._compile(program, traced)
-            except Exception as error:  # a program that does not fit after all: traced anew
-                program = self._cache.discard(key, error)
-        if program is None:
+        compiled = _LOADED.get((str(self._cache.directory), key))
+        if compiled is None:
+            program = self._cache.load(key)
+            if program is not None:
+                try:
+                    compiled = self._compile(program, traced)
+                except Exception as error:  # a program that does not fit after all: traced anew
+                    self._cache.discard(key, error)
+        if compiled is None:
             program = self._export(statics, traced)
             compiled = self._compile(program, traced)
             self._cache.store(key, program)
-        _remember(self._cache.directory, key, program)
+        _remember(self._cache.directory, key, compiled)
         self._programs[signature] = compiled
         return compiled

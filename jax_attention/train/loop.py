@@ -36,7 +36,7 @@ import optax
 from flax import nnx
 from jax import lax
 
-from jax_attention.runtime import compilation, distributed, program_cache, interrupts
+from jax_attention.runtime import compilation, distributed, interrupts, program_cache
 from jax_attention.runtime.compilation import CPU_COMPILER_OPTIONS, BackendJit, CompileTimer
 from jax_attention.train.progress import ProgressLog, report_compiled, time_left
 from jax_attention.models.configs import LongRunConfig, step_program
