@@ -358,3 +358,26 @@ def test_the_graph_definition_shows_in_the_key(tmp_path):
     assert all(" at 0x" not in text for text in shown)
     assert "('dropout', Static(value=0.3))" in shown[1]
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def _printing(x, scale):
+    jax.debug.callback(lambda value: None, x)  # a host callback: jax.export cannot keep it
+    return jnp.sum(x * scale)
+
+
+def test_a_program_that_cannot_be_exported_is_one_warning_and_compiles_as_usual(tmp_path,
+                                                                                fresh_memory):
+    """A host callback (a ``jax.debug.print`` left in a model) cannot be serialized: one
+    warning, no entry, and the function compiled and called as ``jax.jit`` would."""
+    cache = ProgramCache(tmp_path)
+    stored = StoredJit(compilation.BackendJit(_printing, static_argnums=(1,), cpu_options={}),
+                       cache, {"test": "printing"})
+    x = jnp.arange(4.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert float(stored(x, 2)) == 12.0
+        assert float(stored(x, 3)) == 18.0
+        assert float(stored(x, 2)) == 12.0
+    assert len(caught) == 1 and "cannot be kept (" in str(caught[0].message)
+    assert "compiling it as usual" in str(caught[0].message)
+    assert list(tmp_path.iterdir()) == []

@@ -33,8 +33,10 @@ killed halfway leaves nothing half-written and two runs writing the same entry l
 the newest :data:`MAX_ENTRIES` (by last use) are kept. An entry that cannot be read back
 (truncated, damaged, another format) is removed with one warning and the program traced and
 written again; an entry that cannot be written (a read-only or full disk) gives one warning and
-the run goes on. The cache is off unless a command turns it on
-(:func:`jax_attention.runtime.compilation.enable_compilation_cache`), and in multi-process runs.
+the run goes on; a program that :mod:`jax.export` cannot take (a host callback, such as a
+``jax.debug.print`` left in a model) gives one warning and is compiled as usual. The cache is off
+unless a command turns it on (:func:`jax_attention.runtime.compilation.enable_compilation_cache`),
+and in multi-process runs; the training loop uses it on one device.
 """
 
 from __future__ import annotations
@@ -266,6 +268,12 @@ class ProgramCache:
             path.unlink(missing_ok=True)
         return None
 
+    def refuse(self, error: BaseException) -> None:
+        """One warning that a program could not be exported (``error``: a host callback such as
+        ``jax.debug.print``, which :mod:`jax.export` cannot serialize); it is compiled as usual."""
+        self._warn_once("export", f"the traced program cannot be kept ({type(error).__name__}: "
+                                  f"{error}); compiling it as usual")
+
     def store(self, key: str, program: StoredProgram) -> Path | None:
         """Write ``program`` under ``key``; ``None`` (and one warning) when it cannot be written
         or serialized."""
@@ -401,9 +409,7 @@ class StoredJit:
         fun, out_trees = self._jitted.__wrapped__, []
 
         def flat(*leaves):
-            given, traced_args = iter(statics), iter(jax.tree.unflatten(in_tree, leaves))
-            args = [next(given) if i in self._static else next(traced_args)
-                    for i in range(len(statics) + len(traced))]
+            args = self._merge(statics, jax.tree.unflatten(in_tree, leaves))
             results, out_tree = jax.tree.flatten(fun(*args))
             out_trees.append(out_tree)
             return results
@@ -446,9 +452,25 @@ class StoredJit:
                 except Exception as error:  # a program that does not fit after all: traced anew
                     self._cache.discard(key, error)
         if compiled is None:
-            program = self._export(statics, traced)
+            try:
+                program = self._export(statics, traced)
+            except Exception as error:  # a program jax.export cannot take: compiled as usual
+                self._cache.refuse(error)
+                compiled = functools.partial(self._direct, statics)
+                self._programs[signature] = compiled
+                return compiled
             compiled = self._compile(program, traced)
             self._cache.store(key, program)
         _remember(self._cache.directory, key, compiled)
         self._programs[signature] = compiled
         return compiled
+
+    def _merge(self, statics: list, traced: list) -> list:
+        """The positional arguments of ``statics`` and ``traced`` (:meth:`_split`'s inverse)."""
+        given, traced_args = iter(statics), iter(traced)
+        return [next(given) if i in self._static else next(traced_args)
+                for i in range(len(statics) + len(traced))]
+
+    def _direct(self, statics: list, traced: list):
+        """``jitted`` called as usual, for a program that cannot be kept (:meth:`_compiled`)."""
+        return self._jitted(*self._merge(statics, traced))
