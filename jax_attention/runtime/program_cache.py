@@ -414,7 +414,7 @@ class StoredJit:
             out_trees.append(out_tree)
             return results
 
-        exported = export.export(jax.jit(flat), platforms=[jax.default_backend()])(*leaves)
+        exported = export.export(jax.jit(flat))(*leaves)  # for the default backend
         return StoredProgram(exported, out_trees[0])
 
     def _compile(self, program: StoredProgram, traced: list) -> _Compiled:
