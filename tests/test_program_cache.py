@@ -128,7 +128,8 @@ def test_a_stored_step_loads_without_tracing_and_trains_the_same(tmp_path, fresh
     assert second.traces == 0 and second.hits == 1
     # The state is donated, as the jitted step donates it.
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(given))
-    # The stored program is the compiled one: bit for bit the same losses and state.
+    # Traced anew or loaded, the stored program trains as the jitted step does: bit for bit the
+    # same losses and state.
     for losses in (losses_1, losses_2):
         np.testing.assert_array_equal(np.asarray(losses), np.asarray(expected_losses))
     want = state_arrays(expected_state)

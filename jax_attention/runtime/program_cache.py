@@ -374,10 +374,9 @@ class StoredJit:
         return tuple(statics), tree, tuple(_leaf_type(leaf) for leaf in leaves)
 
     def _description_of(self, args, tree, types) -> dict:
-        options = getattr(self._jitted, "options", lambda: {})()
         return {"function": getattr(self._jitted, "__qualname__", repr(self._jitted)),
                 "module": getattr(self._jitted, "__module__", None),
-                "described": self._description, "options": options,
+                "described": self._description, "options": self._jitted.options(),
                 "static": [_static_text(arg) for i, arg in enumerate(args)
                            if i in self._static and i not in self._described],
                 # What the described arguments show of themselves, less memory addresses (an
@@ -430,9 +429,8 @@ class StoredJit:
             if position in self._jitted.donate_argnums:
                 donated += range(offset, offset + count)
             offset += count
-        options = getattr(self._jitted, "options", lambda: {})()
         compiled = jax.jit(program.exported.call, donate_argnums=tuple(donated),
-                           compiler_options=options or None).lower(*leaves).compile()
+                           compiler_options=self._jitted.options() or None).lower(*leaves).compile()
         return _Compiled(compiled, in_tree, program.out_tree)
 
     def _compiled(self, args, statics: list, traced: list) -> _Compiled:
