@@ -338,8 +338,10 @@ def _add_train_sizes(parser: argparse.ArgumentParser) -> None:
     sizes = parser.add_argument_group(
         "sizes", "the model and the data every peer trains (the same for each): a named size, "
                  "and single settings changed (with --whole-run only --num-examples applies)")
-    sizes.add_argument("--size", choices=SIZE_NAMES, default="book",
-                       help="the named size (default: %(default)s): " + "; ".join(
+    sizes.add_argument("--size", metavar="SIZE[,SIZE...]", type=_size_names, default=("book",),
+                       help="the named size (default: book), or several, such as book,small,base: "
+                            "one run each, in turn, and a table of the sizes side by side (the "
+                            "scaling table). The sizes: " + "; ".join(
                            f"{name}: {describe_size(name)}" for name in SIZE_NAMES)
                        + " (layers: the encoder's + the decoder's)")
     for flag, what in (("--embed-size", "the Bahdanau model's embedding size"),
@@ -387,9 +389,22 @@ def _train_peers(text: str) -> tuple[str, ...]:
     return tuple(name for name in PEERS if name in peers)
 
 
+def _size_names(text: str) -> tuple[str, ...]:
+    """argparse type: ``book`` or ``book,small,base`` — named sizes, each once."""
+    from jax_attention.bench.train_sizes import SIZE_NAMES
+
+    names = tuple(part.strip() for part in text.split(","))
+    if not set(names) <= set(SIZE_NAMES) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected named sizes among {', '.join(SIZE_NAMES)}, each once, such as book or "
+            f"book,small,base, got {text!r}")
+    return names
+
+
 def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """The size arguments of :func:`~jax_attention.bench.train.bench_train` (``size``, ``sizes``,
-    the data's), checked for the model: a usage error naming the flag otherwise."""
+    """The size arguments of :func:`~jax_attention.bench.train.bench_train` (``size``: a tuple
+    of names; ``sizes``, the data's), checked for the model at every size: a usage error naming
+    the flag otherwise."""
     from jax_attention.bench.train_sizes import (BOOK_MODELS, DATA_OVERRIDES, MODEL_OVERRIDES,
                                                  train_sizes)
 
@@ -399,14 +414,14 @@ def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> d
         if name not in BOOK_MODELS[args.model]:
             parser.error(f"argument --{name.replace('_', '-')}: the {args.model} model has no "
                          f"{name} (its settings: {', '.join(BOOK_MODELS[args.model])})")
-    arguments = {"size": args.size, "sizes": sizes,
-                 **{name: getattr(args, name) for name in DATA_OVERRIDES}}
-    try:
-        train_sizes(args.model, **arguments)
-    except ValueError as error:  # a size the model lacks, heads not dividing the width
-        parser.error(f"argument --size: {error}" if "no size" in str(error)
-                     else f"the {args.model} model's settings: {error}")
-    return arguments
+    arguments = {"sizes": sizes, **{name: getattr(args, name) for name in DATA_OVERRIDES}}
+    for size in args.size:
+        try:
+            train_sizes(args.model, size, **arguments)
+        except ValueError as error:  # a size the model lacks, heads not dividing the width
+            parser.error(f"argument --size: {error}" if "no size" in str(error)
+                         else f"the {args.model} model's settings at --size {size}: {error}")
+    return {"size": args.size, **arguments}
 
 
 def _device_counts(text: str) -> list[int]:
@@ -432,26 +447,32 @@ def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
     args.model = args.model or "bahdanau"
     sizes = _train_sizes(args, parser)
+    size_names = sizes.pop("size")
     if args.devices is not None:
         for name in ("torch_threads", "peers"):
             if getattr(args, name) != parser.get_default(name):
                 parser.error(f"argument --{name.replace('_', '-')}: not with --devices (no "
                              "PyTorch peer runs)")
+        if len(size_names) > 1:
+            parser.error("argument --size: one size with --devices")
         try:
             record = bench_train_devices(args.model, args.devices, steps=args.steps,
                                          repeats=args.repeats, warmup=args.warmup,
                                          seed=args.seed, data=args.data,
-                                         log=_bench_progress(args), **sizes)
+                                         log=_bench_progress(args), size=size_names[0], **sizes)
         except ValueError as error:  # a device count that does not divide the batch
             parser.error(f"argument --devices: {error}")
-        table = format_train_devices(record)
-    else:
-        record = bench_train(args.model, peers=args.peers, steps=args.steps,
-                             repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                             torch_threads=args.torch_threads, gemm_size=args.gemm_size,
-                             data=args.data, log=_bench_progress(args), **sizes)
-        table = format_train(record)
-    return _finish(args, table, {"command": "bench train", **record})
+        return _finish(args, format_train_devices(record), {"command": "bench train", **record})
+    settings = dict(peers=args.peers, steps=args.steps, repeats=args.repeats, warmup=args.warmup,
+                    seed=args.seed, torch_threads=args.torch_threads, gemm_size=args.gemm_size,
+                    data=args.data, log=_bench_progress(args), **sizes)
+    if len(size_names) > 1:
+        from jax_attention.bench.train_scaling import bench_train_scaling, format_train_scaling
+
+        record = bench_train_scaling(args.model, size_names, **settings)
+        return _finish(args, format_train_scaling(record), {"command": "bench train", **record})
+    record = bench_train(args.model, size=size_names[0], **settings)
+    return _finish(args, format_train(record), {"command": "bench train", **record})
 
 
 def _run_whole_run(args: argparse.Namespace) -> int:
