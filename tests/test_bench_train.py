@@ -5,7 +5,8 @@ peers ran the real training code on the same data and weights (without dropout t
 agree to float32 rounding after the same steps) and that the record holds what the schema
 promises. The data settings are the book's (600 pairs, batch 64, 10 steps), so that the CLI test
 reuses the fixture's compiled step. The named sizes (``--size small``, ``base``) are checked by
-building their models, not by training them; the ``torch-compile`` peer trains a tiny model
+building their models, not by training them (the scaling table, ``--size book,small``, trains a
+tiny model at each, 600 pairs); the ``torch-compile`` peer trains a tiny model
 (marked ``slow``: inductor's first compilation of even a tiny step takes 1–2 minutes on the
 project's 2-core machine) and its failure is simulated.
 """
@@ -191,6 +192,9 @@ def test_cli_writes_json(tmp_path, capsys, monkeypatch, record):
     (["--peers", "ours,torch-compile"], "--peers"),
     (["--peers", "ours,torch,jax"], "--peers"),
     (["--whole-run", "--size", "base"], "--size: not with --whole-run"),
+    (["--size", "book,book"], "each once"),
+    (["--size", "book,huge"], "--size"),
+    (["--size", "book,small", "--devices", "1"], "--size: one size with --devices"),
     (["--whole-run", "--peers", "ours,torch,torch-compile"], "--peers: not with --whole-run"),
     (["--devices", "1", "--peers", "ours,torch,torch-compile"], "--peers: not with --devices"),
 ])
@@ -301,6 +305,62 @@ def test_cli_size_and_overrides_reach_both_peers(tmp_path, capsys):
             (128, 20, 600)
     assert ours["parameters"] == torch["parameters"]
     assert torch["threads"] == 1
+
+
+def test_cli_scaling_table_runs_every_size(tmp_path, capsys):
+    """``--size book,small``: one run per size, in that order, with the same peers and the same
+    single settings changed at each (a tiny model, 600 pairs), set side by side in one table;
+    the JSON keeps each size's whole record and the table's rows are its figures."""
+    path = tmp_path / "scaling.json"
+    status = main(["bench", "train", "--model", "transformer", "--size", "book,small",
+                   "--num-hiddens", "8", "--ffn-num-hiddens", "16", "--num-heads", "2",
+                   "--num-layers", "1", "--num-examples", "600", "--steps", "2", "--repeats", "5",
+                   "--warmup", "0", "--gemm-size", "64", "--torch-threads", "1", "--json",
+                   str(path), "--no-progress"])
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("bench train --model transformer --size book,small:")
+               for line in lines)
+    header = next(line for line in lines if line.startswith("size "))
+    for peer in ("ours", "ours-full", "torch"):
+        assert f"{peer} tok/s (%)" in header
+    written = json.loads(path.read_text())
+    assert written["command"] == "bench train" and written["benchmark"] == "train-scaling"
+    assert written["sizes"] == ["book", "small"]
+    expected = {**bench.BOOK_MODELS["transformer"], "num_hiddens": 8, "ffn_num_hiddens": 16,
+                "num_heads": 2, "num_layers": 1}
+    for size, data, run, row in zip(("book", "small"), ((64, 10), (128, 20)), written["runs"],
+                                    written["rows"], strict=True):
+        assert run["benchmark"] == "train" and run["size"] == row["size"] == size
+        assert (run["settings"]["batch_size"], run["settings"]["num_steps"],
+                run["settings"]["num_examples"]) == (*data, 600)
+        for name in ("ours", "ours-full", "torch"):
+            settings = run["peers"][name]["settings"]
+            assert settings["model"] == expected and settings["size"] == size
+            assert row["peers"][name]["tokens_per_s"] == run["peers"][name]["tokens_per_s"]
+            assert _positive(row["peers"][name]["gemm_fraction"])
+        assert row["parameters"] == run["peers"]["torch"]["settings"]["parameters"]
+        assert row["ratio_as_shipped"] == run["ratio_as_shipped"] > 0
+        assert row["ratio_same_work"] == run["ratio_same_work"] > 0
+        assert row["ours_compile_s"] == run["peers"]["ours"]["compile_s"]
+        assert row["torch_compile_compile_s"] is None  # not asked for
+        # The size's line of the table shows its figures.
+        line = next(line for line in lines if line.startswith(f"{size} "))
+        assert f"{row['parameters']:,}" in line
+        assert f"{run['ratio_as_shipped']:.2f}x" in line
+        assert f"{run['peers']['ours']['tokens_per_s']:,.0f}" in line
+
+
+def test_scaling_checks_the_sizes_before_running():
+    from jax_attention.bench import train_scaling
+
+    with pytest.raises(ValueError, match="at least one"):
+        train_scaling.bench_train_scaling("transformer", ())
+    with pytest.raises(ValueError, match="size must be one of"):
+        train_scaling.bench_train_scaling("transformer", ("book", "huge"))
+    with pytest.raises(ValueError, match="more than once"):
+        train_scaling.check_size_names("bahdanau", ("base", "book", "base"))
+    assert train_scaling.check_size_names("bahdanau", ["base", "book"]) == ("base", "book")
 
 
 # --------------------------------------------------------------------------- torch-compile

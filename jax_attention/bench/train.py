@@ -43,7 +43,9 @@ the ratios of ours to each peer (``ratio_tokens_per_s``: ours/torch; ``ratios_to
 every peer that ran).
 
 ``bench train --devices 1,2,4`` measures how our training scales over devices instead
-(:mod:`jax_attention.bench.train_devices`).
+(:mod:`jax_attention.bench.train_devices`), and ``bench train --size book,small,base`` runs this
+benchmark at each size in turn and sets the sizes side by side
+(:mod:`jax_attention.bench.train_scaling`).
 
 PyTorch's threads (:class:`~jax_attention.bench.torch_support.ThreadChoice`: on a loaded machine
 its OpenMP threads can spin many times slower than one thread, which would flatter us): by default
