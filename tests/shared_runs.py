@@ -36,7 +36,8 @@ from pathlib import Path
 
 import filelock
 
-from tests.docs_support import read
+from tests.docs_support import block_after, read
+from tests.reproducibility import vector_isa
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
@@ -226,12 +227,50 @@ def book_run_text(kind: str) -> str:
     return text[start:] if end < 0 else text[start:end]
 
 
-def book_run_seed_counts(kind: str) -> tuple[int, list[int]]:
-    """What :data:`BOOK_RUNS_PAGE` says the book's run of ``kind`` gets over seeds 0–5:
-    ``(total, [exact sentences of seed 0, 1, ...])``, from its sentence "Over seeds 0–5 the run
-    gets N of these 24 sentences exactly (seed by seed: a, b, ...)" after ``jax-attention train
-    KIND --out``."""
-    match = re.search(r"Over seeds 0–5 the run gets (\d+) of these 24 sentences exactly "
-                      r"\(seed by seed: ([\d, ]+)\)", book_run_text(kind))
+#: The classes of CPU :data:`BOOK_RUNS_PAGE` gives the book runs' figures for
+#: (:func:`tests.reproducibility.vector_isa`): its main figures are an AVX-512 CPU's, and a
+#: sentence after each gives an AVX2-only CPU's, where the same runs round otherwise.
+FIGURE_CLASSES = ("avx512", "avx2")
+
+
+def _figure_class(isa: str | None) -> str:
+    """The class whose figures a CPU of class ``isa`` (default: this one's) is held to: its own,
+    or the main (AVX-512) figures for a class the page does not give."""
+    isa = vector_isa() if isa is None else isa
+    return isa if isa in FIGURE_CLASSES else FIGURE_CLASSES[0]
+
+
+def book_run_seed_counts(kind: str, isa: str | None = None) -> tuple[int, list[int]]:
+    """What :data:`BOOK_RUNS_PAGE` says the book's run of ``kind`` gets over seeds 0–5 on a CPU
+    of class ``isa`` (default: this one's, :func:`_figure_class`): ``(total, [exact sentences of
+    seed 0, 1, ...])``, from its sentence "Over seeds 0–5 the run gets N of these 24 sentences
+    exactly (seed by seed: a, b, ...)" after ``jax-attention train KIND --out``, or for AVX2
+    "... gets N of the 24 sentences (seed by seed on AVX2: a, b, ...)"."""
+    if _figure_class(isa) == "avx2":
+        pattern = (r"gets\s+(\d+)\s+of\s+the\s+24\s+sentences\s+\(seed\s+by\s+seed\s+on\s+AVX2:\s+"
+                   r"([\d, ]+)\)")
+    else:
+        pattern = (r"Over seeds 0–5 the run gets (\d+) of these 24 sentences exactly "
+                   r"\(seed by seed: ([\d, ]+)\)")
+    match = re.search(pattern, book_run_text(kind))
     assert match is not None, f"{BOOK_RUNS_PAGE} gives no seed-by-seed figures for {kind}"
     return int(match.group(1)), [int(count) for count in match.group(2).split(", ")]
+
+
+def book_run_output(kind: str, isa: str | None = None) -> tuple[str, list[str]]:
+    """What :data:`BOOK_RUNS_PAGE` says the book's run of ``kind`` prints with seed 0 on a CPU of
+    class ``isa`` (default: this one's): ``(the loss as printed, the translation lines)``: its
+    output block after "With seed 0 the first prints `loss X`", or on AVX2 that block with the
+    third line and the loss its AVX2 sentence gives ("prints `loss X` and `LINE` as its third
+    line")."""
+    text = book_run_text(kind)
+    loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`", text).group(1)
+    lines = block_after(BOOK_RUNS_PAGE, f"jax-attention train {kind} --out plots/"
+                        ).text.strip().splitlines()
+    if _figure_class(isa) == "avx2":
+        after = text[text.index("AVX2 and no"):]
+        match = re.search(r"prints\s+`loss ([0-9.]+)`\s+and\s+`([^`]+)`\s+as\s+its\s+third\s+"
+                          r"line", after)
+        assert match is not None, f"{BOOK_RUNS_PAGE} gives no AVX2 output for {kind}"
+        loss, lines[2] = match.group(1), match.group(2)
+    return loss, lines
