@@ -36,8 +36,8 @@ from pathlib import Path
 
 import filelock
 
+from jax_attention.runtime.provenance import vector_isa
 from tests.docs_support import block_after, read
-from tests.reproducibility import vector_isa
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
@@ -228,8 +228,8 @@ def book_run_text(kind: str) -> str:
 
 
 #: The classes of CPU :data:`BOOK_RUNS_PAGE` gives the book runs' figures for
-#: (:func:`tests.reproducibility.vector_isa`): its main figures are an AVX-512 CPU's, and a
-#: sentence after each gives an AVX2-only CPU's, where the same runs round otherwise.
+#: (:func:`jax_attention.runtime.provenance.vector_isa`): its main figures are an AVX-512 CPU's,
+#: and a sentence after each gives an AVX2-only CPU's, where the same runs round otherwise.
 FIGURE_CLASSES = ("avx512", "avx2")
 
 

@@ -59,10 +59,10 @@ before. The pins before were bahdanau ``0x1.e5c721666b910p-2 ...`` and transform
 ``0x1.bf5a654f69d9ep-2 0x1.52476c2bfeca0p-2 ...``.
 
 Pinned per class of CPU since issue 30's last stop (:data:`PINS_BY_CPU`,
-:func:`tests.reproducibility.vector_isa`): the pins above are an AVX-512 CPU's (Sapphire Rapids,
-Zen 4); on an AVX2-only one (a Zen 3 EPYC) XLA:CPU's kernels sum in other groupings, and the same
-code gave other last bits (the three losses within 3e-5 of the AVX-512 ones). A CPU of a class
-without pins is checked to rounding against every class's pins.
+:func:`jax_attention.runtime.provenance.vector_isa`): the pins above are an AVX-512 CPU's
+(Sapphire Rapids, Zen 4); on an AVX2-only one (a Zen 3 EPYC) XLA:CPU's kernels sum in other
+groupings, and the same code gave other last bits (the three losses within 3e-5 of the AVX-512
+ones). A CPU of a class without pins is checked to rounding against every class's pins.
 
 Any change to the training code that moves a bit of them (another random stream, another order
 of operations, another rounding) fails here; such a change must be judged on quality over several
@@ -82,16 +82,17 @@ import pytest
 
 from jax_attention import train
 from jax_attention.models.registry import MODELS
+from jax_attention.runtime.provenance import vector_isa
 from jax_attention.train.loop import train_epochs
 from jax_attention.train.seq2seq import setup, training_lengths
 from tests import compiler_support
 from tests.compiler_support import default_compiler_env
-from tests.reproducibility import assert_same_losses, vector_isa
+from tests.reproducibility import assert_same_losses
 from tests.shared_runs import tiny_settings
 
-#: The pins of each class of CPU (:func:`tests.reproducibility.vector_isa`): XLA:CPU's kernels
-#: round otherwise in the last bits with AVX2 than with AVX-512, so the runs are bit for bit the
-#: same within a class, not across classes (where the three losses agree to ~3e-5).
+#: The pins of each class of CPU (:func:`jax_attention.runtime.provenance.vector_isa`): XLA:CPU's
+#: kernels round otherwise in the last bits with AVX2 than with AVX-512, so the runs are bit for
+#: bit the same within a class, not across classes (where the three losses agree to ~3e-5).
 PINS_BY_CPU = {
     "avx512": {
         "bahdanau": ["0x1.e5c720ff1782ep-2", "0x1.597cd97424baep-2", "0x1.2ec34cb0627c2p-2"],

@@ -17,16 +17,6 @@ __all__ = ["environment", "format_environment", "format_table", "load_average", 
            "summarize", "gemm_ceiling", "source_fingerprint", "write_json"]
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages (``None`` where the OS has none): on a shared machine
     they say how much the neighbours took from a run."""
@@ -41,7 +31,9 @@ def environment() -> dict:
     versions, JAX's backend and devices, the commit), for the JSON of every run."""
     shared = provenance.environment()
     record = {
-        "cpu": _cpu_model(),
+        "cpu": provenance.cpu().get("model name") or platform.processor() or platform.machine(),
+        # The class of CPU whose rounding the runs' bits follow (docs/design.md).
+        "vector_isa": provenance.vector_isa(),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),

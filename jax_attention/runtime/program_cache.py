@@ -47,14 +47,13 @@ import hashlib
 import json
 import os
 import pickle
-import platform
 import re
 import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-from jax_attention.runtime.provenance import os_reason, versions
+from jax_attention.runtime.provenance import cpu, os_reason, versions
 
 __all__ = ["FORMAT", "MAX_ENTRIES", "ProgramCache", "StoredJit", "StoredProgram",
            "source_digest", "live_digest"]
@@ -120,23 +119,6 @@ def live_digest() -> str:
                         if entry is not None:
                             entries.append(entry)
     return hashlib.sha256(repr(entries).encode()).hexdigest()
-
-
-@functools.cache
-def _cpu() -> dict:
-    """The CPU's architecture, and its model and flags where Linux tells them."""
-    found = {"machine": platform.machine()}
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return found
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name in ("model name", "flags", "Features", "CPU part") and name not in found:
-            found[name] = " ".join(sorted(value.split())) if name in ("flags", "Features") \
-                else value.strip()
-    return found
 
 
 def _leaf_type(leaf) -> tuple:
@@ -233,7 +215,7 @@ class ProgramCache:
                   "backend": {"platform": backend.platform,
                               "version": backend.platform_version,
                               "devices": [device.device_kind for device in jax.devices()]},
-                  "cpu": _cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                  "cpu": cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                   "jax_config": {name: repr(value)
                                  for name, value in sorted(jax.config.values.items())}}
         text = json.dumps(record, sort_keys=True, default=repr)

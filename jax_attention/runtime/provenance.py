@@ -1,24 +1,28 @@
-"""What produced a result (library versions, backend, devices, the checkout's commit), and the
-one JSON writer.
+"""What produced a result (library versions, backend, devices, the CPU, the checkout's commit),
+and the one JSON writer.
 
 Every record the package writes — a command's ``--json``, a benchmark, a training checkpoint, an
 exported model — takes its versions from :func:`versions` and its machine from
 :func:`environment`, so that they all carry the same keys, and is written by :func:`write_json`.
+The CPU is read once, by :func:`cpu` (the benchmarks' records, the program cache's key) and
+:func:`vector_isa` (the class of CPU whose rounding a run's bits follow).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from jax_attention._files import write_text_atomically
 
-__all__ = ["DISTRIBUTIONS", "versions", "git_commit", "environment", "json_ready", "write_json",
-           "os_reason", "rescue_path", "write_or_rescue"]
+__all__ = ["DISTRIBUTIONS", "versions", "git_commit", "cpu", "vector_isa", "environment",
+           "json_ready", "write_json", "os_reason", "rescue_path", "write_or_rescue"]
 
 #: The distributions whose versions a record carries, in this order (the keys of :func:`versions`).
 DISTRIBUTIONS = ("jax-attention", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
@@ -61,6 +65,43 @@ def git_commit() -> str | None:
     # A package installed inside some other repository (a virtual environment in a checkout)
     # does not take that repository's commit.
     return commit if Path(top).resolve() / _PACKAGE_DIR.name == _PACKAGE_DIR else None
+
+
+@functools.cache
+def cpu() -> dict[str, str]:
+    """The CPU: ``"machine"`` (``platform.machine()``, always there), and where Linux's
+    ``/proc/cpuinfo`` tells them, its first processor's ``"model name"`` and ``"flags"`` (x86)
+    or ``"Features"`` and ``"CPU part"`` (Arm), the flags sorted and space-separated."""
+    found = {"machine": platform.machine()}
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "flags", "Features", "CPU part") and name not in found:
+            found[name] = (" ".join(sorted(value.split())) if name in ("flags", "Features")
+                           else value.strip())
+    return found
+
+
+def vector_isa() -> str:
+    """The widest vector instructions of this CPU that XLA:CPU's kernels use: ``"avx512"``
+    (AVX-512F), ``"avx2"`` (AVX2 without AVX-512) or else the machine's architecture.
+
+    XLA:CPU's kernels, and the GEMM and reduction libraries they call, group a float32 sum by
+    the vector width, so one program rounds otherwise in its last bits on an AVX2-only CPU (a
+    Zen 3 EPYC) than on an AVX-512 one (Sapphire Rapids, Zen 4), and a training run, whose
+    rounding grows with its steps, ends elsewhere: a seed's run is the same bit for bit on the
+    CPUs of one class (docs/design.md), and the documented figures name their class."""
+    found = cpu()
+    flags = set(found.get("flags", "").split())
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return found["machine"]
 
 
 def environment() -> dict:
