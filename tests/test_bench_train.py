@@ -14,6 +14,7 @@ project's 2-core machine) and its failure is simulated.
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -361,6 +362,17 @@ def test_scaling_checks_the_sizes_before_running():
     with pytest.raises(ValueError, match="more than once"):
         train_scaling.check_size_names("bahdanau", ("base", "book", "base"))
     assert train_scaling.check_size_names("bahdanau", ["base", "book"]) == ("base", "book")
+    # A changed setting is checked at every size before the first runs: three heads divide
+    # none of the widths, and a setting the model lacks is refused.
+    with pytest.raises(ValueError, match="at size 'book': num_hiddens must be divisible"):
+        train_scaling.bench_train_scaling("transformer", ("book", "small"),
+                                          sizes={"num_heads": 3})
+    with pytest.raises(ValueError, match="at size 'base': num_hiddens must be divisible"):
+        train_scaling.check_size_names("transformer", ("book", "base"), {"num_hiddens": 36})
+    with pytest.raises(ValueError, match="has no ffn_num_hiddens"):
+        train_scaling.check_size_names("bahdanau", ("book",), {"ffn_num_hiddens": 8})
+    with pytest.raises(ValueError, match="num_examples"):
+        train_scaling.check_size_names("bahdanau", ("book", "base"), num_examples=0)
 
 
 # --------------------------------------------------------------------------- torch-compile
@@ -417,9 +429,15 @@ def test_failure_line():
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
 def test_torch_compile_peer_trains_and_reports_its_compilation():
-    record = bench.bench_train("transformer", peers=("ours", "torch", "torch-compile"),
-                               steps=STEPS, repeats=5, warmup=0, sizes=TINY["transformer"],
-                               gemm_size=64, torch_threads=1)
+    notices = _Records()
+    dynamo = logging.getLogger("torch._dynamo.variables.ctx_manager")
+    dynamo.addHandler(notices)
+    try:
+        record = bench.bench_train("transformer", peers=("ours", "torch", "torch-compile"),
+                                   steps=STEPS, repeats=5, warmup=0,
+                                   sizes=TINY["transformer"], gemm_size=64, torch_threads=1)
+    finally:
+        dynamo.removeHandler(notices)
     peer = record["peers"]["torch-compile"]
     assert peer["status"] == "ok", peer.get("reason")
     assert _positive(peer["first_call_s"]) and peer["compile_s"] >= 0
@@ -436,6 +454,20 @@ def test_torch_compile_peer_trains_and_reports_its_compilation():
     rows = [line.split() for line in table.splitlines()]
     assert [row[0] for row in rows if len(row) == 6 and row[1].isdigit()] == \
         ["ours", "torch", "torch-compile"]
+    # TorchDynamo's notice that it drops Adam.step's profiler region is not printed (its
+    # logger's level is raised while the peer compiles).
+    assert not [line for line in notices.lines if "will be ignored" in line]
+
+
+class _Records(logging.Handler):
+    """The messages of the records it is given."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 def test_the_xla_defaults_peer_is_ours_compiled_without_the_cpu_options():

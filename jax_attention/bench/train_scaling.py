@@ -16,22 +16,32 @@ from collections.abc import Callable, Sequence
 
 from jax_attention.bench.common import format_environment
 from jax_attention.bench.train import bench_train
-from jax_attention.bench.train_sizes import SIZE_NAMES, train_sizes
+from jax_attention.bench.train_sizes import DATA_OVERRIDES, SIZE_NAMES, train_sizes
 
 __all__ = ["bench_train_scaling", "format_train_scaling", "check_size_names"]
 
 
-def check_size_names(model: str, size_names: Sequence[str]) -> tuple[str, ...]:
-    """``size_names`` as a tuple, each a named size the model has, none twice: a
-    ``ValueError`` naming the first that is not (before anything runs)."""
+def check_size_names(model: str, size_names: Sequence[str], sizes: dict | None = None, *,
+                     batch_size: int | None = None, num_steps: int | None = None,
+                     num_examples: int | None = None) -> tuple[str, ...]:
+    """``size_names`` as a tuple, each a named size the model has, none twice, and the changed
+    settings (``sizes`` and the data's, as :func:`~jax_attention.bench.train_sizes.train_sizes`
+    takes them) valid at every one of them: a ``ValueError`` naming the first size that is not,
+    before anything runs (``num_heads=3`` divides no size's width)."""
     names = tuple(size_names)
     if not names:
         raise ValueError(f"sizes must name at least one of {SIZE_NAMES}, got none")
-    for name in names:
-        train_sizes(model, name)  # an unknown size, or one the model does not have
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ValueError(f"sizes must differ, got {', '.join(repeated)} more than once")
+    for name in names:
+        try:
+            train_sizes(model, name, sizes, batch_size=batch_size, num_steps=num_steps,
+                        num_examples=num_examples)
+        except ValueError as error:
+            if name not in SIZE_NAMES or "no size" in str(error):
+                raise
+            raise ValueError(f"at size {name!r}: {error}") from None
     return names
 
 
@@ -52,7 +62,8 @@ def bench_train_scaling(model: str, size_names: Sequence[str] = SIZE_NAMES, *,
       per size, :func:`format_train_scaling`'s table) and ``runs`` (each size's ``bench train``
       record).
     """
-    names = check_size_names(model, size_names)
+    names = check_size_names(model, size_names, settings.get("sizes"),
+                             **{name: settings.get(name) for name in DATA_OVERRIDES})
     say = log or (lambda line: None)
     runs = []
     for number, name in enumerate(names, 1):

@@ -404,11 +404,11 @@ def _size_names(text: str) -> tuple[str, ...]:
 
 
 def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """The size arguments of :func:`~jax_attention.bench.train.bench_train` (``size``: a tuple
-    of names; ``sizes``, the data's), checked for the model at every size: a usage error naming
-    the flag otherwise."""
-    from jax_attention.bench.train_sizes import (BOOK_MODELS, DATA_OVERRIDES, MODEL_OVERRIDES,
-                                                 train_sizes)
+    """The settings of :func:`~jax_attention.bench.train.bench_train` that change the sizes of
+    ``--size`` (``sizes``, the model's; ``batch_size``, ``num_steps``, ``num_examples``), checked
+    for the model at every size: a usage error naming the flag otherwise."""
+    from jax_attention.bench.train_scaling import check_size_names
+    from jax_attention.bench.train_sizes import BOOK_MODELS, DATA_OVERRIDES, MODEL_OVERRIDES
 
     sizes = {name: getattr(args, name) for name in MODEL_OVERRIDES
              if getattr(args, name) is not None}
@@ -417,13 +417,12 @@ def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> d
             parser.error(f"argument --{name.replace('_', '-')}: the {args.model} model has no "
                          f"{name} (its settings: {', '.join(BOOK_MODELS[args.model])})")
     arguments = {"sizes": sizes, **{name: getattr(args, name) for name in DATA_OVERRIDES}}
-    for size in args.size:
-        try:
-            train_sizes(args.model, size, **arguments)
-        except ValueError as error:  # a size the model lacks, heads not dividing the width
-            parser.error(f"argument --size: {error}" if "no size" in str(error)
-                         else f"the {args.model} model's settings at --size {size}: {error}")
-    return {"size": args.size, **arguments}
+    try:
+        check_size_names(args.model, args.size, **arguments)
+    except ValueError as error:  # a size the model lacks, heads not dividing the width
+        parser.error(f"argument --size: {error}" if "no size" in str(error)
+                     else f"the {args.model} model's settings {error}")
+    return arguments
 
 
 def _device_counts(text: str) -> list[int]:
@@ -449,7 +448,7 @@ def run_bench_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
     args.model = args.model or "bahdanau"
     sizes = _train_sizes(args, parser)
-    size_names = sizes.pop("size")
+    size_names = args.size
     if args.devices is not None:
         for name in ("torch_threads", "peers"):
             if getattr(args, name) != parser.get_default(name):
