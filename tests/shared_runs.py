@@ -41,7 +41,8 @@ from tests.docs_support import block_after, read
 
 __all__ = ["TINY", "EPOCHS", "STEPS_PER_EPOCH", "EVERY", "TOTAL_STEPS", "tiny_flags",
            "tiny_settings", "run_flags", "SharedRun", "SharedRuns", "shared_directory",
-           "BOOK_RUNS_PAGE", "book_run_text", "book_run_seed_counts", "run_main",
+           "BOOK_RUNS_PAGE", "book_run_text", "FIGURE_CLASSES", "book_run_seed_counts",
+           "book_run_output_block", "book_run_output", "run_main",
            "run_main_counting_compilations"]
 
 #: The documentation page that shows the book's runs of both models, their output and their
@@ -257,6 +258,12 @@ def book_run_seed_counts(kind: str, isa: str | None = None) -> tuple[int, list[i
     return int(match.group(1)), [int(count) for count in match.group(2).split(", ")]
 
 
+def book_run_output_block(kind: str) -> tuple[str, str]:
+    """Where :data:`BOOK_RUNS_PAGE` shows what the book's run of ``kind`` prints: ``(page, the
+    phrase the text block follows)``, as :func:`tests.docs_support.block_after` takes them."""
+    return BOOK_RUNS_PAGE, f"jax-attention train {kind} --out plots/"
+
+
 def book_run_output(kind: str, isa: str | None = None) -> tuple[str, list[str]]:
     """What :data:`BOOK_RUNS_PAGE` says the book's run of ``kind`` prints with seed 0 on a CPU of
     class ``isa`` (default: this one's): ``(the loss as printed, the translation lines)``: its
@@ -265,8 +272,7 @@ def book_run_output(kind: str, isa: str | None = None) -> tuple[str, list[str]]:
     line")."""
     text = book_run_text(kind)
     loss = re.search(r"With seed 0 the first prints `loss ([0-9.]+)`", text).group(1)
-    lines = block_after(BOOK_RUNS_PAGE, f"jax-attention train {kind} --out plots/"
-                        ).text.strip().splitlines()
+    lines = block_after(*book_run_output_block(kind)).text.strip().splitlines()
     if _figure_class(isa) == "avx2":
         after = text[text.index("AVX2 and no"):]
         match = re.search(r"prints\s+`loss ([0-9.]+)`\s+and\s+`([^`]+)`\s+as\s+its\s+third\s+"

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from tests.docs_support import block_after, blocks, read
-from tests.shared_runs import (BOOK_RUNS_PAGE, FIGURE_CLASSES, book_run_output,
+from tests.shared_runs import (FIGURE_CLASSES, book_run_output, book_run_output_block,
                                book_run_seed_counts)
 
 #: Machine facts in a conformance header (left out of the comparison; see the module docstring).
@@ -32,8 +32,8 @@ MACHINE_LINES = ("  versions:", "  python:", "  numpy:", "  platform:  PyTorch o
 #: Every output block of the documentation, as the test that checks it finds it: its page and
 #: the phrase before it (:func:`tests.docs_support.block_after`).
 OUTPUTS = {
-    "bahdanau": (BOOK_RUNS_PAGE, "jax-attention train bahdanau --out plots/"),
-    "transformer": (BOOK_RUNS_PAGE, "jax-attention train transformer --out plots/"),
+    "bahdanau": book_run_output_block("bahdanau"),
+    "transformer": book_run_output_block("transformer"),
     "my_attention": ("docs/conformance.md", "Saved as `my_attention.py`"),
     "torch": ("docs/conformance.md", "<details><summary>Against PyTorch"),  # the torch twin
 }
