@@ -54,6 +54,14 @@ def test_vector_isa_names_each_class(cpuinfo):
     assert provenance.vector_isa() == platform.machine()
 
 
+def test_the_cpu_record_is_shared_and_read_only(cpuinfo):
+    cpuinfo(X86)
+    assert provenance.cpu() is provenance.cpu()  # read once
+    with pytest.raises(TypeError):
+        provenance.cpu()["flags"] = "avx2"  # a caller cannot change it for the others
+    assert provenance.vector_isa() == "avx512"
+
+
 def test_without_cpuinfo_only_the_machine_is_known(cpuinfo):
     cpuinfo(None)
     assert provenance.cpu() == {"machine": platform.machine()}

@@ -215,7 +215,7 @@ class ProgramCache:
                   "backend": {"platform": backend.platform,
                               "version": backend.platform_version,
                               "devices": [device.device_kind for device in jax.devices()]},
-                  "cpu": cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                  "cpu": dict(cpu()), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                   "jax_config": {name: repr(value)
                                  for name, value in sorted(jax.config.values.items())}}
         text = json.dumps(record, sort_keys=True, default=repr)

@@ -16,8 +16,10 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import MappingProxyType
 
 from jax_attention._files import write_text_atomically
 
@@ -68,22 +70,25 @@ def git_commit() -> str | None:
 
 
 @functools.cache
-def cpu() -> dict[str, str]:
+def cpu() -> Mapping[str, str]:
     """The CPU: ``"machine"`` (``platform.machine()``, always there), and where Linux's
     ``/proc/cpuinfo`` tells them, its first processor's ``"model name"`` and ``"flags"`` (x86)
-    or ``"Features"`` and ``"CPU part"`` (Arm), the flags sorted and space-separated."""
+    or ``"Features"`` and ``"CPU part"`` (Arm), the flags sorted and space-separated.
+
+    Read once per process; the mapping is read-only, since every caller shares it
+    (``dict(cpu())`` for a copy to change or to write as JSON)."""
     found = {"machine": platform.machine()}
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return found
+        text = ""
     for line in text.splitlines():
         name, _, value = line.partition(":")
         name = name.strip()
         if name in ("model name", "flags", "Features", "CPU part") and name not in found:
             found[name] = (" ".join(sorted(value.split())) if name in ("flags", "Features")
                            else value.strip())
-    return found
+    return MappingProxyType(found)
 
 
 def vector_isa() -> str:
