@@ -418,10 +418,13 @@ def _train_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> d
                          f"{name} (its settings: {', '.join(BOOK_MODELS[args.model])})")
     arguments = {"sizes": sizes, **{name: getattr(args, name) for name in DATA_OVERRIDES}}
     try:
+        check_size_names(args.model, args.size)
+    except ValueError as error:  # a size the model lacks
+        parser.error(f"argument --size: {error}")
+    try:
         check_size_names(args.model, args.size, **arguments)
-    except ValueError as error:  # a size the model lacks, heads not dividing the width
-        parser.error(f"argument --size: {error}" if "no size" in str(error)
-                     else f"the {args.model} model's settings {error}")
+    except ValueError as error:  # heads not dividing the width at one of the sizes
+        parser.error(f"the {args.model} model's settings {error}")
     return arguments
 
 
