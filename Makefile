@@ -19,7 +19,9 @@ $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
 
 # The test extras include PyTorch (the CPU wheel pinned in setup.cfg) for the cross-framework tests,
 # and the docs extra: the suite runs the tutorials and checks the API and command-line references.
+# The Chinese figures need a CJK font (Debian's fonts-noto-cjk, installed where missing).
 $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
+	scripts/ensure-cjk-font
 	$(BIN)/python -m pip install --quiet -e '.[test,torch,docs]'
 	touch $@ $(VENV)/.installed
 

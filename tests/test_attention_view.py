@@ -189,3 +189,32 @@ def test_wrong_kinds_are_type_errors():
         attention_view(softmax_weights((2, 3)), ["a", "b"], list("xyz"), mask=np.ones((2, 3)))
     with pytest.raises(TypeError, match="weights must be real numbers, got dtype <U1"):
         attention_view(np.array([["a"]]), ["a"], ["x"])
+
+
+def test_a_chinese_view_has_chinese_controls_and_names():
+    """language="zh": every word the view writes itself (its controls, legend, tabs, axes and
+    default names) comes in Chinese; the tokens stay as they are."""
+    from jax_attention.viz.language import words
+
+    english, chinese = words("en"), words("zh")
+    assert english.keys() == chinese.keys()
+    data = view_data(translation_view(book_translation(), language="zh"))
+    assert set(data["text"].values()) == {value for key, value in chinese.items()
+                                          if key.startswith("view_")}
+    assert data["text"]["all_heads"] == "所有头"
+    assert [tab["name"] for tab in data["tabs"]] == ["编码器自注意力", "解码器自注意力", "编码器－解码器注意力"]
+    assert data["tabs"][0]["heads"][0] == "头 1" and data["tabs"][0]["layers"][1] == "第 2 层"
+    assert data["title"].startswith("Transformer 的注意力") and "i lost my keys" in data["title"]
+    single = view_data(attention_view(softmax_weights((2, 3)), ["a", "b"], ["x", "y", "z"],
+                                      language="zh"))
+    assert (single["tabs"][0]["xlabel"], single["tabs"][0]["ylabel"]) == ("键", "查询")
+    assert view_data(attention_view(softmax_weights((2, 3)), ["a", "b"], ["x", "y", "z"])
+                     )["text"]["all_heads"] == "All heads"
+
+
+def test_a_chinese_page_says_so(tmp_path):
+    view = attention_view(softmax_weights((2, 3)), ["a", "b"], ["x", "y", "z"], language="zh")
+    text = save_views(tmp_path / "zh.html", [view]).read_text(encoding="utf-8")
+    assert '<html lang="zh-CN">' in text and "<title>注意力权重</title>" in text
+    with pytest.raises(ValueError, match="language must be one of"):
+        translation_view(book_translation(), language="de")

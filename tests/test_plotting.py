@@ -185,3 +185,49 @@ def test_transformer_attention_plots_have_titles_and_layer_rows(tmp_path, monkey
         assert [ax.get_ylabel().split("\n")[0] for ax in heatmaps[::2]] == \
             ["Layer 1", "Layer 2", "Layer 3"]
         assert {ax.get_title() for ax in heatmaps} == {"Head 1", "Head 2"}
+
+
+def _han(text: str) -> int:
+    return len(re.findall(r"[\u4e00-\u9fff]", text))
+
+
+def test_chinese_figures_say_it_in_chinese_and_draw_it_with_a_cjk_font(tmp_path):
+    """language="zh": the figures' own words are Chinese, in the edition's terms (查询, 键), and a
+    CJK font draws them (Matplotlib warns of a missing glyph otherwise: an error here)."""
+    from jax_attention.nn.positional import positional_encoding
+    from jax_attention.viz import plotting
+    from jax_attention.viz.language import cjk_fonts
+
+    assert cjk_fonts(), "no CJK font installed (apt-get install fonts-noto-cjk)"
+    heatmap = plotting.translation_heatmap(_translation(True), tmp_path / "t.png", language="zh")
+    ax = heatmap.axes[0]
+    assert "键" in ax.get_xlabel() and "查询" in ax.get_ylabel() and "编码器" in heatmap.get_suptitle()
+    assert "go ." in heatmap.get_suptitle()  # the sentence itself is never translated
+    grid = plotting.layer_head_heatmaps(np.full((2, 3, 2, 2), 0.5), xlabel="键", ylabel="查询",
+                                        xticks=["a", "b"], yticks=["c", "d"], language="zh")
+    *heatmaps, _ = grid.axes
+    assert [ax.get_title() for ax in heatmaps[:3]] == ["头 1", "头 2", "头 3"]
+    assert heatmaps[0].get_ylabel().startswith("第 1 层")
+    P = positional_encoding(60, 32)
+    (columns,) = plotting.plot_positional_columns(P, language="zh").axes
+    assert _han(columns.get_title()) and [t.get_text() for t in columns.get_legend().get_texts()] \
+        == ["第 6 列", "第 7 列", "第 8 列", "第 9 列"]
+    assert _han(plotting.plot_positional_heatmap(P, language="zh").get_suptitle())
+    (curve,) = plotting.plot_curve([1.0, 0.5], language="zh").axes
+    assert (curve.get_xlabel(), curve.get_ylabel()) == ("迭代周期", "损失")
+    (fit,) = plot_kernel_regression(np.arange(3.0), np.arange(3.0), np.arange(2.0), np.arange(2.0),
+                                    np.arange(2.0), language="zh").axes
+    assert [t.get_text() for t in fit.get_legend().get_texts()] == ["真实值", "预测值"]
+    # The English figure is unchanged by the Chinese one made before it.
+    (english,) = plotting.plot_curve([1.0, 0.5]).axes
+    assert (english.get_xlabel(), english.get_ylabel()) == ("epoch", "loss")
+    for figure in (heatmap, grid):
+        figure.canvas.draw()  # a missing glyph would warn here (warnings are errors in the tests)
+
+
+@pytest.mark.parametrize("language", ["fr", "EN", None])
+def test_an_unknown_language_is_refused_by_name(language):
+    from jax_attention.viz.plotting import plot_positional_heatmap
+
+    with pytest.raises(ValueError, match=r"language must be one of 'en', 'zh'"):
+        plot_positional_heatmap(np.zeros((3, 4)), language=language)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_attention._files import write_text_atomically
+from jax_attention.viz.language import words
 from jax_attention.viz.plotting import translation_title
 
 __all__ = ["AttentionView", "attention_view", "translation_view", "save_views", "to_bertviz",
@@ -138,14 +139,15 @@ class _Tab:
                 "heads": self.heads}
 
 
-def _tab(name: str, weights, queries, keys, *, mask=None, xlabel: str = "Keys",
-         ylabel: str = "Queries", layer_names=None, head_names=None, allow_nan: bool = False) -> _Tab:
+def _tab(name: str, weights, queries, keys, *, text, mask=None, xlabel: str, ylabel: str,
+         layer_names=None, head_names=None, allow_nan: bool = False) -> _Tab:
     array = _as_weights(weights, allow_nan)
     shape = np.shape(weights)
     L, N, T, S = array.shape
     keep = _as_mask(mask, array.shape)
-    layers = [f"Layer {i}" for i in range(1, L + 1)] if layer_names is None else layer_names
-    heads = [f"Head {i}" for i in range(1, N + 1)] if head_names is None else head_names
+    layers = ([text["layer"].format(n=i) for i in range(1, L + 1)] if layer_names is None
+              else layer_names)
+    heads = [text["head"].format(n=i) for i in range(1, N + 1)] if head_names is None else head_names
     return _Tab(name, array, _labels("queries", queries, T, "queries (T)", shape),
                 _labels("keys", keys, S, "keys (S)", shape),
                 None if keep is None else ~keep, xlabel, ylabel,
@@ -158,16 +160,20 @@ class AttentionView:
     """An interactive view of attention weights: tabs of ``(L, N, T, S)`` weights and, for a
     Bahdanau translation, its steps. Built by :func:`attention_view` or :func:`translation_view`;
     shows itself in Jupyter, :attr:`html` is the fragment to embed in a page and :meth:`save`
-    writes a whole page."""
+    writes a whole page. ``language`` (``"en"`` or ``"zh"``) is that of the view's controls and
+    legend."""
 
     tabs: tuple[_Tab, ...]
     title: str | None = None
     steps: dict | None = None
+    language: str = "en"
 
     @property
     def html(self) -> str:
         """The view as an HTML fragment (a ``div`` with its style, data and script inline)."""
-        data = {"title": self.title, "colors": list(_colors()),
+        text = {key[len("view_"):]: value for key, value in words(self.language).items()
+                if key.startswith("view_")}
+        data = {"title": self.title, "colors": list(_colors()), "text": text,
                 "tabs": [tab.to_json() for tab in self.tabs], "steps": self.steps}
         payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
         return (f'<div class="ja-view"><style>{_asset("attention_view.css")}</style>'
@@ -190,9 +196,11 @@ class AttentionView:
 def save_views(path: str | os.PathLike, views: Sequence[AttentionView], *,
                title: str | None = None) -> Path:
     """Write ``views`` one below the other as one self-contained HTML page, atomically (the file
-    is whole or untouched); returns the path."""
-    heading = html.escape(title or "Attention weights")
-    page = ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+    is whole or untouched), in the language of the first view; returns the path."""
+    language = views[0].language if views else "en"
+    heading = html.escape(title or words(language)["page_title"])
+    page = (f'<!DOCTYPE html>\n<html lang="{"zh-CN" if language == "zh" else "en"}">\n<head>\n'
+            '<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{heading}</title>\n</head>\n<body>\n"
             + "\n".join(view.html for view in views) + "\n</body>\n</html>\n")
@@ -200,10 +208,10 @@ def save_views(path: str | os.PathLike, views: Sequence[AttentionView], *,
 
 
 def attention_view(weights, queries: Sequence[str], keys: Sequence[str], *, mask=None,
-                   title: str | None = None, xlabel: str = "Keys", ylabel: str = "Queries",
-                   layer_names: Sequence[str] | None = None,
+                   title: str | None = None, xlabel: str | None = None,
+                   ylabel: str | None = None, layer_names: Sequence[str] | None = None,
                    head_names: Sequence[str] | None = None,
-                   allow_nan: bool = False) -> AttentionView:
+                   allow_nan: bool = False, language: str = "en") -> AttentionView:
     """An interactive view of attention weights — :func:`~jax_attention.viz.plotting.show_heatmaps`
     as a page: a layer selector, a head selector, the tokens on both axes, the weight under the
     pointer, masked positions drawn apart from a weight of 0, the fixed ``[0, 1]`` colour scale.
@@ -223,9 +231,12 @@ def attention_view(weights, queries: Sequence[str], keys: Sequence[str], *, mask
       mask: boolean, True where a query may attend a key, broadcastable to the weights (e.g.
         ``(T, S)`` or ``(L, N, T, S)``); False positions are drawn as masked. ``None``: none is.
       title: shown above the view.
-      xlabel, ylabel: names of the key and query axes.
+      xlabel, ylabel: names of the key and query axes; ``None``: "Keys" and "Queries" (in
+        ``language``).
       layer_names, head_names: ``L`` and ``N`` names (default ``"Layer 1"``, ``"Head 1"``...).
       allow_nan: draw NaN weights as NaN instead of raising.
+      language: ``"en"`` or ``"zh"``: the view's own words (its controls, legend and default
+        names; :mod:`jax_attention.viz.language`).
 
     Returns:
       An :class:`AttentionView`.
@@ -233,38 +244,45 @@ def attention_view(weights, queries: Sequence[str], keys: Sequence[str], *, mask
     Raises:
       ValueError: weights of another rank or with an empty axis; labels or names whose number
         does not match the weights' axis (naming both); a mask that does not broadcast; NaN
-        without ``allow_nan``, or infinite weights.
+        without ``allow_nan``, or infinite weights; a language not in ``("en", "zh")``.
       TypeError: weights that are not real numbers; a mask that is not boolean.
     """
-    tab = _tab("Attention weights", weights, queries, keys, mask=mask, xlabel=xlabel,
-               ylabel=ylabel, layer_names=layer_names, head_names=head_names, allow_nan=allow_nan)
-    return AttentionView((tab,), title)
+    text = words(language)
+    tab = _tab(text["attention_weights"], weights, queries, keys, text=text, mask=mask,
+               xlabel=text["keys"] if xlabel is None else xlabel,
+               ylabel=text["queries"] if ylabel is None else ylabel,
+               layer_names=layer_names, head_names=head_names, allow_nan=allow_nan)
+    return AttentionView((tab,), title, language=language)
 
 
-def _transformer_view(t) -> AttentionView:
+def _transformer_view(t, language: str) -> AttentionView:
+    text = words(language)
     inputs = t.decoder_inputs  # the decoder reads <bos> and its own predictions
     steps = len(inputs)
     causal = np.tril(np.ones((steps, steps), bool))
-    tabs = (_tab("Encoder self-attention", t.encoder_self, t.source_tokens, t.source_tokens,
-                 xlabel="Source keys", ylabel="Source queries"),
-            _tab("Decoder self-attention", t.decoder_self, inputs, inputs, mask=causal,
-                 xlabel="Decoder keys", ylabel="Decoder inputs (queries)"),
-            _tab("Encoder\u2013decoder attention", t.encoder_decoder, inputs, t.source_tokens,
-                 xlabel="Source tokens (keys)", ylabel="Decoder inputs (queries)"))
-    return AttentionView(tabs, f"Transformer attention: {translation_title(t)}")
+    tabs = (_tab(text["encoder_self"], t.encoder_self, t.source_tokens, t.source_tokens,
+                 text=text, xlabel=text["source_keys"], ylabel=text["source_queries"]),
+            _tab(text["decoder_self"], t.decoder_self, inputs, inputs, mask=causal, text=text,
+                 xlabel=text["decoder_keys"], ylabel=text["decoder_queries"]),
+            _tab(text["encoder_decoder"], t.encoder_decoder, inputs, t.source_tokens, text=text,
+                 xlabel=text["source_keys_tokens"], ylabel=text["decoder_queries"]))
+    return AttentionView(tabs, text["transformer_view_title"].format(title=translation_title(t)),
+                         language=language)
 
 
-def _bahdanau_view(t) -> AttentionView:
+def _bahdanau_view(t, language: str) -> AttentionView:
+    text = words(language)
     outputs = t.output_tokens
     weights = np.asarray(t.weights)
-    tab = _tab("Bahdanau (additive) attention", weights, outputs, t.source_tokens,
-               xlabel="Source tokens (keys)", ylabel="Translation (queries)",
-               head_names=["Additive attention"])
+    tab = _tab(text["bahdanau_attention"], weights, outputs, t.source_tokens, text=text,
+               xlabel=text["source_keys_tokens"], ylabel=text["translation_queries"],
+               head_names=[text["additive_attention"]])
     steps = {"outputs": outputs, "source": list(t.source_tokens), "weights": _values(weights)}
-    return AttentionView((tab,), f"Bahdanau attention, step by step: {translation_title(t)}", steps)
+    return AttentionView((tab,), text["bahdanau_view_title"].format(title=translation_title(t)),
+                         steps, language)
 
 
-def translation_view(translation) -> AttentionView:
+def translation_view(translation, *, language: str = "en") -> AttentionView:
     """The interactive view of one translation (a result of a model's ``translate``).
 
     The Transformer's: three tabs — encoder self-attention ``(L, N, S, S)``, decoder
@@ -275,10 +293,12 @@ def translation_view(translation) -> AttentionView:
 
     >>> t = jax_attention.load_model("runs/transformer").translate("i lost .")
     >>> translation_view(t).save("i-lost.html")    # or leave it last in a notebook cell
+
+    ``language`` (``"en"`` or ``"zh"``) is that of the view's own words: tabs, axes, controls.
     """
-    if getattr(translation, "encoder_decoder", None) is not None:
-        return _transformer_view(translation)
-    return _bahdanau_view(translation)
+    view = _transformer_view if getattr(translation, "encoder_decoder", None) is not None \
+        else _bahdanau_view
+    return view(translation, language)
 
 
 def to_bertviz(weights) -> list[np.ndarray]:

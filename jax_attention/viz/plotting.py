@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from jax_attention._files import write_file_atomically
+from jax_attention.viz.language import cjk_fonts, words
 
 __all__ = [
     "show_heatmaps",
@@ -57,6 +58,7 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
 
 
 def _new_figure(figsize) -> Figure:
+    cjk_fonts()  # Chinese labels, the figures' own or the caller's, fall back to a CJK font
     fig = Figure(figsize=figsize, layout="constrained")
     # An explicit Agg canvas: savefig then never consults (or switches) the global backend.
     FigureCanvasAgg(fig)
@@ -178,8 +180,8 @@ def show_heatmaps(matrices, xlabel: str, ylabel: str, titles: Sequence[str] | No
 
 
 def plot_kernel_regression(x_train, y_train, x_test, y_truth, y_hat, *,
-                           path: str | os.PathLike | None = None, title: str | None = None
-                           ) -> Figure:
+                           path: str | os.PathLike | None = None, title: str | None = None,
+                           language: str = "en") -> Figure:
     """The book's kernel-regression figure — d2l §11.2 ``plot_kernel_reg``.
 
     The true function ("Truth") and the prediction ("Pred") as lines over the test inputs, the
@@ -194,10 +196,12 @@ def plot_kernel_regression(x_train, y_train, x_test, y_truth, y_hat, *,
       y_hat: ``(n_test,)`` predictions at ``x_test``.
       path: where to write the PNG, or ``None``.
       title: a title above the plot, or ``None``.
+      language: ``"en"`` or ``"zh"``, of the legend (:mod:`jax_attention.viz.language`).
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
+    text = words(language)
     x_train = _as_vector("x_train", x_train)
     y_train = _as_vector("y_train", y_train, x_train.shape[0], "x_train")
     x_test = _as_vector("x_test", x_test)
@@ -205,8 +209,8 @@ def plot_kernel_regression(x_train, y_train, x_test, y_truth, y_hat, *,
     y_hat = _as_vector("y_hat", y_hat, x_test.shape[0], "x_test")
     fig = _new_figure((3.5, 2.5))  # d2l.plot's default size
     ax = fig.subplots()
-    ax.plot(x_test, y_truth, "-", label="Truth")
-    ax.plot(x_test, y_hat, "m--", label="Pred")
+    ax.plot(x_test, y_truth, "-", label=text["truth"])
+    ax.plot(x_test, y_hat, "m--", label=text["prediction"])
     ax.plot(x_train, y_train, "o", alpha=0.5)
     ax.set_xlabel("x")
     ax.set_ylabel("y")
@@ -221,20 +225,25 @@ def plot_kernel_regression(x_train, y_train, x_test, y_truth, y_hat, *,
     return fig
 
 
-def plot_curve(values, *, xlabel: str = "epoch", ylabel: str = "loss",
-               path: str | os.PathLike | None = None, title: str | None = None) -> Figure:
+def plot_curve(values, *, xlabel: str | None = None, ylabel: str | None = None,
+               path: str | os.PathLike | None = None, title: str | None = None,
+               language: str = "en") -> Figure:
     """A training curve: ``values[i]`` at ``x = i + 1`` (epochs count from 1, as in the logs).
 
     Args:
       values: ``(n,)`` with ``n >= 1``, e.g. the loss of each epoch.
-      xlabel: label of the horizontal axis.
-      ylabel: label of the vertical axis.
+      xlabel: label of the horizontal axis; ``None``: "epoch" (in ``language``).
+      ylabel: label of the vertical axis; ``None``: "loss" (in ``language``).
       path: where to write the PNG, or ``None``.
       title: a title above the plot, or ``None``.
+      language: ``"en"`` or ``"zh"``, of the default labels.
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
+    text = words(language)
+    xlabel = text["epoch"] if xlabel is None else xlabel
+    ylabel = text["loss"] if ylabel is None else ylabel
     values = _as_vector("values", values)
     if values.shape[0] == 0:
         raise ValueError(f"values must hold at least one point, got shape {values.shape}")
@@ -265,7 +274,8 @@ def _as_table(name: str, P) -> np.ndarray:
 
 
 def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
-                            path: str | os.PathLike | None = None) -> Figure:
+                            path: str | os.PathLike | None = None, language: str = "en"
+                            ) -> Figure:
     """Columns of a positional-encoding table over the positions — d2l §11.6.3, first figure.
 
     The book draws columns 6 to 9 of ``positional_encoding(60, 32)``: two (sin, cos) pairs whose
@@ -276,10 +286,12 @@ def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
       columns: the column indices to draw, each in ``[0, D)``; one curve each, labelled
         ``"Col c"``.
       path: where to write the PNG, or ``None``.
+      language: ``"en"`` or ``"zh"``, of the labels and the title.
 
     Returns:
       The :class:`~matplotlib.figure.Figure` (6 × 2.5 inches, as in the book).
     """
+    text = words(language)
     P = _as_table("P", P)
     columns = [int(c) for c in columns]
     if not columns or any(not 0 <= c < P.shape[1] for c in columns):
@@ -291,11 +303,11 @@ def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
     ax = fig.subplots()
     positions = np.arange(P.shape[0])
     for i, column in enumerate(columns):
-        ax.plot(positions, P[:, column], _LINE_FORMATS[i % len(_LINE_FORMATS)], label=f"Col {column}")
-    ax.set_xlabel("Row (position)")
-    ax.set_ylabel("Encoding value")
-    ax.set_title(f"Sinusoidal positional encoding ({P.shape[0]} positions × {P.shape[1]} "
-                 f"dimensions):\ncolumns {', '.join(map(str, columns))} over the positions")
+        ax.plot(positions, P[:, column], _LINE_FORMATS[i % len(_LINE_FORMATS)], label=text["column"].format(n=column))
+    ax.set_xlabel(text["row_position"])
+    ax.set_ylabel(text["encoding_value"])
+    ax.set_title(text["positional_columns_title"].format(T=P.shape[0], D=P.shape[1],
+                                                         columns=", ".join(map(str, columns))))
     ax.set_xlim(0, P.shape[0] - 1 if P.shape[0] > 1 else 1)
     ax.legend()
     ax.grid(True)
@@ -304,7 +316,8 @@ def plot_positional_columns(P, columns: Sequence[int] = (6, 7, 8, 9), *,
     return fig
 
 
-def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figure:
+def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None,
+                            language: str = "en") -> Figure:
     """A positional-encoding table as a heatmap — d2l §11.6.3, second figure.
 
     The book's ``show_heatmaps(P, xlabel='Column (encoding dimension)', ylabel='Row (position)',
@@ -314,15 +327,18 @@ def plot_positional_heatmap(P, *, path: str | os.PathLike | None = None) -> Figu
     Args:
       P: ``(T, D)``.
       path: where to write the PNG, or ``None``.
+      language: ``"en"`` or ``"zh"``, of the labels and the title.
 
     Returns:
       The :class:`~matplotlib.figure.Figure` (3.5 × 4 inches).
     """
+    text = words(language)
     P = _as_table("P", P)
-    return show_heatmaps(P[None, None], xlabel="Column (encoding dimension)", ylabel="Row (position)",
-                         figsize=(3.5, 4), cmap="Blues", path=path, vmin=-1.0, vmax=1.0,
-                         suptitle=f"Sinusoidal positional encoding\n({P.shape[0]} positions × "
-                                  f"{P.shape[1]} dimensions)")
+    return show_heatmaps(P[None, None], xlabel=text["column_dimension"],
+                         ylabel=text["row_position"], figsize=(3.5, 4), cmap="Blues", path=path,
+                         vmin=-1.0, vmax=1.0,
+                         suptitle=text["positional_heatmap_title"].format(T=P.shape[0],
+                                                                          D=P.shape[1]))
 
 
 # --------------------------------------------------------------------------- one translation's weights
@@ -334,7 +350,7 @@ def translation_title(translation) -> str:
 
 
 def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
-                        title: str | None = None) -> Figure:
+                        title: str | None = None, language: str = "en") -> Figure:
     """The book's heatmap of one translation's attention weights, with the tokens as tick labels:
     the source tokens read (keys) across, the predicted tokens and ``<eos>`` (queries) down,
     on the fixed ``[0, 1]`` colour scale.
@@ -353,20 +369,21 @@ def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
         ``(L, N, steps, S)``.
       path: where to write the PNG, or ``None``.
       title: the figure's title instead of the default one.
+      language: ``"en"`` or ``"zh"``, of the labels and the default title.
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
+    text = words(language)
     steps, keys = translation.weights.shape
     queries = translation.output_tokens
     if title is None:
         cross = getattr(translation, "encoder_decoder", None)
-        what = ("Bahdanau (additive) attention" if cross is None else
-                f"Transformer encoder\u2013decoder attention,\nlayer {cross.shape[0]} of "
-                f"{cross.shape[0]} (last), mean over {cross.shape[1]} heads")
+        what = (text["bahdanau_attention"] if cross is None else
+                text["last_layer_mean"].format(L=cross.shape[0], N=cross.shape[1]))
         title = f"{what}\n{translation_title(translation)}"
-    return show_heatmaps(translation.weights[None, None], xlabel="Source tokens (keys)",
-                         ylabel="Translation (queries)",
+    return show_heatmaps(translation.weights[None, None], xlabel=text["source_keys_tokens"],
+                         ylabel=text["translation_queries"],
                          figsize=(max(3.5, 0.45 * keys + 1.2), max(3.0, 0.35 * steps + 1.8)),
                          xticklabels=translation.source_tokens, yticklabels=queries,
                          suptitle=title, path=path)
@@ -374,7 +391,7 @@ def translation_heatmap(translation, path: str | os.PathLike | None = None, *,
 
 def layer_head_heatmaps(weights, path: str | os.PathLike | None = None, *, xlabel: str,
                         ylabel: str, xticks: Sequence[str], yticks: Sequence[str],
-                        title: str | None = None) -> Figure:
+                        title: str | None = None, language: str = "en") -> Figure:
     """``(L, N, T, S)`` weights as a grid, one row per layer (block) and one column per head,
     with the tokens as tick labels, ``"Layer l"`` beside each row and ``"Head n"`` above each
     column: :func:`show_heatmaps` with those options.
@@ -389,32 +406,37 @@ def layer_head_heatmaps(weights, path: str | os.PathLike | None = None, *, xlabe
       xlabel, ylabel: labels of the key axis ``S`` and the query axis ``T``.
       xticks, yticks: ``S`` and ``T`` tick labels (tokens).
       title: the figure's title, or ``None``.
+      language: ``"en"`` or ``"zh"``, of the row and column titles (``"Layer l"``, ``"Head n"``).
 
     Returns:
       The :class:`~matplotlib.figure.Figure`.
     """
+    text = words(language)
     L, N, T, S = np.shape(weights)
     return show_heatmaps(weights, xlabel=xlabel, ylabel=ylabel,
-                         titles=[f"Head {n}" for n in range(1, N + 1)],
-                         row_titles=[f"Layer {layer}" for layer in range(1, L + 1)],
+                         titles=[text["head"].format(n=n) for n in range(1, N + 1)],
+                         row_titles=[text["layer"].format(n=layer) for layer in range(1, L + 1)],
                          xticklabels=xticks, yticklabels=yticks, suptitle=title,
                          # tall enough for "Layer l" above the query label, even for T = 1
                          figsize=(max(2.0, 0.4 * S + 1.0), max(2.8, 0.35 * T + 1.0)), path=path)
 
 
-def bahdanau_attention_plots(translation, out_dir: str | os.PathLike) -> dict[str, Path]:
+def bahdanau_attention_plots(translation, out_dir: str | os.PathLike, *,
+                             language: str = "en") -> dict[str, Path]:
     """The book's figure of a Bahdanau translation (d2l §11.4): its weights as
-    :func:`translation_heatmap`, written to ``out_dir/bahdanau_attention.png``.
+    :func:`translation_heatmap` (in ``language``, ``"en"`` or ``"zh"``), written to
+    ``out_dir/bahdanau_attention.png``.
 
     Returns:
       ``{"attention": path}``.
     """
     plots = {"attention": Path(out_dir) / "bahdanau_attention.png"}
-    translation_heatmap(translation, plots["attention"])
+    translation_heatmap(translation, plots["attention"], language=language)
     return plots
 
 
-def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict[str, Path]:
+def transformer_attention_plots(translation, out_dir: str | os.PathLike, *,
+                                language: str = "en") -> dict[str, Path]:
     """The book's figures of a Transformer translation (d2l §11.7.6): the encoder
     self-attention, the decoder self-attention and the encoder–decoder attention, every layer
     (row) and head (column), as :func:`layer_head_heatmaps`, written into ``out_dir``.
@@ -424,42 +446,45 @@ def transformer_attention_plots(translation, out_dir: str | os.PathLike) -> dict
         ``decoder_self`` ``(L, N, T, T)`` and ``encoder_decoder`` ``(L, N, T, S)`` weights
         besides the tokens of :func:`translation_heatmap`.
       out_dir: the folder of the PNGs.
+      language: ``"en"`` or ``"zh"``, of the labels and titles.
 
     Returns:
       ``{"encoder_self", "decoder_self", "encoder_decoder": path}``, the files
       ``transformer_encoder_self_attention.png``, ``transformer_decoder_self_attention.png`` and
       ``transformer_encoder_decoder_attention.png``.
     """
-    figures = transformer_attention_figures(translation, out_dir)
+    figures = transformer_attention_figures(translation, out_dir, language=language)
     for _, draw in figures.values():
         draw()
     return {name: path for name, (path, _) in figures.items()}
 
 
-def transformer_attention_figures(translation, out_dir: str | os.PathLike
+def transformer_attention_figures(translation, out_dir: str | os.PathLike, *,
+                                  language: str = "en"
                                   ) -> dict[str, tuple[Path, functools.partial]]:
     """The figures of :func:`transformer_attention_plots`, not drawn yet: ``{name: (path,
     draw)}``, ``draw()`` drawing the figure and writing it to ``path``. Each ``draw`` is a
     :func:`functools.partial` of :func:`layer_head_heatmaps` on NumPy arrays and strings: it
     pickles, so another process can draw it (``jax-attention train`` draws them in two).
+    ``language`` (``"en"`` or ``"zh"``) is that of the labels and titles.
     """
+    text = words(language)
     out_dir = Path(out_dir)
     t = translation
     inputs = list(t.decoder_inputs)  # the decoder reads <bos> and its own predictions
     title = translation_title(t)
     figures = {
         "encoder_self": (t.encoder_self, "transformer_encoder_self_attention.png",
-                         ("Key positions", "Query positions", t.source_tokens, t.source_tokens),
-                         "Transformer encoder self-attention, every layer and head"),
+                         (text["key_positions"], text["query_positions"], t.source_tokens,
+                          t.source_tokens), text["encoder_self_all"]),
         "decoder_self": (t.decoder_self, "transformer_decoder_self_attention.png",
-                         ("Key positions", "Query positions", inputs, inputs),
-                         "Transformer decoder self-attention (causal), every layer and head"),
+                         (text["key_positions"], text["query_positions"], inputs, inputs),
+                         text["decoder_self_all"]),
         "encoder_decoder": (t.encoder_decoder, "transformer_encoder_decoder_attention.png",
-                            ("Source tokens (keys)", "Decoder inputs (queries)",
-                             t.source_tokens, inputs),
-                            "Transformer encoder\u2013decoder attention, every layer and head"),
+                            (text["source_keys_tokens"], text["decoder_queries"],
+                             t.source_tokens, inputs), text["encoder_decoder_all"]),
     }
     return {name: (out_dir / file, functools.partial(
         layer_head_heatmaps, np.asarray(weights), out_dir / file, xlabel=xlabel, ylabel=ylabel,
-        xticks=list(xticks), yticks=list(yticks), title=f"{what}\n{title}"))
+        xticks=list(xticks), yticks=list(yticks), title=f"{what}\n{title}", language=language))
         for name, (weights, file, (xlabel, ylabel, xticks, yticks), what) in figures.items()}

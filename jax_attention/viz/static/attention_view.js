@@ -6,6 +6,7 @@
   const data = JSON.parse(root.querySelector("script.ja-view-data").textContent);
   const body = root.querySelector(".ja-view-body");
   const state = { tab: 0, layer: 0, head: -1, step: 0 };
+  const T = data.text;  // the view's own words, in its language
 
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -49,7 +50,7 @@
     if (masked) td.classList.add("ja-masked");
     else if (w === null) td.classList.add("ja-nan");
     else td.style.background = color(w);
-    const text = tab.queries[t] + " \u2192 " + tab.keys[s] + ": " + (masked ? "masked" : fmt(w));
+    const text = tab.queries[t] + " \u2192 " + tab.keys[s] + ": " + (masked ? T.masked : fmt(w));
     td.title = text;
     td.addEventListener("mouseenter", function () { info.textContent = text; });
     return td;
@@ -68,8 +69,8 @@
       const label = el("th", "ja-query", q);
       label.addEventListener("mouseenter", function () {
         row.classList.add("ja-row-hl");
-        info.textContent = "query " + q + ": " + tab.keys.map(function (k, s) {
-          return k + " " + (isMasked(tab, l, h, t, s) ? "masked" : fmt(tab.weights[l][h][t][s]));
+        info.textContent = T.query + q + ": " + tab.keys.map(function (k, s) {
+          return k + " " + (isMasked(tab, l, h, t, s) ? T.masked : fmt(tab.weights[l][h][t][s]));
         }).join(", ");
       });
       label.addEventListener("mouseleave", function () { row.classList.remove("ja-row-hl"); });
@@ -88,11 +89,11 @@
       return i % 16 === 0 || i === data.colors.length - 1; }).join(", ") + ")";
     scale.appendChild(el("span", "", "0"));
     scale.appendChild(bar);
-    scale.appendChild(el("span", "", "1  attention weight"));
+    scale.appendChild(el("span", "", T.weight_legend));
     box.appendChild(scale);
     const masked = el("span");
     masked.appendChild(el("span", "ja-swatch ja-masked"));
-    masked.appendChild(document.createTextNode("masked (may not attend; not a weight of 0)"));
+    masked.appendChild(document.createTextNode(T.masked_legend));
     box.appendChild(masked);
     if (tab.has_nan) {
       const nan = el("span");
@@ -106,15 +107,15 @@
   function matrices(tab) {
     const part = el("div", "ja-part");
     const controls = el("div", "ja-controls");
-    const label = el("label", "", "Layer ");
+    const label = el("label", "", T.layer);
     label.appendChild(select("ja-layer", tab.layers, state.layer, function (v) { state.layer = v; draw(); }));
     if (tab.layers.length > 1) controls.appendChild(label);
-    const heads = el("label", "", "Head ");
-    heads.appendChild(select("ja-head", ["All heads"].concat(tab.heads), state.head + 1,
+    const heads = el("label", "", T.head);
+    heads.appendChild(select("ja-head", [T.all_heads].concat(tab.heads), state.head + 1,
       function (v) { state.head = v - 1; draw(); }));
     if (tab.heads.length > 1) controls.appendChild(heads);
     part.appendChild(controls);
-    const info = el("div", "ja-info", "Hover a cell for its query, key and weight; a query for its row.");
+    const info = el("div", "ja-info", T.hover);
     part.appendChild(info);
     const grid = el("div", "ja-grid");
     const shown = state.head < 0 ? tab.heads.map(function (_, h) { return h; }) : [state.head];
@@ -133,11 +134,11 @@
       b.dataset.step = k;
       buttons.appendChild(b);
     });
-    part.appendChild(el("div", "", "Output tokens, in order: choose one to see the source weights that produced it."));
+    part.appendChild(el("div", "", T.steps));
     part.appendChild(buttons);
     const k = state.step;
-    part.appendChild(el("div", "ja-info ja-step-info", "Step " + (k + 1) + ": " + view.outputs[k] +
-      " \u2190 the source weighted as below"));
+    part.appendChild(el("div", "ja-info ja-step-info", T.step.replace("{n}", String(k + 1)) + view.outputs[k] +
+      T.weighted));
     const row = el("div", "ja-step-row");
     row.dataset.step = k;
     view.source.forEach(function (token, s) {
