@@ -46,11 +46,17 @@ test-slow: $(VENV)/.installed-test
 	JAX_ATTENTION_TEST_COMPILER=default $(BIN)/python -m pytest -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder -m slow $(PYTEST_ARGS)
 
 # The docs site: Sphinx builds docs/ into build/docs/html, executing the tutorials (a failing cell,
-# an undocumented public name or any warning fails it), then it replaces $(SITE)/. Offline: open
-# $(SITE)/index.html, or serve it (python -m http.server -d $(SITE)). Then `make test-browser`.
+# an undocumented public name or any warning fails it), then it replaces $(SITE)/. The tutorials
+# train on the English–French data: `jax-attention data` finds it as the commands do (or downloads
+# it into the user cache) and the build stops at once, with the line that says how to supply it,
+# when it cannot; the Chinese figures need a CJK font (installed where missing). Offline: open
+# $(SITE)/index.html, or serve it (python -m http.server -d $(SITE)) for the search's page summaries.
+# Then `make test-browser`.
 docs: $(VENV)/.installed-test
-	rm -rf build/docs/html
-	$(BIN)/python -m sphinx -W --keep-going -q -b html -d build/docs/doctrees docs build/docs/html
+	scripts/ensure-cjk-font
+	data=$$($(BIN)/jax-attention data) && rm -rf build/docs/html && \
+	JAX_ATTENTION_DATA="$$data" $(BIN)/python -m sphinx -W --keep-going -q -b html \
+		-d build/docs/doctrees docs build/docs/html
 	rm -rf $(SITE) && cp -a build/docs/html $(SITE)
 
 # The tests in headless Chromium (Debian's package, installed where missing), network off: the built

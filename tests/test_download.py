@@ -404,3 +404,47 @@ def test_fresh_clone_with_the_server_down_gives_one_error_line(fresh_clone, tmp_
     assert not (tmp_path / "model").exists()
     cache = tmp_path / "cache" / "jax-attention"
     assert not cache.exists() or list(cache.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- the docs build's data
+
+
+def test_the_data_command_downloads_once_and_prints_the_path(fresh_clone, server, tmp_path):
+    """`jax-attention data` (what `make docs` runs before the tutorials) in a clone with no data
+    anywhere: the archive downloaded into the user cache, its path alone on stdout; a second run
+    finds it there."""
+    env = clone_env(fresh_clone, tmp_path / "cache", server.url)
+    cached = tmp_path / "cache" / "jax-attention" / "fra-eng.zip"
+    errors = []
+    for _ in range(2):
+        status, out, err = run_command("data", env=env, cwd=fresh_clone, timeout=120)
+        assert status == 0 and out == f"{cached}\n", (out, err)
+        assert "Traceback" not in err
+        errors.append(err)
+    assert server.requests == 1 and f"downloading {server.url} (" in errors[0]
+    assert "downloading" not in errors[1]
+    assert hashlib.sha1(cached.read_bytes()).hexdigest() == SHARED_ARCHIVE_SHA1
+
+
+def test_the_data_command_with_no_way_to_the_data_stops_with_one_line(fresh_clone, tmp_path):
+    url = gone_url()
+    env = clone_env(fresh_clone, tmp_path / "cache", url)
+    status, out, err = run_command("data", env=env, cwd=fresh_clone, timeout=120)
+    assert_one_line(err, f"cannot download {url}", "--data PATH", status=2, returncode=status)
+    assert out == ""
+    damaged = tmp_path / "fra-eng.zip"
+    damaged.write_bytes(SHARED_ARCHIVE.read_bytes()[:5000])
+    status, out, err = run_command("data", "--data", str(damaged), env=env, cwd=fresh_clone,
+                                   timeout=120)
+    assert_one_line(err, "damaged or truncated archive", status=2, returncode=status)
+    assert out == "" and damaged.stat().st_size == 5000  # the user's file left as it was
+
+
+def test_make_docs_hands_the_tutorials_the_data_found_or_downloaded():
+    """The docs build runs `jax-attention data` first, stops when it fails, and gives the
+    tutorials (which train on the data) its path."""
+    recipe = subprocess.run(["make", "-n", "docs", "BIN=.venv/bin", "VENV=/nonexistent-venv"],
+                            cwd=CHECKOUT, capture_output=True, text=True)
+    commands = recipe.stdout
+    assert "data=$(.venv/bin/jax-attention data) &&" in commands, commands
+    assert 'JAX_ATTENTION_DATA="$data" .venv/bin/python -m sphinx' in commands, commands

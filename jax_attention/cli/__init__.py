@@ -37,7 +37,7 @@ from jax_attention import __version__
 # The command families register their commands when imported, in this order (``--help``'s).
 
 from jax_attention.runtime import interrupts
-from jax_attention.cli import train, plot, translate, conformance, bench  # noqa: F401, I001
+from jax_attention.cli import train, plot, translate, conformance, bench, data  # noqa: F401, I001
 from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_INTERRUPTED, EXIT_NONFINITE,
                                          EXIT_WRITE_FAILED, LONG_RUNS_EPILOG, PROG,
                                          add_device_arguments, add_long_run_arguments,
@@ -47,6 +47,7 @@ from jax_attention.cli.arguments import (EXIT_BUSY, EXIT_INTERRUPTED, EXIT_NONFI
 from jax_attention.cli.bench import (run_bench_attention, run_bench_decode, run_bench_memory,
                                      run_bench_profile, run_bench_train)
 from jax_attention.cli.conformance import run_conformance_command
+from jax_attention.cli.data import run_data
 from jax_attention.cli.plot import run_plot_attention, run_plot_positional_encoding
 from jax_attention.cli.registry import Configure, children, register, register_group
 from jax_attention.cli.train import (run_train_bahdanau, run_train_kernel_regression,
@@ -60,7 +61,7 @@ __all__ = ["main", "build_parser", "register", "register_group", "int_at_least",
            "Configure",
            "run_train_kernel_regression", "run_train_bahdanau", "run_train_transformer",
            "run_translate", "run_plot_positional_encoding", "run_plot_attention",
-           "run_conformance_command", "run_bench_attention", "run_bench_memory",
+           "run_conformance_command", "run_data", "run_bench_attention", "run_bench_memory",
            "run_bench_train", "run_bench_decode", "run_bench_profile"]
 
 
