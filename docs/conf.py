@@ -7,6 +7,7 @@ Chinese version of a tutorial have the same code, so one execution serves both);
 fails the build.
 """
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,14 @@ html_title = f"jax-attention {release}"
 html_show_sourcelink = False
 html_theme_options = {"top_of_page_buttons": []}
 html_last_updated_fmt = None
+html_js_files = ["file-search.js"]
+
+# Search: one index of both languages. Sphinx's Chinese indexer segments Chinese words with jieba
+# (the docs extra installs it), helped by the chapter's terms (_ext/search-words-zh.txt: 掩蔽, 置换,
+# 热图 ... as whole words), and stems English words as the English indexer does.
+html_search_language = "zh"
+logging.getLogger("jieba").setLevel(logging.WARNING)  # its dictionary's loading notes
+html_search_options = {"dict": str(DOCS / "_ext" / "search-words-zh.txt")}
 
 # MyST: $...$ maths, ::: fences; headings get anchors down to level 3 (links such as page.md#heading).
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]

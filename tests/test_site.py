@@ -146,6 +146,93 @@ def test_the_search_finds_the_masked_softmax(browser, server):
     visit.context.close()
 
 
+#: The Chinese tutorials in the order of the Chinese home page's table of contents.
+CHINESE_TUTORIALS = ["attention-pooling", "attention-scoring", "bahdanau", "multihead-attention",
+                     "self-attention", "transformer"]
+
+_NAVIGATION = """() => ({
+    lang: document.documentElement.lang,
+    sidebar: Array.from(document.querySelectorAll('.sidebar-tree a.reference')).map(a => a.href),
+    captions: Array.from(document.querySelectorAll('.sidebar-tree .caption')).map(c => c.innerText),
+    prev: (document.querySelector('a.prev-page') || {}).href || null,
+    next: (document.querySelector('a.next-page') || {}).href || null,
+    search: document.querySelector('input.sidebar-search').placeholder,
+    words: Array.from(document.querySelectorAll('.prev-page .context, .next-page .context, '
+        + '.back-to-top, .toc-title')).map(e => e.innerText.trim()).filter(t => t),
+})"""
+
+
+def test_the_chinese_pages_are_a_chinese_site(browser, server):
+    """On a Chinese page: <html lang="zh-CN">, the sidebar lists the Chinese tutorials only,
+    "previous" and "next" follow them (the home page first), and the theme's words are Chinese."""
+    visit = Visit(browser, server)
+    order = ["zh/index.html", *(f"zh/tutorials/{name}.html" for name in CHINESE_TUTORIALS)]
+    for at, path in enumerate(order):
+        page = visit.open(path)
+        seen = page.evaluate(_NAVIGATION)
+        assert seen["lang"] == "zh-CN", (path, seen)
+        sidebar = [_page_of(href, server)[0] for href in seen["sidebar"]]
+        assert sidebar == order[1:], (path, sidebar)
+        assert seen["captions"] == ["教程"], (path, seen["captions"])
+        prev = _page_of(seen["prev"], server)[0] if seen["prev"] else None
+        nxt = _page_of(seen["next"], server)[0] if seen["next"] else None
+        assert prev == (order[at - 1] if at else None), (path, prev)
+        assert nxt == (order[at + 1] if at + 1 < len(order) else None), (path, nxt)
+        assert seen["search"] == "搜索"
+        english = [word for word in seen["words"] if re.search(r"[A-Za-z]{3}", word)
+                   and not re.search(r"[\u4e00-\u9fff]", word)]
+        assert not english, (path, seen["words"])
+        assert not visit.problems, (path, visit.problems)
+    english = visit.open("changelog.html").evaluate(_NAVIGATION)
+    assert english["lang"] == "en" and english["next"] is None  # the English pages end there
+    assert not any("/zh/" in href for href in english["sidebar"]), english["sidebar"]
+    visit.context.close()
+
+
+def test_chinese_sentences_have_no_stray_spaces():
+    """A line break inside a Chinese sentence of the source renders as a space in HTML: the
+    build joins such lines, so no prose of a Chinese page has a break between two Chinese
+    characters (code, scripts and styles aside)."""
+    pages = sorted((SITE / "zh").rglob("*.html"))
+    assert len(pages) >= 7, pages
+    cjk = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+    found = []
+    for path in pages:
+        text = re.sub(r"<pre.*?</pre>|<script.*?</script>|<style.*?</style>", "",
+                      path.read_text(encoding="utf-8"), flags=re.S)
+        found += [f"{path.relative_to(SITE)}: {text[m.start() - 30:m.end() + 10]!r}"
+                  for m in re.finditer(f"[{cjk}][ \t]*\n[ \t]*[{cjk}]", text)]
+    assert not found, "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("word, page", [("掩蔽", "zh/tutorials/attention-scoring.html"),
+                                        ("置换", "zh/tutorials/self-attention.html"),
+                                        ("热图", "zh/tutorials/bahdanau.html"),
+                                        ("注意力汇聚", "zh/tutorials/attention-pooling.html")])
+def test_the_search_finds_chinese_words(browser, server, word, page):
+    """Sphinx's Chinese search (jieba's words and the chapter's terms) finds a word of the prose."""
+    visit = Visit(browser, server)
+    results = visit.open(f"search.html?q={word}")
+    results.wait_for_selector("#search-results ul.search li", timeout=30_000)
+    found = results.eval_on_selector_all("#search-results ul.search li a",
+                                         "links => links.map(a => a.href)")
+    assert page in {_page_of(href, server)[0] for href in found}, (word, found)
+    assert not visit.problems, visit.problems
+    visit.context.close()
+
+
+def test_the_search_from_a_file_lists_its_pages_without_errors(browser):
+    """Opened as a file (no server), the browser refuses the requests for the pages' summaries:
+    the search then lists the pages found by their titles, with no error in the console."""
+    visit = Visit(browser, SITE.as_uri() + "/")
+    page = visit.open("search.html?q=masked+softmax")
+    page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+    assert page.eval_on_selector_all("#search-results ul.search li a", "links => links.length") > 3
+    page.wait_for_timeout(500)
+    assert not visit.problems, visit.problems
+    visit.context.close()
+
+
 def test_screenshots(browser, server):
     """The pages a reviewer looks at, photographed whole (tall pages: the first 4000 pixels), and
     the interactive views two tutorials embed."""
