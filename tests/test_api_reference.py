@@ -68,3 +68,46 @@ def test_a_name_without_a_docstring_is_reported(monkeypatch):
 
     monkeypatch.setattr(masking.masked_softmax, "__doc__", None)
     assert "jax_attention.nn.masking.masked_softmax: no docstring" in api_reference.undocumented()
+
+
+def test_every_module_shows_the_parameters_it_is_called_with(names):
+    """A Flax NNX module's metaclass calls ``__init__`` through ``__call__(*args, **kwargs)``:
+    the reference gives each such class its constructor's signature instead (parameters,
+    defaults, keyword-only options), and leaves the other classes alone."""
+    import importlib
+    import inspect
+
+    from flax import nnx
+
+    classes = {getattr(importlib.import_module(entry.home), entry.name) for entry in names
+               if entry.kind == "class" and entry.module == entry.home}
+    modules = {cls for cls in classes if issubclass(cls, nnx.Module)}
+    assert len(modules) >= 20
+    assert all(inspect.signature(cls).parameters.keys() >= {"args", "kwargs"} for cls in modules)
+    fixed = api_reference.show_constructors(names)
+    try:
+        assert {f"{cls.__module__}.{cls.__name__}" for cls in modules} <= set(fixed)
+        for cls in modules:
+            parameters = inspect.signature(cls).parameters
+            assert not {"self", "args", "kwargs"} & parameters.keys(), (cls, parameters)
+        from jax_attention.nn.multihead import MultiHeadAttention
+
+        signature = inspect.signature(MultiHeadAttention).parameters
+        assert signature["dropout"].default == 0.0
+        assert signature["sow_weights"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert all(api_reference.constructor_signature(cls) is None for cls in classes - modules
+                   if type(cls).__call__ is type.__call__)
+    finally:
+        for cls in modules:
+            if "__signature__" in vars(cls):
+                del cls.__signature__
+
+
+def test_the_index_counts_the_names_of_each_module(names, tmp_path):
+    index = {path.stem: path for path in api_reference.write_pages(tmp_path)}["index"]
+    text = index.read_text(encoding="utf-8")
+    top = re.search(r"^- \[jax_attention\]\(jax_attention\.md\) — (.*)$", text, flags=re.M)
+    import jax_attention
+    assert top.group(1) == f"{len(jax_attention.__all__)} re-exported from their modules"
+    assert re.search(r"^- \[jax_attention\.nn\.masking\]\(jax_attention\.nn\.masking\.md\) — "
+                     r"\d+ names$", text, flags=re.M)

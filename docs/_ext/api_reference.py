@@ -207,12 +207,45 @@ def index_page(modules: list[str], names: list[PublicName]) -> str:
             continue
         text += [f"## {room}", "", summary + ".", ""]
         for module in members:
-            count = sum(1 for entry in names if entry.module == module and entry.home == module)
-            text.append(f"- [{module}]({module}.md) — {count} names")
+            own = sum(1 for entry in names if entry.module == module and entry.home == module)
+            other = sum(1 for entry in names if entry.module == module and entry.home != module)
+            counts = [f"{own} names"] if own else []
+            counts += [f"{other} re-exported from their modules"] if other else []
+            text.append(f"- [{module}]({module}.md) — {', '.join(counts)}")
             toctree.append(module)
         text.append("")
     text += ["```{toctree}", ":hidden:", "", *toctree, "```", ""]
     return "\n".join(text)
+
+
+def constructor_signature(cls) -> inspect.Signature | None:
+    """The signature a class is called with, from its ``__init__`` (``self`` left out), for a class
+    whose metaclass takes over the call: a Flax NNX module (``nnx.Module``'s metaclass calls
+    ``__init__`` through ``__call__(*args, **kwargs)``, which is all that Sphinx and
+    :func:`inspect.signature` see); no parameters for one that defines no ``__init__``. ``None``
+    for a class whose metaclass does not take over the call."""
+    if type(cls).__call__ is type.__call__:
+        return None
+    if cls.__init__ is object.__init__:  # an abstract base: called with no arguments
+        return inspect.Signature()
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def show_constructors(names: list[PublicName]) -> list[str]:
+    """Give each public class whose metaclass hides its constructor (:func:`constructor_signature`)
+    that signature as ``__signature__``, which autodoc and :func:`inspect.signature` read, so that
+    its page shows the parameters and defaults it is called with; returns those classes' names."""
+    fixed = []
+    for entry in names:
+        if entry.kind not in ("class", "exception") or entry.module != entry.home:
+            continue
+        cls = getattr(importlib.import_module(entry.home), entry.name)
+        signature = constructor_signature(cls)
+        if signature is not None and "__signature__" not in vars(cls):
+            cls.__signature__ = signature
+            fixed.append(entry.target)
+    return fixed
 
 
 def write_pages(srcdir: Path, names: list[PublicName] | None = None) -> list[Path]:
