@@ -55,21 +55,6 @@ TRAINING = re.compile(r"\btrain(?:_\w+)?\(")
 TUTORIALS = [path for path in notebooks()
              if path.parent in (DOCS / "tutorials", DOCS / "zh" / "tutorials")]
 
-#: Claims known in pages outside the change that brought this test: ``{page: {(rule, a phrase of
-#: the sentence)}}``. They state a trained result literally, but the outputs under them were the
-#: same under AVX-512 and under AVX2 (the pages executed both ways), so they contradict no output
-#: today. They stay listed until their pages glue or print them; a listed claim that is gone fails
-#: the test, so that the list only shrinks.
-KNOWN: dict[str, set[tuple[str, str]]] = {
-    "tutorials/attention-pooling.md": {("value", r"$w \approx 17$")},
-    "zh/tutorials/attention-pooling.md": {("value", r"$w \approx 17$")},
-    "tutorials/attention-scoring.md": {("value", "98%"), ("value", "2.12 and 2.04")},
-    "zh/tutorials/attention-scoring.md": {("value", "98%"), ("value", "2.12 和 2.04")},
-    "tutorials/multihead-attention.md": {("head", "head 1 puts most of its weight"),
-                                         ("value", "about 0.8")},
-    "zh/tutorials/multihead-attention.md": {("head", "头 1 把大部分权重"), ("value", "约为 0.8")},
-}
-
 # ------------------------------------------------------------------------------------- the rules
 
 _GLUE_ROLE = re.compile(r"\{glue(?::(?:any|text|md))?\}`([^`]*)`")
@@ -228,20 +213,13 @@ def test_the_tutorials_are_found():
     names = {path.relative_to(DOCS).as_posix() for path in TUTORIALS}
     assert {"tutorials/transformer.md", "tutorials/bahdanau.md", "zh/tutorials/transformer.md",
             "zh/tutorials/bahdanau.md"} <= names, names
-    assert all(name in names for name in KNOWN), set(KNOWN) - names
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda path: path.relative_to(DOCS).as_posix())
 def test_no_tutorial_states_a_trained_result_in_its_prose(path):
     page = path.relative_to(DOCS).as_posix()
-    found = _claims_of(path)
-    known = KNOWN.get(page, set())
-    new = sorted((rule, text) for rule, text in found
-                 if not any(rule == known_rule and phrase in text for known_rule, phrase in known))
-    assert not new, f"{page}:\n" + "\n".join(f"{rule}: {text}" for rule, text in new)
-    gone = sorted((rule, phrase) for rule, phrase in known
-                  if not any(rule == found_rule and phrase in text for found_rule, text in found))
-    assert not gone, f"{page} no longer claims {gone}: take them off KNOWN"
+    found = sorted(_claims_of(path))
+    assert not found, f"{page}:\n" + "\n".join(f"{rule}: {text}" for rule, text in found)
 
 
 @pytest.mark.parametrize("path", [path for path in TUTORIALS
