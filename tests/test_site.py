@@ -38,7 +38,7 @@ SCREENSHOT_PAGES = {"home": "index.html", "tutorial-en": "tutorials/self-attenti
                     "api": "reference/api/jax_attention.nn.masking.html"}
 
 #: The generated pages that are not the site's content (no language switch on them).
-UTILITY_PAGES = ("search.html", "genindex.html", "py-modindex.html")
+UTILITY_PAGES = ("search.html", "zh/search.html", "genindex.html", "py-modindex.html")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -210,10 +210,16 @@ def test_chinese_sentences_have_no_stray_spaces():
                                         ("热图", "zh/tutorials/bahdanau.html"),
                                         ("注意力汇聚", "zh/tutorials/attention-pooling.html")])
 def test_the_search_finds_chinese_words(browser, server, word, page):
-    """Sphinx's Chinese search (jieba's words and the chapter's terms) finds a word of the prose."""
+    """Sphinx's Chinese search (jieba's words and the chapter's terms) finds a word of the prose;
+    the Chinese pages' search box leads to their own search page, which speaks Chinese."""
     visit = Visit(browser, server)
-    results = visit.open(f"search.html?q={word}")
+    start = visit.open(page)
+    assert _page_of(start.eval_on_selector("form.sidebar-search-container", "f => f.action"),
+                    server)[0] == "zh/search.html"
+    results = visit.open(f"zh/search.html?q={word}")
     results.wait_for_selector("#search-results ul.search li", timeout=30_000)
+    assert results.evaluate("document.documentElement.lang") == "zh-CN"
+    assert results.inner_text("#search-results h2") == "搜索结果"
     found = results.eval_on_selector_all("#search-results ul.search li a",
                                          "links => links.map(a => a.href)")
     assert page in {_page_of(href, server)[0] for href in found}, (word, found)

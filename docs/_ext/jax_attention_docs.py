@@ -140,11 +140,23 @@ def _chinese_pages(env) -> list[str]:
     return order
 
 
+#: Sphinx's Chinese words of its scripts (the search's messages, "Hide Search Matches"), copied
+#: into the site's ``_static`` for the Chinese pages.
+SCRIPT_WORDS_ZH = Path(sphinx.__file__).parent / "locale" / "zh_CN" / "LC_MESSAGES" / "sphinx.js"
+
+
+def chinese_search_page(app):
+    """The Chinese pages' own search page, ``zh/search.html``: the same search over the whole
+    site, its words in Chinese."""
+    yield ZH + "search", {}, "search.html"
+
+
 def chinese_navigation(app, pagename, templatename, context, doctree) -> None:
     """On a Chinese page (before the theme reads the context): the sidebar's table of contents
     from the Chinese home page, "previous" and "next" along the Chinese pages, the theme's words
-    in Chinese."""
-    if not pagename.startswith(ZH) or doctree is None:
+    (the templates' and the scripts') in Chinese, and the search box leading to the Chinese search
+    page."""
+    if not pagename.startswith(ZH):
         return
     env, builder = app.env, app.builder
     root = env.get_doctree(ZH + "index")
@@ -166,6 +178,17 @@ def chinese_navigation(app, pagename, templatename, context, doctree) -> None:
                              "title": env.titles[order[other]].astext()}
                             if 0 <= other < len(order) else None)
     context["gettext"] = _chinese_theme_words()
+    context["language"] = "zh-CN"
+    english_pathto = context["pathto"]
+
+    def pathto(name: str, resource: int = 0) -> str:
+        return english_pathto(ZH + "search" if name == "search" and not resource else name,
+                              resource)
+
+    context["pathto"] = pathto
+    app.add_js_file("translations-zh.js")  # this page only (called while the page is written)
+    if pagename == ZH + "search":
+        app.add_js_file("search-links.js", defer="defer")  # its results' links, from the root
 
 
 def page_context(app, pagename, templatename, context, doctree) -> None:
@@ -178,14 +201,14 @@ def page_context(app, pagename, templatename, context, doctree) -> None:
     executed = NbMetadataCollector.get_exec_data(app.env, pagename) and \
         app.config.nb_execution_mode == "cache"
     context["notebook_download"] = context["pathto"](pagename + ".ipynb", 1) if executed else None
-    if pagename.startswith(ZH):
-        context["language"] = "zh-CN"
 
 
 def write_notebooks(app, exception) -> None:
-    """Write each executed notebook beside its page, for the download link."""
+    """Write each executed notebook beside its page, for the download link (and the Chinese
+    pages' script words into ``_static``)."""
     if exception is not None or app.builder.format != "html":
         return
+    (Path(app.outdir) / "_static" / "translations-zh.js").write_bytes(SCRIPT_WORDS_ZH.read_bytes())
     for docname in sorted(app.env.found_docs):
         notebook = executed_notebook(app, docname)
         if notebook is not None:
@@ -198,6 +221,7 @@ def setup(app):
     app.connect("builder-inited", generate_references)
     app.add_search_language(SearchChineseAndEnglish)
     app.connect("doctree-read", join_chinese_lines)
+    app.connect("html-collect-pages", chinese_search_page)
     app.connect("html-page-context", chinese_navigation, priority=400)  # before the theme's
     app.connect("html-page-context", page_context)
     app.connect("build-finished", write_notebooks)
