@@ -46,6 +46,21 @@ GENERATED = ("reference",)
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", flags=re.M | re.S)
 
 
+#: The front matter of a MyST notebook of this project (jupytext's MyST format, the Python 3 kernel),
+#: for the tests that write one.
+NOTEBOOK_FRONT_MATTER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
+
+
 def is_notebook(path: Path) -> bool:
     """Whether a Markdown file is a MyST notebook (jupytext front matter naming a kernel)."""
     text = path.read_text(encoding="utf-8")

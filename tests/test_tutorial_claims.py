@@ -46,7 +46,7 @@ import jupytext  # the docs extra, which make test installs
 import pytest
 
 from jax_attention.train import BOOK_PAIRS
-from tests.docs_support import DOCS, notebooks
+from tests.docs_support import DOCS, NOTEBOOK_FRONT_MATTER, notebooks
 
 #: A code cell that trains: after the first one, the prose may not state what training made.
 TRAINING = re.compile(r"\btrain(?:_\w+)?\(")
@@ -291,18 +291,7 @@ def test_a_sentence_that_holds_everywhere_is_not_a_claim(sentence):
     assert prose_claims(sentence) == [], prose_claims(sentence)
 
 
-_PLANTED_NOTEBOOK = """\
----
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-
+_PLANTED_NOTEBOOK = NOTEBOOK_FRONT_MATTER + """
 Before training, nothing is a result yet: head 1 of a random model.
 
 ```{{code-cell}} ipython3

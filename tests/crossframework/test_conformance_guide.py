@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.docs_support import ROOT
+from tests.docs_support import NOTEBOOK_FRONT_MATTER, ROOT
 from tests.torch_support import import_torch
 
 import_torch()
@@ -23,19 +23,7 @@ import jupytext  # noqa: E402  (the docs extra, which make test installs)
 import nbclient  # noqa: E402
 
 GUIDE = ROOT / "docs" / "guides" / "check-your-implementation.md"
-FRONT_MATTER = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-
-# Check your own implementation
-"""
+FRONT_MATTER = NOTEBOOK_FRONT_MATTER + "\n# Check your own implementation\n"
 
 def _outputs(cell) -> str:
     """What a code cell printed (streams and results), as one text."""
