@@ -11,6 +11,7 @@ lines of a Chinese paragraph without the space that a line break inside a senten
 
 from __future__ import annotations
 
+import functools
 import gettext
 import re
 from pathlib import Path
@@ -20,10 +21,10 @@ import cli_reference
 import jupytext
 import nbformat
 import sphinx
-from sphinx import addnodes
 from docutils import nodes
 from jupyter_cache import get_cache
 from myst_nb.sphinx_ import NbMetadataCollector
+from sphinx import addnodes
 from sphinx.environment.adapters.toctree import TocTree
 from sphinx.search.zh import SearchChinese
 from sphinx.util import logging
@@ -120,6 +121,7 @@ def join_chinese_lines(app, doctree) -> None:
             parent[at] = nodes.Text(joined)
 
 
+@functools.cache
 def _chinese_theme_words():
     """The ``gettext`` of the Chinese pages' templates: Sphinx's Chinese catalogue, then
     :data:`THEME_WORDS_ZH`."""
@@ -203,12 +205,17 @@ def page_context(app, pagename, templatename, context, doctree) -> None:
     context["notebook_download"] = context["pathto"](pagename + ".ipynb", 1) if executed else None
 
 
+def copy_chinese_script_words(app, exception) -> None:
+    """Copy Sphinx's Chinese words of its scripts into the site, for the Chinese pages."""
+    if exception is None and app.builder.format == "html":
+        (Path(app.outdir) / "_static" / "translations-zh.js").write_bytes(
+            SCRIPT_WORDS_ZH.read_bytes())
+
+
 def write_notebooks(app, exception) -> None:
-    """Write each executed notebook beside its page, for the download link (and the Chinese
-    pages' script words into ``_static``)."""
+    """Write each executed notebook beside its page, for the download link."""
     if exception is not None or app.builder.format != "html":
         return
-    (Path(app.outdir) / "_static" / "translations-zh.js").write_bytes(SCRIPT_WORDS_ZH.read_bytes())
     for docname in sorted(app.env.found_docs):
         notebook = executed_notebook(app, docname)
         if notebook is not None:
@@ -225,4 +232,5 @@ def setup(app):
     app.connect("html-page-context", chinese_navigation, priority=400)  # before the theme's
     app.connect("html-page-context", page_context)
     app.connect("build-finished", write_notebooks)
+    app.connect("build-finished", copy_chinese_script_words)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
