@@ -93,7 +93,8 @@ def test_every_module_shows_the_parameters_it_is_called_with(names):
         from jax_attention.nn.multihead import MultiHeadAttention
 
         signature = inspect.signature(MultiHeadAttention).parameters
-        assert signature["dropout"].default == 0.0
+        assert repr(signature["dropout"].default) == "0.0"
+        assert repr(signature["param_dtype"].default) == "jnp.float32"  # as the source writes it
         assert signature["sow_weights"].kind is inspect.Parameter.KEYWORD_ONLY
         assert all(api_reference.constructor_signature(cls) is None for cls in classes - modules
                    if type(cls).__call__ is type.__call__)

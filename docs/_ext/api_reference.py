@@ -21,6 +21,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +219,35 @@ def index_page(modules: list[str], names: list[PublicName]) -> str:
     return "\n".join(text)
 
 
+class _Written:
+    """A default value shown as its source reads (``jnp.float32``, not ``<class ...>``)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _as_written(function, signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` with each default as the source of ``function`` writes it (what autodoc's
+    ``autodoc_preserve_defaults`` shows for a function); as it is when the source cannot be read."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return signature
+    definition = ast.parse(source).body[0]
+    arguments = definition.args
+    positional = arguments.posonlyargs + arguments.args
+    written = dict(zip([a.arg for a in positional[len(positional) - len(arguments.defaults):]],
+                       arguments.defaults))
+    written.update((a.arg, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d)
+    return signature.replace(parameters=[
+        parameter.replace(default=_Written(ast.get_source_segment(source, written[parameter.name])))
+        if parameter.name in written else parameter
+        for parameter in signature.parameters.values()])
+
+
 def constructor_signature(cls) -> inspect.Signature | None:
     """The signature a class is called with, from its ``__init__`` (``self`` left out), for a class
     whose metaclass takes over the call: a Flax NNX module (``nnx.Module``'s metaclass calls
@@ -228,7 +258,7 @@ def constructor_signature(cls) -> inspect.Signature | None:
         return None
     if cls.__init__ is object.__init__:  # an abstract base: called with no arguments
         return inspect.Signature()
-    signature = inspect.signature(cls.__init__)
+    signature = _as_written(cls.__init__, inspect.signature(cls.__init__))
     return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
