@@ -195,7 +195,7 @@ def test_chinese_sentences_have_no_stray_spaces():
     characters (code, scripts and styles aside)."""
     pages = sorted((SITE / "zh").rglob("*.html"))
     assert len(pages) >= 7, pages
-    cjk = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+    cjk = "\u2014\u2018-\u201d\u2026\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
     found = []
     for path in pages:
         text = re.sub(r"<pre.*?</pre>|<script.*?</script>|<style.*?</style>", "",

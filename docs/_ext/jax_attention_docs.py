@@ -44,8 +44,9 @@ THEME_WORDS_ZH = {
     "Edit this page": "编辑本页", "View this page": "查看本页",
 }
 
-# A line break between two Chinese characters (ideographs or full-width punctuation): joined.
-_CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+# A line break between two Chinese characters (ideographs, full-width punctuation, and the dash,
+# ellipsis and quotation marks Chinese text sets with them): joined.
+_CJK = "\u2014\u2018-\u201d\u2026\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
 _CJK_BREAK = re.compile(f"(?<=[{_CJK}])[ \t]*\n[ \t]*(?=[{_CJK}])")
 
 
