@@ -230,16 +230,16 @@ def add_data_argument(parser: argparse.ArgumentParser) -> None:
                              "(as JAX_ATTENTION_NO_DOWNLOAD=1): fail with how to supply it")
 
 
-def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def check_data_argument(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path:
     """Make sure of the English–French data of ``--data`` (or the default places) before
     compiling anything: when it is found nowhere, download d2l's archive into the user cache here
     (with its progress on stderr), unless ``--no-download`` or ``$JAX_ATTENTION_NO_DOWNLOAD``
-    forbids it. Data that cannot be found or downloaded is a usage error (exit status 2, one line
-    that says why and how to supply the file)."""
+    forbids it; returns where the data is. Data that cannot be found or downloaded is a usage
+    error (exit status 2, one line that says why and how to supply the file)."""
     from jax_attention.data.nmt import ensure_data
 
     try:
-        ensure_data(args.data, no_download=getattr(args, "no_download", False))
+        return ensure_data(args.data, no_download=getattr(args, "no_download", False))
     except (OSError, ValueError) as error:  # not found, download failed, SHA-1 mismatch
         parser.error(str(error))
 

@@ -40,10 +40,8 @@ def run_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The ``data`` command: the path of the data (downloaded if need be) on stdout; exit status
     0, or 2 with the error on stderr (argparse's ``parser.error``) when there is none to be had."""
     from jax_attention.data.archive import read_text
-    from jax_attention.data.nmt import find_data
 
-    check_data_argument(args, parser)  # found, or downloaded: as every command that reads it
-    path = find_data(args.data)
+    path = check_data_argument(args, parser)  # found, or downloaded: as every command that reads it
     try:
         read_text(path, num_pairs=1)  # opened as the commands will open it
     except (OSError, ValueError) as error:  # a damaged or truncated archive
