@@ -19,6 +19,7 @@ import gc
 import hashlib
 import http.server
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -33,6 +34,9 @@ import pooch
 import pytest
 
 from jax_attention.data import archive
+# Imported here, before any test patches archive.checkout_candidates: nmt re-exports archive's
+# names, and a first import under the patch would keep the patched one for the whole process.
+from jax_attention.data import nmt  # noqa: F401
 from jax_attention.cli import main
 from jax_attention.cli.arguments import add_data_argument, check_data_argument
 from tests.fault_support import assert_one_line, command_env, run_command
@@ -448,3 +452,49 @@ def test_make_docs_hands_the_tutorials_the_data_found_or_downloaded():
     commands = recipe.stdout
     assert "data=$(.venv/bin/jax-attention data) &&" in commands, commands
     assert 'JAX_ATTENTION_DATA="$data" .venv/bin/python -m sphinx' in commands, commands
+
+
+def test_a_download_into_the_cache_removes_what_a_stopped_one_left(fresh_clone, server,
+                                                                  tmp_path):
+    """`jax-attention data` stopped by Ctrl-C in its download exits 130 with one line and no
+    clean-up (the commands' Ctrl-C), leaving pooch's temporary file; the next download into the
+    user cache deletes such a file once nothing has written to it for a while, keeps a fresh one
+    (a download under way) and anything else in the folder."""
+    server.stall_after = len(server.payload) // 4
+    cache = tmp_path / "cache" / "jax-attention"
+    env = clone_env(fresh_clone, tmp_path / "cache", server.url)
+    # Python's own Ctrl-C handler: a background process of a non-interactive shell (CI) inherits
+    # SIGINT ignored, and the command then keeps it ignored.
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from jax_attention.cli import main; sys.exit(main(['data']))")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=fresh_clone, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (cache.is_dir() and any(path.stat().st_size for path in cache.iterdir())):
+            assert process.poll() is None, f"the download ended first: {process.returncode}"
+            assert time.monotonic() < deadline, "no byte of the download reached the folder"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert_one_line(err, "interrupted (Ctrl-C)", status=130, returncode=process.returncode)
+    assert out == ""
+    [left] = list(cache.iterdir())
+    assert left.name.startswith("tmp") and left.stat().st_size > 0
+    stale = time.time() - 3 * archive.DOWNLOAD_TIMEOUT
+    os.utime(left, (stale, stale))
+    fresh, mine = cache / "tmpabcd1234", cache / "tmpnotes.txt"
+    fresh.write_bytes(b"a download under way")
+    mine.write_text("a file of the user's")
+    os.utime(mine, (stale, stale))
+    mine_dir = cache / "tmpdir"
+    mine_dir.mkdir()
+    server.stall_after = None
+    status, out, err = run_command("data", env=env, cwd=fresh_clone, timeout=120)
+    assert status == 0 and out == f"{cache / 'fra-eng.zip'}\n", err
+    assert sorted(path.name for path in cache.iterdir()) == [
+        "fra-eng.zip", "tmpabcd1234", "tmpdir", "tmpnotes.txt"]

@@ -29,9 +29,11 @@ import io
 import logging
 import numbers
 import os
+import re
 import shutil
 import struct
 import sys
+import time
 import urllib.parse
 import urllib.request
 import warnings
@@ -382,8 +384,11 @@ def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
     pooch's :func:`pooch.retrieve` does it: the bytes go to a temporary file in the same folder,
     renamed onto the target only once the transfer is complete and the checksum matches, deleted
     otherwise (an error, Ctrl-C), so that an interrupted, truncated or corrupt download never sits
-    where the lookup would take it for the data. A ``fra-eng.zip`` already there with the
-    expected SHA-1 is kept, not downloaded again.
+    where the lookup would take it for the data. A command stopped by Ctrl-C ends at once, with no
+    clean-up (:mod:`jax_attention.runtime.interrupts`), so its temporary file stays: a download
+    into the user cache first deletes the temporary files of downloads that stopped there
+    (:func:`_remove_stopped_downloads`). A ``fra-eng.zip`` already there with the expected SHA-1
+    is kept, not downloaded again.
 
     Args:
       url: ``http(s)://`` (pooch's :class:`~pooch.HTTPDownloader`) or any other URL ``urllib``
@@ -407,7 +412,10 @@ def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
 
     url = _data_url() if url is None else url
     sha1 = _data_sha1() if sha1 is None else sha1.lower()
-    directory = cache_dir() if directory is None else Path(directory)
+    if directory is None:
+        directory = cache_dir()
+        _remove_stopped_downloads(directory)
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     download = _Download(url, directory, progress)
     with _without_pooch_notes(pooch.get_logger(), url):
@@ -420,6 +428,21 @@ def download_fra_eng(url: str | None = None, sha1: str | None = None, *,
             raise ValueError(f"SHA-1 mismatch for {url}: got {download.sha1}, expected {sha1}; "
                              "the download was deleted") from error
     return directory / ARCHIVE_NAME
+
+
+def _remove_stopped_downloads(directory: Path) -> None:
+    """Delete pooch's temporary files in the user cache (named as :mod:`tempfile` names them:
+    ``tmp`` and 8 letters, digits or underscores) that no download has written to for a while
+    (twice :data:`DOWNLOAD_TIMEOUT`: a download under way writes more often, or fails): what a
+    command stopped by Ctrl-C in its download left there. Only the user cache, this package's own
+    folder; a folder given by the caller is left as it is."""
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to delete
+            if (re.fullmatch(r"tmp[a-z0-9_]{8}", path.name) and path.is_file()
+                    and time.time() - path.stat().st_mtime > 2 * DOWNLOAD_TIMEOUT):
+                path.unlink()
 
 
 @contextlib.contextmanager
