@@ -399,6 +399,24 @@ def check_logit_softcap(logit_softcap) -> float | None:
     return float(logit_softcap)
 
 
+def check_sinks(sinks, queries_shape) -> jax.Array | None:
+    """``sinks=`` (``None``: none): learned attention-sink logits, one per query head — float
+    ``(N,)`` for queries ``(B, ..., N, T, d)``, or ``()`` (also for queries without a head axis);
+    each joins every row's softmax denominator as a key with a zero value. ``TypeError`` for a
+    non-float, ``ValueError`` for another shape, naming both shapes."""
+    if sinks is None:
+        return None
+    sinks = as_array_like(sinks)
+    shape, dtype = jnp.shape(sinks), jnp.result_type(sinks)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"sinks must be float logits, got dtype {dtype} with shape {shape}")
+    heads = tuple(queries_shape[-3:-2]) if len(queries_shape) >= 4 else ()
+    if shape not in ((), heads):
+        raise ValueError(f"sinks must have shape () or (N,) = {heads} (one logit per query head) "
+                         f"for queries {tuple(queries_shape)}, got {shape}")
+    return jnp.asarray(sinks)
+
+
 def check_local_window_size(local_window_size) -> tuple[int, int] | None:
     """``local_window_size=`` (``None``: no window) as ``(left, right)``: an int ``w`` means
     ``(w, w)``; query ``t`` may attend keys ``t - left <= s <= t + right`` (``jax.nn``'s rule).

@@ -60,15 +60,13 @@ from jax import lax
 
 from jax_attention._checks import (
     check_attention_inputs,
-    check_local_window_size,
-    check_logit_softcap,
     check_mask,
-    check_scale,
     check_static_bool,
     check_unbatched,
     check_valid_lens,
     num_kv_groups,
 )
+from jax_attention.nn import mods
 from jax_attention.nn.masking import (
     group_heads,
     masked_fill_value,
@@ -110,7 +108,6 @@ class Chunking(NamedTuple):
     padded_keys: int  # S rounded up to a multiple of Ck
     is_causal: bool
     window: tuple[int, int] | None = None  # (left, right): keys t - left <= s <= t + right
-    logit_softcap: float | None = None  # c: scores c * tanh(s / c)
     grouped: bool = False  # queries (B, ..., N_kv, G, T, q) against keys (B, ..., N_kv, S, q)
 
     @property
@@ -124,14 +121,14 @@ class Chunking(NamedTuple):
 
 def chunking(num_queries: int, num_keys: int, query_chunk: int, key_chunk: int, *,
              is_causal: bool = False, window: tuple[int, int] | None = None,
-             logit_softcap: float | None = None, grouped: bool = False) -> Chunking:
+             grouped: bool = False) -> Chunking:
     """The static plan of one call: ``T`` and ``S`` padded up to multiples of the chunks ``Cq``
     and ``Ck`` (as :func:`dot_product_attention` chooses them), and what masks the chunks."""
     return Chunking(
         num_queries=num_queries, num_keys=num_keys, query_chunk=query_chunk, key_chunk=key_chunk,
         padded_queries=-(-num_queries // query_chunk) * query_chunk,
         padded_keys=-(-num_keys // key_chunk) * key_chunk, is_causal=is_causal, window=window,
-        logit_softcap=logit_softcap, grouped=grouped)
+        grouped=grouped)
 
 
 # The automatic chunk (query_chunk_size=None, key_chunk_size=None): the largest power of two in
@@ -322,72 +319,109 @@ def _merge_group_mask(keep, groups: int, query_chunk: int):
     return keep.reshape(keep.shape[:-3] + (groups * query_chunk, keep.shape[-1]))
 
 
-def _softcap(scores, cap: float):
-    """``(cap * tanh(scores / cap), tanh(scores / cap))``: the capped scores and, for the
-    backward pass, the ``tanh`` whose derivative ``1 - tanh**2`` the score gradient takes."""
-    tanh = jnp.tanh(scores / cap)
-    return cap * tanh, tanh
+def _along(values, axis: int, rank: int):
+    """1-D ``values`` on ``axis`` of an array of ``rank`` axes, size 1 elsewhere."""
+    shape = [1] * rank
+    shape[axis] = values.shape[0]
+    return values.reshape(shape)
+
+
+def _block_grids(cfg: Chunking, shape, i, j, *, transposed: bool = False):
+    """``(b, h, q_idx, kv_idx)`` of a block of scores of ``shape`` — ``(B, ..., R, Ck)``, or
+    ``(B, ..., Ck, R)`` ``transposed`` — for the mods (:func:`jax_attention.nn.mods.index_grids`'
+    meaning). ``R`` is the query chunk's ``Cq`` rows, or grouped the ``G * Cq`` merged rows of a
+    key/value head, row ``r`` being query ``i * Cq + r % Cq`` of head ``n_kv * G + r // Cq``."""
+    rank, Cq, Ck = len(shape), cfg.query_chunk, cfg.key_chunk
+    row_axis, key_axis = (-1, -2) if transposed else (-2, -1)
+    rows = jnp.arange(shape[row_axis], dtype=jnp.int32)
+    b = _along(jnp.arange(shape[0], dtype=jnp.int32), 0, rank)
+    q = _along(i * Cq + rows % Cq, row_axis, rank)
+    kv = _along(j * Ck + jnp.arange(Ck, dtype=jnp.int32), key_axis, rank)
+    if cfg.grouped:
+        groups = shape[row_axis] // Cq
+        h = (_along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank) * groups
+             + _along(rows // Cq, row_axis, rank))
+    elif rank >= 4:
+        h = _along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank)
+    else:
+        h = jnp.zeros((1,) * rank, jnp.int32)
+    return b, h, q, kv
+
+
+def _block_keep(cfg: Chunking, limits, mask, mask_mod, i, j, block_shape):
+    """The mask of one block in merged rows ``(B, ..., R, Ck)`` (see :func:`_block_grids`), or
+    ``None``: the lengths, causality, window and dense mask of :func:`_chunk_keep`, ANDed with
+    the mask mod evaluated on the block's positions."""
+    keep = _chunk_keep(cfg, limits, mask, i, j, len(block_shape) + cfg.grouped)
+    if keep is not None and cfg.grouped:
+        keep = _merge_group_mask(keep, block_shape[-2] // cfg.query_chunk, cfg.query_chunk)
+    if mask_mod is None:
+        return keep
+    mod_keep = mask_mod(*_block_grids(cfg, block_shape, i, j))
+    return mod_keep if keep is None else keep & mod_keep
+
+
+def _block_any(cfg: Chunking, mask_mod, i, j):
+    """Whether block ``(i, j)`` may hold a pair the mask mod keeps (run-time: lengths and
+    segment ids are read from the block's range); only called when the mod can skip."""
+    return jnp.asarray(mask_mod.block_any(i * cfg.query_chunk, cfg.query_chunk,
+                                          j * cfg.key_chunk, cfg.key_chunk), bool)
+
+
+def _skipping(cfg: Chunking, mask_mod, i, j, step, carry):
+    """``step(carry)`` for block ``(i, j)``, or ``carry`` unchanged when the mask mod rules the
+    block out (``lax.cond``; under ``vmap`` of a batched mod both run and one is selected)."""
+    if mask_mod is None or not mask_mod.skips_blocks:
+        return step(carry)
+    return lax.cond(_block_any(cfg, mask_mod, i, j), step, lambda c: c, carry)
 
 
 # --------------------------------------------------------------------------- the passes
 
 
-def _forward(cfg: Chunking, queries, keys, values, limits, mask):
+def _forward(cfg: Chunking, queries, keys, values, limits, mask, mods_, sinks):
     """Online-softmax forward on padded, pre-scaled inputs: ``(output, logsumexp)``.
 
     Returns the output ``(B, ..., Tp, v)`` and per query ``log(sum_s exp(score_ts))`` over its
-    attended keys ``(B, ..., Tp)`` (0 for a query that attends nothing), all the backward pass
-    needs to rebuild the weights of any chunk. Grouped: queries, output and log-sum-exp have the
-    group axis ``(B, ..., N_kv, G, Tp, .)``.
+    attended keys and the sink ``(B, ..., Tp)`` (``-inf`` for a query that attends nothing),
+    all the backward pass needs to rebuild the weights of any block. Grouped: queries, output
+    and log-sum-exp have the group axis ``(B, ..., N_kv, G, Tp, .)``. ``mods_`` is
+    ``(score_mod, mask_mod)``; ``sinks`` ``None`` or the sink logit per row of a block.
     """
-    batch_shape, rank = queries.shape[:-2], queries.ndim
-    Cq, Ck = cfg.query_chunk, cfg.key_chunk
-    dtype = queries.dtype
-    fill, zero = masked_fill_value(dtype), jnp.zeros((), dtype)
+    batch_shape = queries.shape[:-2]
+    Cq, dtype = cfg.query_chunk, queries.dtype
+    fill = masked_fill_value(dtype)
     # The rows of one query chunk: Cq, or grouped the G * Cq rows of a key/value head's G heads.
     rows_shape = batch_shape[:-1] + (batch_shape[-1] * Cq,) if cfg.grouped else batch_shape + (Cq,)
+    if sinks is not None:  # (N,) or grouped (N_kv, G) to the layout of a chunk's rows
+        sink_rows = jnp.broadcast_to(sinks[..., None], sinks.shape + (Cq,)).astype(dtype)
+        if cfg.grouped:
+            sink_rows = sink_rows.reshape(sinks.shape[:-1] + (-1,))
 
     def query_chunk(i):
         q_i = _rows(queries, i * Cq, Cq)
         if cfg.grouped:
             q_i = _merge_group_rows(q_i)
-
-        def key_step(j, carry):
-            running_max, normaliser, accumulator = carry
-            q, k_j, v_j = q_i, _rows(keys, j * Ck, Ck), _rows(values, j * Ck, Ck)
-            keep = _chunk_keep(cfg, limits, mask, i, j, rank)
-            if keep is not None:
-                if cfg.grouped:
-                    keep = _merge_group_mask(keep, queries.shape[-3], Cq)
-                q, k_j, v_j = zero_unattended(keep, q, k_j, v_j)
-            scores = jnp.einsum(DOT_SCORES, q, k_j)
-            if cfg.logit_softcap is not None:
-                scores = _softcap(scores, cfg.logit_softcap)[0]
-            if keep is not None:
-                scores = jnp.where(keep, scores, fill)
-            new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
-            # Until a row meets a key it may attend, its maximum stays at the (finite) fill value,
-            # so every exponent below is finite; masked entries are then zeroed by `where`.
-            exps = jnp.exp(scores - new_max[..., None])
-            if keep is not None:
-                exps = jnp.where(keep, exps, zero)
-            rescale = jnp.exp(running_max - new_max)  # earlier chunks were summed at the old max
-            normaliser = rescale * normaliser + jnp.sum(exps, axis=-1)
-            accumulator = rescale[..., None] * accumulator + jnp.einsum(WEIGHTED_SUM, exps, v_j)
-            return new_max, normaliser, accumulator
-
-        init = (jnp.full(rows_shape, fill, dtype), jnp.zeros(rows_shape, dtype),
-                jnp.zeros(rows_shape + (values.shape[-1],), dtype))
+        if sinks is None:
+            init = (jnp.full(rows_shape, fill, dtype), jnp.zeros(rows_shape, dtype))
+        else:  # a sink is a key of logit `sink` and value 0, met before the others
+            init = (jnp.broadcast_to(sink_rows, rows_shape), jnp.ones(rows_shape, dtype))
+        init += (jnp.zeros(rows_shape + (values.shape[-1],), dtype),)
         longest = (None if limits is None
                    else jnp.max(lax.dynamic_slice_in_dim(limits, i * Cq, Cq, axis=1)))
         start, stop = key_chunk_range(cfg, i, longest)
+
+        def key_step(j, carry):
+            return _skipping(cfg, mods_[1], i, j, functools.partial(
+                _block_forward, cfg, limits, mask, mods_, q_i, keys, values, i, j), carry)
+
         running_max, normaliser, accumulator = lax.fori_loop(start, stop, key_step, init)
         # A row that attended nothing has normaliser 0 and accumulator 0: its output is 0.
         attended = normaliser > 0
         output = accumulator / jnp.where(attended, normaliser, jnp.ones((), dtype))[..., None]
         logsumexp = jnp.where(attended, running_max + jnp.log(jnp.where(attended, normaliser,
                                                                           jnp.ones((), dtype))),
-                              zero)
+                              -jnp.inf)
         # Grouped: (..., G * Cq, .) back to (..., G, Cq, .).
         return output.reshape(batch_shape + (Cq, -1)), logsumexp.reshape(batch_shape + (Cq,))
 
@@ -398,29 +432,68 @@ def _forward(cfg: Chunking, queries, keys, values, limits, mask):
     return output, logsumexp
 
 
-def _block_backward(cfg: Chunking, keep, q_i, k_j, v_j, do_i, lse_i, delta_i):
-    """What one block adds to the gradients: ``(dQ, dK, dV)`` of the query rows ``q_i``
-    ``(B, ..., Cq, q)`` against key chunk ``k_j``, ``v_j`` ``(B, ..., Ck, .)``, with the rows'
-    output gradient ``do_i``, saved log-sum-exp ``lse_i`` and ``D`` ``delta_i`` ``(B, ..., Cq)``
-    and the block mask ``keep`` ``(B, ..., Cq, Ck)`` (or ``None``). Grouped: the ``G * Cq``
-    merged rows of a key/value head.
+def _block_forward(cfg: Chunking, limits, mask, mods_, q_i, keys, values, i, j, carry):
+    """One block of the forward pass: the online-softmax ``carry`` ``(m, l, a)`` of query rows
+    ``q_i`` updated with key chunk ``j`` — the block's scores, score mod and mask
+    (:func:`_block_scores`), then ``m' = max(m, max_s S)``, ``l' = exp(m - m') l + sum_s
+    exp(S - m')``, ``a' = exp(m - m') a + exp(S - m') V``."""
+    running_max, normaliser, accumulator = carry
+    Ck, zero = cfg.key_chunk, jnp.zeros((), q_i.dtype)
+    k_j, v_j = _rows(keys, j * Ck, Ck), _rows(values, j * Ck, Ck)
+    scores, keep, v_j = _block_scores(cfg, limits, mask, mods_, q_i, k_j, v_j, i, j)
+    new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
+    # Until a row meets a key it may attend, its maximum stays at the (finite) fill value, so
+    # every exponent below is finite; masked entries are then zeroed by `where`.
+    exps = jnp.exp(scores - new_max[..., None])
+    if keep is not None:
+        exps = jnp.where(keep, exps, zero)
+    rescale = jnp.exp(running_max - new_max)  # earlier chunks were summed at the old max
+    normaliser = rescale * normaliser + jnp.sum(exps, axis=-1)
+    accumulator = rescale[..., None] * accumulator + jnp.einsum(WEIGHTED_SUM, exps, v_j)
+    return new_max, normaliser, accumulator
 
-    The block is formed transposed, ``P^T`` ``(B, ..., Ck, Cq)``, so that ``dV = P^T dO`` and
-    ``dK = dS^T Q`` are row-major products (see the einsum strings)."""
-    fill, zero = masked_fill_value(q_i.dtype), jnp.zeros((), q_i.dtype)
-    q, k, v = q_i, k_j, v_j
+
+def _block_scores(cfg: Chunking, limits, mask, mods_, q, k, v, i, j, *, transposed=False):
+    """The block function both passes share: ``(scores, keep, v)`` of query rows ``q`` against
+    key chunk ``k`` — ``S = q k^T`` (queries pre-scaled), the score mod, then the mask (masked
+    scores get the fill value); ``q``, ``k``, ``v`` with what nothing attends zeroed
+    (:func:`~jax_attention.nn.masking.zero_unattended`). ``transposed``: ``S^T`` and its mask
+    ``(B, ..., Ck, R)``, keys as rows, as the backward pass wants them; then also returns the
+    score mod's VJP (``None`` without a mod) and the zeroed ``q``, ``k``:
+    ``(scores, keep, v, mod_vjp, q, k)``."""
+    score_mod, mask_mod = mods_
+    block_shape = q.shape[:-1] + k.shape[-2:-1]
+    keep = _block_keep(cfg, limits, mask, mask_mod, i, j, block_shape)
     if keep is not None:
         q, k, v = zero_unattended(keep, q, k, v)
-        keep = jnp.swapaxes(keep, -1, -2)  # (B, ..., Ck, Cq), as the blocks below
-    scores = jnp.einsum(KEY_SCORES, k, q)
-    if cfg.logit_softcap is not None:
-        scores, tanh = _softcap(scores, cfg.logit_softcap)
-    if keep is not None:
-        scores = jnp.where(keep, scores, fill)
+        if transposed:
+            keep = jnp.swapaxes(keep, -1, -2)
+    raw = jnp.einsum(KEY_SCORES, k, q) if transposed else jnp.einsum(DOT_SCORES, q, k)
+    mod_vjp = None
+    if score_mod is not None:
+        grids = _block_grids(cfg, raw.shape, i, j, transposed=transposed)
+        floats, rebuild = mods.float_params(score_mod)
+        raw, mod_vjp = jax.vjp(lambda s, p: rebuild(p)(s, *grids), raw, floats)
+    scores = raw if keep is None else jnp.where(keep, raw, masked_fill_value(raw.dtype))
+    return (scores, keep, v, mod_vjp, q, k) if transposed else (scores, keep, v)
+
+
+def _block_backward(cfg: Chunking, limits, mask, mods_, i, j, blocks, carry):
+    """What block ``(i, j)`` adds to the gradients ``carry = (dQ_i, dK_j, dV_j, d_params)``
+    (``d_params``: the score mod's float parameters), from ``blocks = (q_i, k_j, v_j, do_i,
+    lse_i, delta_i)``: the query rows, the key chunk, the rows' output gradient, saved
+    log-sum-exp and ``D``. Grouped: the ``G * Cq`` merged rows of a key/value head.
+
+    The block is formed transposed, ``P^T`` ``(B, ..., Ck, R)``, so that ``dV = P^T dO`` and
+    ``dK = dS^T Q`` are row-major products (see the einsum strings)."""
+    q_i, k_j, v_j, do_i, lse_i, delta_i = blocks
+    dq, dk, dv, d_params = carry
+    scores, keep, v, mod_vjp, q, k = _block_scores(cfg, limits, mask, mods_, q_i, k_j, v_j, i,
+                                                   j, transposed=True)
+    zero = jnp.zeros((), q.dtype)
     weights = jnp.exp(scores - lse_i[..., None, :])
     if keep is not None:
         weights = jnp.where(keep, weights, zero)
-    values_grad = jnp.einsum(VALUES_GRAD, weights, do_i)
     weights_grad = jnp.einsum(WEIGHTS_GRAD, v, do_i)
     scores_grad = weights * (weights_grad - delta_i[..., None, :])
     if keep is not None:
@@ -428,73 +501,86 @@ def _block_backward(cfg: Chunking, keep, q_i, k_j, v_j, do_i, lse_i, delta_i):
         # its weight is 0 and so must its score gradient be, as `where` gives in the plain
         # attention's autodiff.
         scores_grad = jnp.where(keep, scores_grad, zero)
-    if cfg.logit_softcap is not None:
-        scores_grad = scores_grad * (1 - tanh * tanh)  # d(c tanh(s / c)) / ds
-    return (jnp.einsum(QUERIES_GRAD, scores_grad, k), jnp.einsum(KEYS_GRAD, scores_grad, q),
-            values_grad)
+    if mod_vjp is not None:
+        scores_grad, params_grad = mod_vjp(scores_grad)
+        d_params = [a + b for a, b in zip(d_params, params_grad)]
+    return (dq + jnp.einsum(QUERIES_GRAD, scores_grad, k), dk + jnp.einsum(KEYS_GRAD, scores_grad, q),
+            dv + jnp.einsum(VALUES_GRAD, weights, do_i), d_params)
 
 
-def _backward(cfg: Chunking, residuals, output_grad):
-    """FlashAttention-2 backward: recompute each chunk's weights from the saved log-sum-exp.
+def _backward(cfg: Chunking, residuals, cotangents):
+    """FlashAttention-2 backward: recompute each block's weights from the saved log-sum-exp.
 
-    With ``P = exp(S - L)``, ``dP = dO V^T`` and ``D = rowsum(dO * O)`` (which equals
-    ``rowsum(P * dP)``): ``dV = P^T dO``, ``dS = P * (dP - D)``, ``dQ = dS K``, ``dK = dS^T Q``;
-    with a soft cap ``S = c tanh(S_raw / c)``, ``dS_raw = dS * (1 - tanh(S_raw / c)**2)``
-    (:func:`_block_backward`). Outer loop over key chunks (their ``dK``, ``dV`` are finished in
-    one pass), inner loop over query chunks, accumulating ``dQ`` in place; both loops skip the
-    blocks the forward pass skipped (:func:`query_chunk_range`, :func:`backward_key_chunk_stop`).
-    Grouped, the ``G`` query heads of a key/value head are one block of ``G * Cq`` rows, so
-    ``dK`` and ``dV`` sum over them.
+    With ``P = exp(S - L)``, ``dP = dO V^T`` and ``D = rowsum(dO * O) - dL`` (``rowsum(dO * O)``
+    equals ``rowsum(P * dP)``; ``dL`` is the log-sum-exp's own cotangent): ``dV = P^T dO``,
+    ``dS = P * (dP - D)``, ``dQ = dS K``, ``dK = dS^T Q``; a score mod's VJP takes ``dS`` to the
+    raw scores and its parameters (:func:`_block_backward`). A sink's gradient is
+    ``-sum_t exp(sink - L_t) D_t``. Outer loop over key chunks (their ``dK``, ``dV`` are
+    finished in one pass), inner loop over query chunks, accumulating ``dQ`` in place; both
+    loops skip the blocks the forward pass skipped.
     """
-    queries, keys, values, limits, mask, output, logsumexp = residuals
+    queries, keys, values, limits, mask, mods_, sinks, output, logsumexp = residuals
+    output_grad, lse_grad = cotangents
     Cq, Ck = cfg.query_chunk, cfg.key_chunk
     output_grad = output_grad.astype(queries.dtype)
-    delta = jnp.sum(output_grad * output, axis=-1)  # D, (B, ..., Tp)
+    delta = jnp.sum(output_grad * output, axis=-1) - lse_grad.astype(queries.dtype)  # D
+    logsumexp = jnp.where(jnp.isfinite(logsumexp), logsumexp, 0)  # rows that attend nothing
+    floats, _ = mods.float_params(mods_[0])
 
     def key_chunk(j, grads):
-        dq, dk, dv = grads
+        dq, dk, dv, d_params = grads
         k_j, v_j = _rows(keys, j * Ck, Ck), _rows(values, j * Ck, Ck)
 
         def query_step(i, carry):
-            dq, dk_j, dv_j = carry
-            q_i, do_i = _rows(queries, i * Cq, Cq), _rows(output_grad, i * Cq, Cq)
-            lse_i = lax.dynamic_slice_in_dim(logsumexp, i * Cq, Cq, axis=logsumexp.ndim - 1)
-            delta_i = lax.dynamic_slice_in_dim(delta, i * Cq, Cq, axis=delta.ndim - 1)
-            keep = _chunk_keep(cfg, limits, mask, i, j, queries.ndim)
-            if cfg.grouped:
-                # The G query heads of a key/value head as one block of G * Cq query rows.
-                q_i, do_i = _merge_group_rows(q_i), _merge_group_rows(do_i)
-                lse_i, delta_i = _merge_group_queries(lse_i), _merge_group_queries(delta_i)
-                if keep is not None:
-                    keep = _merge_group_mask(keep, queries.shape[-3], Cq)
-            dq_i, dk_i, dv_i = _block_backward(cfg, keep, q_i, k_j, v_j, do_i, lse_i, delta_i)
+            dq, dk_j, dv_j, d_params = carry
+            blocks = (_rows(queries, i * Cq, Cq), k_j, v_j, _rows(output_grad, i * Cq, Cq),
+                      lax.dynamic_slice_in_dim(logsumexp, i * Cq, Cq, axis=logsumexp.ndim - 1),
+                      lax.dynamic_slice_in_dim(delta, i * Cq, Cq, axis=delta.ndim - 1))
+            if cfg.grouped:  # the G query heads of a key/value head as one block of G * Cq rows
+                blocks = (_merge_group_rows(blocks[0]), k_j, v_j, _merge_group_rows(blocks[3]),
+                          _merge_group_queries(blocks[4]), _merge_group_queries(blocks[5]))
+            dq_i = jnp.zeros_like(blocks[0])
+            dq_i, dk_j, dv_j, d_params = _skipping(
+                cfg, mods_[1], i, j, functools.partial(_block_backward, cfg, limits, mask, mods_,
+                                                       i, j, blocks),
+                (dq_i, dk_j, dv_j, d_params))
             if cfg.grouped:
                 dq_i = dq_i.reshape(dq_i.shape[:-2] + (-1, Cq) + dq_i.shape[-1:])
-            return _set_rows(dq, _rows(dq, i * Cq, Cq) + dq_i, i * Cq), dk_j + dk_i, dv_j + dv_i
+            return _set_rows(dq, _rows(dq, i * Cq, Cq) + dq_i, i * Cq), dk_j, dv_j, d_params
 
         start, stop = query_chunk_range(cfg, j)
-        dq, dk_j, dv_j = lax.fori_loop(
-            start, stop, query_step, (dq, jnp.zeros_like(k_j), jnp.zeros_like(v_j)))
-        return dq, _set_rows(dk, dk_j, j * Ck), _set_rows(dv, dv_j, j * Ck)
+        dq, dk_j, dv_j, d_params = lax.fori_loop(
+            start, stop, query_step, (dq, jnp.zeros_like(k_j), jnp.zeros_like(v_j), d_params))
+        return dq, _set_rows(dk, dk_j, j * Ck), _set_rows(dv, dv_j, j * Ck), d_params
 
     stop = backward_key_chunk_stop(cfg, None if limits is None else jnp.max(limits))
-    dq, dk, dv = lax.fori_loop(
+    dq, dk, dv, d_params = lax.fori_loop(
         jnp.zeros((), jnp.int32), stop, key_chunk,
-        (jnp.zeros_like(queries), jnp.zeros_like(keys), jnp.zeros_like(values)))
+        (jnp.zeros_like(queries), jnp.zeros_like(keys), jnp.zeros_like(values),
+         [jnp.zeros_like(p) for p in floats]))
+    d_mods = (None if mods_[0] is None else mods.float_cotangents(mods_[0], d_params), None)
+    d_sinks = None if sinks is None else _sinks_grad(sinks, logsumexp, delta)
     # Lengths and masks are not differentiable (integers and booleans).
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, d_mods, d_sinks
+
+
+def _sinks_grad(sinks, logsumexp, delta):
+    """``-sum exp(sink - L) D`` over every row a sink serves, in the sinks' layout."""
+    total = -jnp.exp(sinks[..., None] - logsumexp) * delta
+    return jnp.sum(total, axis=tuple(range(total.ndim - sinks.ndim - 1)) + (-1,))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _chunked_attention(cfg, queries, keys, values, limits, mask):
-    return _forward(cfg, queries, keys, values, limits, mask)[0]
+def _chunked_attention(cfg, queries, keys, values, limits, mask, mods_, sinks):
+    return _forward(cfg, queries, keys, values, limits, mask, mods_, sinks)
 
 
-def _chunked_attention_fwd(cfg, queries, keys, values, limits, mask):
-    output, logsumexp = _forward(cfg, queries, keys, values, limits, mask)
+def _chunked_attention_fwd(cfg, queries, keys, values, limits, mask, mods_, sinks):
+    output, logsumexp = _forward(cfg, queries, keys, values, limits, mask, mods_, sinks)
     # O(T + S) residuals: the inputs (kept alive by the caller anyway), the output and one float
     # per query; the weights are recomputed, never stored.
-    return output, (queries, keys, values, limits, mask, output, logsumexp)
+    return (output, logsumexp), (queries, keys, values, limits, mask, mods_, sinks, output,
+                                 logsumexp)
 
 
 _chunked_attention.defvjp(_chunked_attention_fwd, _backward)
@@ -502,7 +588,8 @@ _chunked_attention.defvjp(_chunked_attention_fwd, _backward)
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                           scale=None, local_window_size=None, logit_softcap=None,
-                          query_chunk_size=None, key_chunk_size=None):
+                          query_chunk_size=None, key_chunk_size=None, mask_mod=None,
+                          score_mod=None, sinks=None, return_lse=False):
     """Scaled dot-product attention in chunks, in ``O(T + S)`` memory — d2l §11.3.3, exactly.
 
     ``softmax(Q K^T * scale) V`` with masking, equal (to float rounding) to
@@ -561,10 +648,18 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         not be a multiple. ``None``: :func:`auto_chunk_size` of the batch axes' product ``B·...``
         (128 to 512: a ``(B, ..., Cq, Ck)`` block of about 2 MiB of float32, which stays in cache).
       key_chunk_size: at most this many keys per chunk (``Ck``), likewise.
+      mask_mod, score_mod, sinks, return_lse: as in
+        :func:`jax_attention.nn.scoring.dot_product_attention` (:mod:`jax_attention.nn.mods`).
+        Each block evaluates the mods on its own positions; a block the mask mod rules out
+        (:meth:`~jax_attention.nn.mods.MaskMod.block_any`: positions, and each block's lengths
+        and segment ids at run time) is skipped in both passes, so a row of 8 packed documents
+        (:func:`~jax_attention.nn.mods.segment_ids`) costs about an eighth of the full work. A
+        plain-function mod is evaluated but skips nothing, and must not close over values being
+        differentiated (give those as :class:`~jax_attention.nn.mods.ScoreMod` parameters).
 
     Returns:
       The output ``(B, ..., N, T, v)`` (unbatched: ``(T, v)``) in the inputs' dtype; zero for
-      fully masked queries.
+      fully masked queries. With ``return_lse``: ``(output, lse)``, ``lse`` ``(B, ..., N, T)``.
 
     Raises:
       ValueError, TypeError: for the inputs :func:`jax_attention.nn.scoring.dot_product_attention`
@@ -586,18 +681,19 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                                       keys.shape[-2])
     if mask is not None:
         mask = check_mask(mask, queries.shape[:-1] + keys.shape[-2:-1])
-    output = chunked_attention(
+    variants = mods.check_variants(queries.shape, scale, local_window_size, logit_softcap,
+                                   mask_mod, score_mod, sinks)
+    output, lse = chunked_attention(
         queries, keys, values, valid_lens, mask,
-        is_causal=check_static_bool("is_causal", is_causal), scale=check_scale(scale),
-        window=check_local_window_size(local_window_size),
-        logit_softcap=check_logit_softcap(logit_softcap), query_chunk_size=query_chunk_size,
-        key_chunk_size=key_chunk_size)
-    return output[0] if unbatched else output
+        is_causal=check_static_bool("is_causal", is_causal), variants=variants,
+        query_chunk_size=query_chunk_size, key_chunk_size=key_chunk_size)
+    results = (output, lse) if check_static_bool("return_lse", return_lse) else (output,)
+    results = tuple(r[0] for r in results) if unbatched else results
+    return results if len(results) > 1 else results[0]
 
 
 def chunked_attention(queries, keys, values, valid_lens, mask, *, is_causal: bool,
-                      scale: float | None, window: tuple[int, int] | None,
-                      logit_softcap: float | None, query_chunk_size=None, key_chunk_size=None):
+                      variants: mods.Variants, query_chunk_size=None, key_chunk_size=None):
     """:func:`dot_product_attention` on batched inputs its caller has checked — what
     ``jax_attention.nn.scoring.dot_product_attention(..., implementation="chunked")`` calls, so
     that its inputs are checked once. Not part of the user-facing API (``__all__``).
@@ -607,42 +703,50 @@ def chunked_attention(queries, keys, values, valid_lens, mask, *, is_causal: boo
         ``(B, ..., N_kv, S, q)``, ``(B, ..., N_kv, S, v)`` (or without heads).
       valid_lens: ``None`` or checked integer lengths ``(B,)`` or ``(B, T)``.
       mask: ``None`` or a checked boolean mask broadcastable to ``(B, ..., N, T, S)``.
-      is_causal, scale, window, logit_softcap: checked static variants (``window`` a
-        ``(left, right)`` pair). query_chunk_size, key_chunk_size: as in
+      is_causal: a checked bool. variants: the checked variants
+        (:func:`jax_attention.nn.mods.check_variants`). query_chunk_size, key_chunk_size: as in
         :func:`dot_product_attention`.
 
     Returns:
-      The output ``(B, ..., N, T, v)`` in the inputs' dtype.
+      ``(output, lse)``: the output ``(B, ..., N, T, v)`` in the inputs' dtype and the
+      log-sum-exp ``(B, ..., N, T)`` in the compute dtype (float32 for half precision).
     """
     dtype, rank = queries.dtype, queries.ndim
     num_queries, num_keys = queries.shape[-2], keys.shape[-2]
     batch = math.prod(queries.shape[:-2])
     query_chunk = _chunk_size(query_chunk_size, num_queries, "query_chunk_size", batch)
     key_chunk = _chunk_size(key_chunk_size, num_keys, "key_chunk_size", batch)
+    compute, sinks = compute_dtype(dtype), variants.sinks
     if num_queries == 0 or num_keys == 0:
         # Nothing to chunk; with no key every query is fully masked (zero output), as in scoring.
-        return jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype)
+        lse = jnp.full(queries.shape[:-1], -jnp.inf, compute)
+        if sinks is not None:  # ... but for its sink
+            lse = jnp.broadcast_to(sinks.astype(compute)[..., None], lse.shape)
+        return jnp.zeros(queries.shape[:-1] + values.shape[-1:], dtype), lse
     groups = num_kv_groups(queries.shape, keys.shape)
     cfg = chunking(num_queries, num_keys, query_chunk, key_chunk, is_causal=is_causal,
-                   window=window, logit_softcap=logit_softcap, grouped=groups > 1)
+                   window=variants.local_window_size, grouped=groups > 1)
     # Half precision is computed in float32 (scores, exponentials and sums alike); the casts'
     # transposes bring the gradients back to the inputs' dtype.
-    compute = compute_dtype(dtype)
-    if scale is None:
+    if variants.scale is None:
         scaled_queries = queries.astype(compute) / math.sqrt(queries.shape[-1])
     else:
-        scaled_queries = queries.astype(compute) * jnp.asarray(scale, compute)
+        scaled_queries = queries.astype(compute) * jnp.asarray(variants.scale, compute)
     if cfg.grouped:
         scaled_queries = group_heads(scaled_queries, groups)  # (B, ..., N_kv, G, T, q)
-    output = _chunked_attention(
+        if sinks is not None and sinks.ndim:
+            sinks = sinks.reshape(-1, groups)  # (N_kv, G), as the grouped queries' heads
+    output, lse = _chunked_attention(
         cfg,
         _pad_axis(scaled_queries, scaled_queries.ndim - 2, cfg.padded_queries),
         _pad_axis(keys.astype(compute), rank - 2, cfg.padded_keys),
         _pad_axis(values.astype(compute), rank - 2, cfg.padded_keys),
-        _padded_limits(cfg, valid_lens), _padded_mask(cfg, mask, rank, groups))
+        _padded_limits(cfg, valid_lens), _padded_mask(cfg, mask, rank, groups),
+        (mods.score_mods_of(variants), variants.mask_mod),
+        None if sinks is None else sinks.astype(compute))
     if cfg.grouped:
-        output = ungroup_heads(output)  # (B, ..., N, Tp, v)
-    return output[..., :num_queries, :].astype(dtype)
+        output, lse = ungroup_heads(output), ungroup_heads(lse[..., None])[..., 0]
+    return output[..., :num_queries, :].astype(dtype), lse[..., :num_queries]
 
 
 def _padded_limits(cfg: Chunking, valid_lens):

@@ -291,7 +291,8 @@ def _batched_inputs(queries, keys, values, valid_lens, mask, bias):
 
 def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_heads: int,
                          num_kv_heads=None, mask=None, is_causal=False, bias=None, scale=None,
-                         local_window_size=None, logit_softcap=None):
+                         local_window_size=None, logit_softcap=None, mask_mod=None,
+                         score_mod=None, sinks=None):
     """Multi-head scaled dot-product attention — d2l §11.5.
 
     ``head_n = softmax(Q_n K_n^T / sqrt(H) + bias_n) V_n`` with ``Q_n = queries W_q[:, n]`` etc.,
@@ -316,9 +317,9 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores before the softmax, ``(T, S)`` or ``(B | 1, N | 1, T, S)``
         (e.g. a relative position bias ``(1, N, T, S)``).
-      scale, local_window_size, logit_softcap: as in
+      scale, local_window_size, logit_softcap, mask_mod, score_mod, sinks: as in
         :func:`jax_attention.nn.scoring.dot_product_attention` (``scale`` defaults to
-        ``1 / sqrt(H)``).
+        ``1 / sqrt(H)``; the mods see the heads ``(B, N, T, S)``, ``sinks`` is ``(N,)``).
 
     Returns:
       ``(output (B, T, E), weights (B, N, T, S))`` (unbatched: ``(T, E)``, ``(N, T, S)``).
@@ -339,7 +340,8 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
     """
     def attend(heads_q, heads_k, heads_v, keep, bias):
         return dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
-                                     scale=scale, logit_softcap=logit_softcap)
+                                     scale=scale, logit_softcap=logit_softcap,
+                                     mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)
 
     return attend_heads(params, queries, keys, values, valid_lens, attend, num_heads=num_heads,
                         num_kv_heads=num_kv_heads, mask=mask, is_causal=is_causal, bias=bias,
@@ -432,6 +434,7 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                  bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                 mask_mod=None, score_mod=None, sinks=None,
                  deterministic: bool | None = None, rngs: nnx.Rngs | None = None):
         """Returns the output ``(B, T, D)`` (unbatched: ``(T, D)``); see
         :func:`multi_head_attention` for the arguments."""
@@ -450,7 +453,8 @@ class MultiHeadAttention(nnx.Module):
             # Dropout acts on the weights; unbatched, the sown weights (N, T, S) drop the batch
             # axis, and so do the heads, which get it back for the output projection.
             heads = self.attention(heads_q, heads_k, heads_v, mask=keep, bias=bias, scale=scale,
-                                   logit_softcap=logit_softcap, deterministic=deterministic,
+                                   logit_softcap=logit_softcap, mask_mod=mask_mod,
+                                   score_mod=score_mod, sinks=sinks, deterministic=deterministic,
                                    rngs=rngs, drop_batch_axis=unbatched)
             return (heads[None] if unbatched else heads), None
 

@@ -28,18 +28,15 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jax_attention.nn import efficient
+from jax_attention.nn import efficient, mods
 from jax_attention.nn.dropout import keep_mask
 from jax_attention._checks import (
     as_array_like,
     check_attention_inputs,
     check_dropout,
     check_implementation,
-    check_local_window_size,
-    check_logit_softcap,
     check_param_keys,
     check_param_shapes,
-    check_scale,
     check_size,
     check_static_bool,
     check_unbatched,
@@ -48,7 +45,9 @@ from jax_attention._checks import (
 )
 from jax_attention.nn.masking import (
     attention_mask,
+    combine_masks,
     group_heads,
+    masked_fill_value,
     softmax_where,
     ungroup_heads,
     zero_unattended,
@@ -73,15 +72,15 @@ ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 
 def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool,
-             local_window_size=None):
+             local_window_size=None, mask_mod=None):
     """Checks the inputs (:func:`~jax_attention._checks.check_attention_inputs`), then
     :func:`_masked`: the one check and the one mask of every public function of this module."""
     arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
                                     grouped_heads=same_depth)
-    return _masked(arrays, valid_lens, mask, is_causal, local_window_size)
+    return _masked(arrays, valid_lens, mask, is_causal, local_window_size, mask_mod)
 
 
-def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None):
+def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None, mask_mod=None):
     """Builds the attention mask of the checked ``[queries, keys(, values)]`` once and zeroes
     what nothing attends.
 
@@ -100,8 +99,11 @@ def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None):
     value gradients over the group.
     """
     queries, keys = arrays[0], arrays[1]
-    keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
-                          is_causal=is_causal, local_window_size=local_window_size)
+    shape = queries.shape[:-1] + keys.shape[-2:-1]
+    keep = attention_mask(shape, valid_lens, mask=mask, is_causal=is_causal,
+                          local_window_size=local_window_size)
+    if mask_mod is not None:  # the mod's own mask, ANDed: (B, ..., N, T, S) before any grouping
+        keep = combine_masks(keep, mods.mask_from_mod(mask_mod, shape))
     groups = num_kv_groups(queries.shape, keys.shape)
     if groups > 1:
         arrays = [group_heads(arrays[0], groups)] + [a[..., None, :, :] for a in arrays[1:]]
@@ -146,34 +148,69 @@ def _scaled(x, scale, d: int):
     return x * scale if scale is not None else x / math.sqrt(d)
 
 
-def _dot_product_scores(queries, keys, bias, groups=1, scale=None, logit_softcap=None):
-    """``softcap(scale * Q K^T) + bias``, ``scale`` = ``1 / sqrt(d)`` by default and
+def _dot_product_scores(queries, keys, bias, groups=1, variants: mods.Variants = mods.Variants()):
+    """``score_mod(softcap(scale * Q K^T) + bias)``, ``scale`` = ``1 / sqrt(d)`` by default and
     ``softcap(s) = c * tanh(s / c)`` with ``c = logit_softcap`` (none by default).
 
     float32 and float64 scale the ``T x d`` queries rather than the ``T x S`` scores (faster on
     XLA:CPU: docs/implementation-notes.md; exact when ``sqrt(d)`` is a power of two, within one
     rounding otherwise). float16/bfloat16 form the scores in float32
     (:mod:`jax_attention.nn.precision`) and scale them there, adding no rounding to their dtype."""
+    scale = variants.scale
     if not is_half(queries.dtype):
         scores = jnp.einsum(DOT_SCORES, _scaled(queries, scale, queries.shape[-1]), keys)
     else:
         scores = jnp.einsum(DOT_SCORES, queries, keys,
                             preferred_element_type=compute_dtype(queries.dtype))
         scores = _scaled(scores, scale, queries.shape[-1])
-    if logit_softcap is not None:
-        scores = logit_softcap * jnp.tanh(scores / logit_softcap)
-    return _add_bias(scores, bias, groups)
+    if variants.logit_softcap is not None:
+        scores = variants.logit_softcap(scores, *mods.index_grids(scores.shape, groups=groups))
+    scores = _add_bias(scores, bias, groups)
+    if variants.score_mod is not None:
+        scores = variants.score_mod(scores, *mods.index_grids(scores.shape, groups=groups))
+    return scores
 
 
-def _dot_product_weights(queries, keys, keep, bias, groups=1, scale=None, logit_softcap=None):
-    scores = _dot_product_scores(queries, keys, bias, groups, scale, logit_softcap)
+def _with_sinks(scores, keep, values, sinks, groups):
+    """The scores, mask and values with one more key: the sink, whose logit is ``sinks`` (per
+    query head) and whose value is zero — it joins every row's denominator and adds nothing to
+    the output. Its gradient is the concatenation's."""
+    heads = sinks.shape + (1, 1)  # (N, 1, 1) or (1, 1)
+    if groups > 1 and sinks.ndim:
+        heads = (sinks.shape[0] // groups, groups, 1, 1)
+    column = jnp.broadcast_to(sinks.reshape(heads).astype(scores.dtype),
+                              scores.shape[:-1] + (1,))
+    scores = jnp.concatenate([scores, column], axis=-1)
+    if keep is not None:
+        keep = jnp.concatenate([keep, jnp.ones(keep.shape[:-1] + (1,), bool)], axis=-1)
+    if values is not None:
+        values = jnp.concatenate(
+            [values, jnp.zeros(values.shape[:-2] + (1,) + values.shape[-1:], values.dtype)], -2)
+    return scores, keep, values
+
+
+def _logsumexp_where(scores, keep):
+    """``log sum_s exp(scores)`` over the kept keys (``(..., T)``, in the scores' compute dtype);
+    ``-inf`` for a row that keeps nothing (its gradient is zero)."""
+    dtype = compute_dtype(scores.dtype)
+    logits = scores.astype(dtype)
+    if keep is not None:
+        logits = jnp.where(keep, logits, masked_fill_value(dtype))
+    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    exps = jnp.exp(logits - shift)
+    if keep is not None:
+        exps = jnp.where(keep, exps, jnp.zeros((), dtype))
+    total = jnp.sum(exps, axis=-1)
+    attended = total > 0
+    return jnp.where(attended, shift[..., 0] + jnp.log(jnp.where(attended, total, 1)), -jnp.inf)
+
+
+def _dot_product_weights(queries, keys, keep, bias, groups=1, variants: mods.Variants = mods.Variants()):
+    scores = _dot_product_scores(queries, keys, bias, groups, variants)
+    if variants.sinks is not None:
+        scores, keep, _ = _with_sinks(scores, keep, None, variants.sinks, groups)
+        return softmax_where(scores, keep)[..., :-1].astype(queries.dtype)
     return softmax_where(scores, keep).astype(queries.dtype)
-
-
-def _check_variants(scale, local_window_size, logit_softcap):
-    """The static variant arguments of the dot-product functions, checked."""
-    return (check_scale(scale), check_local_window_size(local_window_size),
-            check_logit_softcap(logit_softcap))
 
 
 def weighted_sum(weights, values):
@@ -309,7 +346,7 @@ def _softmax_pool_jvp(primals, tangents):
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
                                   bias=None, scale=None, local_window_size=None,
-                                  logit_softcap=None):
+                                  logit_softcap=None, mask_mod=None, score_mod=None, sinks=None):
     """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d) + bias)`` — d2l §11.3.3.
 
     Args:
@@ -317,19 +354,22 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       keys: ``(B, ..., S, d)``, or ``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``
         with ``N_kv`` dividing ``N`` (grouped-query attention, see
         :func:`dot_product_attention`); unbatched ``(S, d)``.
-      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap: as in
-        :func:`dot_product_attention`.
+      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap, mask_mod,
+        score_mod, sinks: as in :func:`dot_product_attention`.
 
     Returns:
-      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero.
+      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero (with
+      ``sinks``, each row sums to less than 1: the sink takes the rest).
     """
-    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
-                                                              logit_softcap)
     unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
+    variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+                              mask_mod, score_mod, sinks)
     keep, (queries, keys), groups = _prepare(queries, keys, None, valid_lens, mask, is_causal,
-                                             same_depth=True, local_window_size=local_window_size)
-    weights, = _ungrouped(groups, _dot_product_weights(queries, keys, keep, bias, groups, scale,
-                                                       logit_softcap))
+                                             same_depth=True,
+                                             local_window_size=variants.local_window_size,
+                                             mask_mod=variants.mask_mod)
+    weights, = _ungrouped(groups, _dot_product_weights(queries, keys, keep, bias, groups,
+                                                       variants))
     return weights[0] if unbatched else weights
 
 
@@ -360,7 +400,8 @@ def dot_product_implementation(queries, keys, bias=None) -> str:
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                           bias=None, scale=None, local_window_size=None, logit_softcap=None,
-                          implementation=None):
+                          implementation=None, mask_mod=None, score_mod=None, sinks=None,
+                          return_lse=False, return_residual=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
     ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see :mod:`jax_attention.nn.masking`);
@@ -403,10 +444,26 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         Either way the weights are those of the plain path (:func:`dot_product_attention_weights`);
         with ``"chunked"`` they are computed apart from the output, so under ``jit`` they cost
         nothing when unused (XLA drops them), but an eager call computes them too.
+      mask_mod: a mask as a function ``(b, h, q_idx, kv_idx) -> bool`` (FlexAttention's
+        signature, on broadcast index arrays; :mod:`jax_attention.nn.mods` has causal, windows,
+        lengths, padding, segment ids, prefix-LM, chunks and their AND/OR), ANDed with the masks
+        above. The chunked path evaluates it block by block and skips the blocks it rules out.
+      score_mod: ``(score, b, h, q_idx, kv_idx) -> score``, applied after the soft cap and the
+        bias (:mod:`jax_attention.nn.mods`: ALiBi, T5's relative bias, relative-position tables,
+        a bias; :func:`~jax_attention.nn.mods.compose_score_mods`). Its float parameters get
+        gradients on both paths when it is a :class:`~jax_attention.nn.mods.ScoreMod`.
+      sinks: learned attention sinks, float ``(N,)`` (one logit per query head) or ``()``: each
+        row's softmax gets one more term ``exp(sink)`` with a zero value (gpt-oss), so a row may
+        attend "nothing"; the weights then sum to less than 1. Differentiable.
+      return_lse: also return the log-sum-exp of each row's scores over its attended keys (and
+        the sink), ``(B, ..., N, T)`` in float32 for half-precision inputs, else their dtype;
+        ``-inf`` for a row that attends nothing. Differentiable (ring attention merges partial
+        results with it). ``return_residual``: ``jax.nn``'s name for it.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``;
-      grouped: ``N`` heads); fully masked rows give zero output.
+      grouped: ``N`` heads); fully masked rows give zero output. With ``return_lse``:
+      ``(output, weights, lse)``.
 
     The plain path's values are those of :func:`~jax_attention.nn.masking.masked_softmax` (to the
     rounding of applying ``1 / sqrt(d)`` to the queries, exact when ``sqrt(d)`` is a power of
@@ -430,26 +487,48 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                [0. , 0. , 0.5, 0.5]], dtype=float32)
     """
     implementation = check_implementation(implementation)
-    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
-                                                              logit_softcap)
+    return_lse = _check_return_lse(return_lse, return_residual)
     if implementation == "chunked" and bias is not None:
         raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
-                         "be T x S arrays); use implementation='plain' or None")
+                         "be T x S arrays); use implementation='plain' or None, or a score_mod")
     unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
+    variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+                              mask_mod, score_mod, sinks)
     checked = check_attention_inputs(queries, keys, values, same_depth=True, grouped_heads=True)
-    keep, (q, k, v), groups = _masked(checked, valid_lens, mask, is_causal, local_window_size)
+    keep, (q, k, v), groups = _masked(checked, valid_lens, mask, is_causal,
+                                      variants.local_window_size, variants.mask_mod)
     if implementation is None:
         implementation = dot_product_implementation(q, k, bias)
     if implementation == "plain":
-        scores = _dot_product_scores(q, k, bias, groups, scale, logit_softcap)
-        output, weights = _ungrouped(groups, *_softmax_pool(scores, v, keep))
+        results = _plain_attention(q, k, v, keep, bias, groups, variants, return_lse)
     else:  # the chunked kernel builds its masks block by block from the lengths and the mask
-        output = efficient.chunked_attention(
-            *checked, valid_lens, mask, is_causal=is_causal, scale=scale,
-            window=local_window_size, logit_softcap=logit_softcap)
-        weights, = _ungrouped(groups, _dot_product_weights(q, k, keep, None, groups, scale,
-                                                           logit_softcap))
-    return (output[0], weights[0]) if unbatched else (output, weights)
+        output, lse = efficient.chunked_attention(*checked, valid_lens, mask, is_causal=is_causal,
+                                                  variants=variants)
+        weights, = _ungrouped(groups, _dot_product_weights(q, k, keep, None, groups, variants))
+        results = (output, weights, lse) if return_lse else (output, weights)
+    return tuple(r[0] for r in results) if unbatched else results
+
+
+def _check_return_lse(return_lse, return_residual) -> bool:
+    return_lse = check_static_bool("return_lse", return_lse)
+    if return_residual is not None:
+        return_lse = return_lse or check_static_bool("return_residual", return_residual)
+    return return_lse
+
+
+def _plain_attention(q, k, v, keep, bias, groups, variants: mods.Variants, return_lse: bool):
+    """The plain path on checked, masked (and grouped) inputs: ``(output, weights[, lse])``
+    with the query heads ungrouped."""
+    scores = _dot_product_scores(q, k, bias, groups, variants)
+    if variants.sinks is not None:
+        scores, keep, v = _with_sinks(scores, keep, v, variants.sinks, groups)
+    output, weights = _softmax_pool(scores, v, keep)
+    if variants.sinks is not None:
+        weights = weights[..., :-1]
+    if not return_lse:
+        return _ungrouped(groups, output, weights)
+    lse, = _ungrouped(groups, _logsumexp_where(scores, keep)[..., None])
+    return _ungrouped(groups, output, weights) + (lse[..., 0],)
 
 
 #: The keys of additive attention's parameter dict.
@@ -635,6 +714,7 @@ class DotProductAttention(_Attention):
 
     def __call__(self, queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                  bias=None, scale=None, local_window_size=None, logit_softcap=None,
+                 mask_mod=None, score_mod=None, sinks=None,
                  deterministic: bool | None = None, rngs: nnx.Rngs | None = None,
                  drop_batch_axis: bool = False):
         """Returns the output ``(B, ..., T, v)``; see :func:`dot_product_attention` for the
@@ -643,14 +723,14 @@ class DotProductAttention(_Attention):
         ``drop_batch_axis=True``: the inputs' batch axis is one the caller added to unbatched
         inputs (:class:`~jax_attention.nn.multihead.MultiHeadAttention` does, for ``(T, q)``
         queries): the output and the sown weights come without it."""
-        scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
-                                                                  logit_softcap)
         unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values,
                                                                        valid_lens)
+        variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+                                  mask_mod, score_mod, sinks)
         keep, (queries, keys, values), groups = _prepare(
             queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
-            local_window_size=local_window_size)
-        weights = _dot_product_weights(queries, keys, keep, bias, groups, scale, logit_softcap)
+            local_window_size=variants.local_window_size, mask_mod=variants.mask_mod)
+        weights = _dot_product_weights(queries, keys, keep, bias, groups, variants)
         return self._pool(weights, values, deterministic, rngs, groups,
                           unbatched or check_static_bool("drop_batch_axis", drop_batch_axis))
 
