@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from jax_attention.bench.attention import (PEERS, _float64_grads, _numpy_peer, attention_flops,
+from jax_attention.bench.attention_peers import float64_grads, numpy_peer
+from jax_attention.bench.attention import (PEERS, attention_flops,
                                            bench_attention, format_attention, padding_lens,
                                            window_band, window_pairs)
 from jax_attention.bench.memory import (bench_memory, format_memory, nothing_measured,
@@ -68,7 +69,7 @@ def test_record_schema(record):
     assert _positive(record["gemm"]["ceiling_gflops"])
     # Which code ran: a hash per module under test, unchanged while the test ran.
     assert set(record["sources"]["modules"]) == {"jax_attention.nn.scoring", "jax_attention.nn.efficient",
-                                                 "jax_attention.nn.masking"}
+                                                 "jax_attention.nn.masking", "jax_attention.nn.mods"}
     assert all(record["sources"]["modules"].values())
     assert record["sources_changed_during_run"] is False and record["loadavg_after"] is not None
     assert record["settings"]["repeats"] == 5 and record["settings"]["dtype"] == "float32"
@@ -114,6 +115,33 @@ def test_table_has_every_peer(record):
     assert ("torch.get_num_threads() = " if HAVE_TORCH else "torch: not installed") in table
     for name in PEERS:
         assert name in table
+
+
+def test_structured_masks():
+    """The documents and chunks cases: the dense mask every other peer gets is the mask function
+    our peers get, and each peer's output and gradients match the float64 references under it."""
+    from jax_attention.bench.attention import CHUNK, DOCUMENTS, structure
+    from jax_attention.nn import mods
+
+    T = 2 * CHUNK
+    for name in ("documents", "chunks"):
+        case = structure(name, T)
+        expected = mods.mask_from_mod(case.mask_mod(), (1, 1, T, T))
+        np.testing.assert_array_equal(case.keep, np.asarray(expected))
+    assert structure("documents", T).keep.sum() == T * T // DOCUMENTS
+    assert structure("none", T) is None and structure("padding", T) is None
+    record = bench_attention([(1, 2, 24, 4)], peers=["ours_efficient", "ours_efficient_dense",
+                                                     "jax.nn", "numpy"],
+                             masks=["documents"], repeats=5, warmup=0, gemm_size=64,
+                             efficient_chunks={"query_chunk_size": 4, "key_chunk_size": 4})
+    peers = record["results"][0]["peers"]
+    assert "mask_mod=segment_ids" in peers["ours_efficient"]["note"]
+    assert "dense boolean mask (1, 1, T, S)" in peers["ours_efficient_dense"]["note"]
+    for name, entry in peers.items():
+        assert entry["status"] == "ok", entry
+        assert entry["forward"]["max_abs_error"] < 1e-5, (name, entry)
+        if name != "numpy":
+            assert entry["forward_backward"]["max_abs_error"] < 1e-5, (name, entry)
 
 
 def test_window_band_and_pairs():
@@ -185,25 +213,25 @@ def test_windowed_references_are_windowed():
     q, k, v, cotangent = (rng.standard_normal((2, 2, 16, 8)) for _ in range(4))
     lens = np.array([14, 10], np.int32)
     for window_lens in (None, lens):
-        plain = _numpy_peer(q, k, v, window_lens, jnp.dtype("float32")).forward()
-        windowed = _numpy_peer(q, k, v, window_lens, jnp.dtype("float32"), WINDOW).forward()
+        plain = numpy_peer(q, k, v, window_lens, jnp.dtype("float32")).forward()
+        windowed = numpy_peer(q, k, v, window_lens, jnp.dtype("float32"), WINDOW).forward()
         assert np.max(np.abs(windowed - plain)) > 1e-2
         seen = [np.asarray(a.astype(np.float32)).astype(np.float64) for a in (q, k, v)]
         masked = reference.dot_product_attention(*seen, window_lens,
                                                  mask=window_band(16, 16, WINDOW))[0]
         np.testing.assert_allclose(windowed, masked, rtol=0, atol=1e-12)
-    grads, source = _float64_grads(q, k, v, cotangent, lens, WINDOW)
-    unwindowed, _ = _float64_grads(q, k, v, cotangent, lens)
+    grads, source = float64_grads(q, k, v, cotangent, lens, WINDOW)
+    unwindowed, _ = float64_grads(q, k, v, cotangent, lens)
     assert max(np.max(np.abs(g - u)) for g, u in zip(grads, unwindowed)) > 1e-2
     if HAVE_TORCH:
         assert source.startswith("torch") and "window" in source
         # Only queries that attend a key: the cotangent of the others is zeroed by the benchmark.
         rows = (np.arange(16)[None, :] - WINDOW[0] < lens[:, None])[:, None, :, None]
         ct = np.where(rows, cotangent, 0.0)
-        with_torch, _ = _float64_grads(q, k, v, ct, lens, WINDOW)
+        with_torch, _ = float64_grads(q, k, v, ct, lens, WINDOW)
         with pytest.MonkeyPatch.context() as patch:
             patch.setitem(sys.modules, "torch", None)
-            with_jax, jax_source = _float64_grads(q, k, v, ct, lens, WINDOW)
+            with_jax, jax_source = float64_grads(q, k, v, ct, lens, WINDOW)
         assert jax_source.startswith("ours, float64")
         for a, b in zip(with_torch, with_jax):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)

@@ -9,6 +9,9 @@ Peers, each fed its native layout (the transposes are made once, outside the tim
 * ``ours_plain`` — the same with ``implementation="plain"`` (whole ``T x S`` scores);
 * ``ours_efficient`` — :func:`jax_attention.nn.efficient.dot_product_attention` (chunked,
   online softmax: what ``implementation="chunked"`` runs), same layout and arguments;
+* ``ours_efficient_dense`` — the same kernel with the case's mask as a dense boolean ``mask``
+  ``(B | 1, 1, T | 1, S)`` (padding, documents, chunks and the window's band ANDed): what the
+  kernel costs when it cannot skip a block, against ``ours_efficient``'s mask functions;
 * ``jax.nn`` — :func:`jax.nn.dot_product_attention`, ``(B, T, N, H)``, padding as
   ``key_value_seq_lengths``, a window as its own ``local_window_size``;
 * ``flax.nnx`` — :func:`flax.nnx.dot_product_attention`, ``(B, T, N, H)``, padding as a boolean
@@ -18,6 +21,13 @@ Peers, each fed its native layout (the transposes are made once, outside the tim
   under ``torch.inference_mode``, backward with ``torch.autograd.grad``;
 * ``numpy`` — :func:`reference_numpy.scoring.dot_product_attention` in float64, forward only (it
   is also the forward reference the errors are measured against), with ``local_window_size``.
+
+Structured masks (``masks``): ``"documents"`` packs :data:`DOCUMENTS` documents of equal length
+into each row, attended only within themselves (segment ids; FlexAttention's document mask),
+``"chunks"`` attends within fixed chunks of :data:`CHUNK` positions (chunked-local attention).
+Our peers take them as mask functions (:func:`jax_attention.nn.mods.segment_ids`,
+:func:`~jax_attention.nn.mods.chunked_local`), from which the chunked kernel skips the blocks
+they rule out; every other peer gets the same mask as a dense boolean array.
 
 Sliding windows (``local_window_sizes``, jax.nn's rule: query ``t`` attends keys
 ``t - left <= s <= t + right``): every (shape, mask) case runs once per window, ``None`` meaning
@@ -55,24 +65,28 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jax_attention.bench.attention_peers import (PEERS, Peer, build_peers, float64_grads,
+                                                forward_backward, keep_mask, numpy_peer,
+                                                window_band, window_note)
 from jax_attention.bench.common import (environment, format_environment, format_table,
                                         gemm_ceiling, load_average, source_fingerprint, summarize,
                                         time_interleaved)
 
-__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DTYPES", "attention_flops", "window_pairs",
+__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DEFAULT_MASKS", "DOCUMENTS", "CHUNK", "DTYPES", "attention_flops", "window_pairs",
            "window_band", "padding_lens", "forward_backward", "bench_attention",
            "format_attention", "format_sources"]
 
-#: The implementations :func:`bench_attention` can run, in the order they are reported (see the
-#: module docstring for what each one is and its layout); the default ``peers`` and the choices of
-#: ``jax-attention bench attention --peers``.
-PEERS = ("ours", "ours_plain", "ours_efficient", "jax.nn", "flax.nnx", "torch", "numpy")
 #: The default ``(B, N, T, H)`` shapes (batch, heads, sequence length ``T = S``, head size), from
 #: many short sequences to one long one; ``B·N·T²`` is 1M, 8M, 32M, 64M.
 DEFAULT_SHAPES = ((8, 8, 128, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (1, 1, 8192, 64))
-#: The masking cases: ``"none"`` (every key attended) and ``"padding"`` (per-row valid key lengths
-#: from :func:`padding_lens`, about 25% padded); ``--mask both`` runs the two.
-MASKS = ("none", "padding")
+#: The masking cases: ``"none"`` (every key attended), ``"padding"`` (per-row valid key lengths
+#: from :func:`padding_lens`, about 25% padded), ``"documents"`` and ``"chunks"`` (see the module
+#: docstring); :data:`DEFAULT_MASKS` (``--mask both``) runs the first two.
+MASKS = ("none", "padding", "documents", "chunks")
+#: The masking cases run by default (``--mask both``): without a mask and with padding.
+DEFAULT_MASKS = ("none", "padding")
+#: Documents per row of the ``"documents"`` case, and the chunk of the ``"chunks"`` case.
+DOCUMENTS, CHUNK = 8, 512
 #: The input dtypes of the compiled peers (NumPy always computes in float64, on inputs rounded to
 #: this dtype); the choices of ``--dtype``.
 DTYPES = ("float32", "bfloat16")
@@ -80,7 +94,8 @@ PADDING_FRACTION = 0.25
 # The peers the ratios are taken against: the built-ins a user would otherwise call.
 BASELINES = ("jax.nn", "torch")
 # Our code under test, fingerprinted at the start and the end of a run.
-SOURCES = ("jax_attention.nn.scoring", "jax_attention.nn.efficient", "jax_attention.nn.masking")
+SOURCES = ("jax_attention.nn.scoring", "jax_attention.nn.efficient", "jax_attention.nn.masking",
+           "jax_attention.nn.mods")
 
 
 def attention_flops(B: int, N: int, T: int, S: int, H: int, *, backward: bool = False) -> int:
@@ -101,15 +116,6 @@ def window_pairs(T: int, S: int, window: tuple[int, int] | None) -> int:
     first = np.maximum(t - left, 0)
     last = np.minimum(t + right, S - 1)
     return int(np.maximum(last - first + 1, 0).sum())
-
-
-def window_band(T: int, S: int, window: tuple[int, int]) -> np.ndarray:
-    """The boolean ``(T, S)`` band of a window ``(left, right)``: True where query ``t`` may
-    attend key ``s``, ``t - left <= s <= t + right`` (NumPy, for the peers that take a mask)."""
-    left, right = window
-    t = np.arange(T)[:, None]
-    s = np.arange(S)[None, :]
-    return (s >= t - left) & (s <= t + right)
 
 
 def check_window(window) -> tuple[int, int] | None:
@@ -137,259 +143,35 @@ def padding_lens(batch: int, num_keys: int, rng: np.random.Generator,
     return rng.permutation(lens)
 
 
-def forward_backward(attend: Callable) -> Callable:
-    """``(q, k, v, lens, cotangent) -> (dq, dk, dv)``: the gradients of ``sum(attend(q, k, v,
-    lens) * cotangent)``, i.e. the forward pass and the vector-Jacobian product of a training
-    step. Not jitted (the caller does)."""
-    import jax
-    import jax.numpy as jnp
+class Structure(NamedTuple):
+    """A structured mask case: its ``keep`` as a dense boolean ``(1, 1, T, S)`` array (True =
+    attend) and ``mask_mod()``, the same mask as a :mod:`jax_attention.nn.mods` function."""
 
-    def loss(q, k, v, lens, cotangent):
-        return jnp.sum(attend(q, k, v, lens) * cotangent)
-
-    return jax.grad(loss, argnums=(0, 1, 2))
+    keep: np.ndarray
+    mask_mod: Callable
 
 
-# --------------------------------------------------------------------------- peers
+def structure(mask: str, T: int) -> Structure | None:
+    """The :class:`Structure` of a ``"documents"`` or ``"chunks"`` case at ``T = S``; ``None``
+    for ``"none"`` and ``"padding"``. Documents: :data:`DOCUMENTS` of ``T / DOCUMENTS``
+    positions each (the last one takes the remainder), as segment ids."""
+    if mask not in ("documents", "chunks"):
+        return None
+    positions = np.arange(T)
+    if mask == "documents":
+        ids = np.minimum(positions // max(T // DOCUMENTS, 1), DOCUMENTS - 1).astype(np.int32)
+        keep = ids[:, None] == ids[None, :]
 
-
-class _Peer:
-    """One implementation ready to run: ``forward()`` and ``forward_backward()`` run it on the
-    prepared inputs and wait for the result; ``output(result)`` and ``grads(result)`` turn their
-    results into float64 NumPy arrays in the ``(B, N, T, H)`` layout, for the errors."""
-
-    def __init__(self, forward, forward_backward=None, *, output, grads=None, note=""):
-        self.forward = forward
-        self.forward_backward = forward_backward
-        self.output = output
-        self.grads = grads
-        self.note = note
-
-
-def _to_float64(x) -> np.ndarray:
-    # bfloat16 (ml_dtypes) converts through astype; jax arrays through np.asarray.
-    return np.asarray(x).astype(np.float64)
-
-
-def _jax_peer(attend, inputs, *, heads_last: bool, standard_promotion: bool, note: str) -> _Peer:
-    """A JAX implementation ``attend(q, k, v, padding) -> output`` on ``inputs`` of its layout."""
-    import jax
-
-    def traced(q, k, v, padding):
-        if standard_promotion:
-            # The built-ins mix dtypes internally (float32 logits); a process with strict
-            # promotion (the test suite) would refuse that, which is no fault of theirs.
-            with jax.numpy_dtype_promotion("standard"):
-                return attend(q, k, v, padding)
-        return attend(q, k, v, padding)
-
-    forward = jax.jit(traced)
-    grads = jax.jit(forward_backward(traced))
-    q, k, v, padding, cotangent = inputs
-
-    def to_bnth(x):
-        x = _to_float64(x)
-        return x.transpose(0, 2, 1, 3) if heads_last else x
-
-    return _Peer(lambda: jax.block_until_ready(forward(q, k, v, padding)),
-                 lambda: jax.block_until_ready(grads(q, k, v, padding, cotangent)),
-                 output=to_bnth, grads=lambda gs: [to_bnth(g) for g in gs], note=note)
-
-
-def _window_note(window) -> str:
-    """What a peer's note says of the ``window``: ``", local_window_size=(left, right)"``, or
-    ``""`` without one."""
-    return "" if window is None else f", local_window_size={window}"
-
-
-def _keep_mask(lens, T: int, S: int, window) -> np.ndarray | None:
-    """The boolean mask of a case, True = attend: the key padding ``(B, 1, 1, S)``, AND the
-    window's band ``(1, 1, T, S)`` when there is one (``(B or 1, 1, T, S)``); ``None`` for
-    neither."""
-    keep = None if lens is None else (np.arange(S)[None, :] < lens[:, None])[:, None, None, :]
-    if window is not None:
-        band = window_band(T, S, window)[None, None]
-        keep = band if keep is None else keep & band
-    return keep
-
-
-def _our_peer(name: str, inputs, window, efficient_chunks: dict) -> _Peer:
-    """One of our peers (``ours``, ``ours_plain``, ``ours_efficient``) on heads-first ``inputs``
-    ``(q, k, v, lens, cotangent)``, ``(B, N, T, H)`` with ``lens (B,)`` or ``None``, and the
-    ``window`` (``(left, right)`` or ``None``)."""
-    window_note = _window_note(window)
-    if name == "ours":
-        from jax_attention.nn import scoring
-
-        def attend(q, k, v, lens):
-            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window)[0]
-
-        note = ("jax_attention.nn.scoring.dot_product_attention (implementation=None: "
-                f"{scoring.dot_product_implementation(inputs[0], inputs[1])} here), "
-                "(B, N, T, H), valid_lens" + window_note)
-    elif name == "ours_plain":
-        from jax_attention.nn import scoring
-
-        def attend(q, k, v, lens):
-            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window,
-                                                 implementation="plain")[0]
-
-        note = ("jax_attention.nn.scoring.dot_product_attention(implementation='plain'), "
-                "(B, N, T, H), valid_lens" + window_note)
+        def mask_mod():
+            from jax_attention.nn import mods
+            return mods.segment_ids(ids[None])
     else:
-        from jax_attention.nn import efficient
+        keep = positions[:, None] // CHUNK == positions[None, :] // CHUNK
 
-        def attend(q, k, v, lens):
-            return efficient.dot_product_attention(q, k, v, lens, local_window_size=window,
-                                                   **efficient_chunks)
-
-        note = ("jax_attention.nn.efficient.dot_product_attention, (B, N, T, H), valid_lens"
-                + window_note
-                + "".join(f", {key}={value}" for key, value in efficient_chunks.items()))
-    return _jax_peer(attend, inputs, heads_last=False, standard_promotion=False, note=note)
-
-
-def _builtin_jax_peer(name: str, btnh, jax_lens, key_mask, window, mask_shape: str) -> _Peer:
-    """``jax.nn`` or ``flax.nnx`` on ``btnh`` (q, k, v, cotangent in their ``(B, T, N, H)``):
-    jax.nn with the valid lengths ``jax_lens`` and the ``window`` as its own arguments, Flax
-    with the boolean ``key_mask`` (:func:`_keep_mask`, the window's band included; its shape
-    as ``mask_shape`` says it)."""
-    import jax.numpy as jnp
-
-    window_note = _window_note(window)
-    if name == "jax.nn":
-        import jax
-
-        return _jax_peer(
-            lambda q, k, v, lens: jax.nn.dot_product_attention(
-                q, k, v, key_value_seq_lengths=lens, local_window_size=window),
-            (*btnh[:3], jax_lens, btnh[3]), heads_last=True, standard_promotion=True,
-            note="jax.nn.dot_product_attention (implementation=None), (B, T, N, H), "
-                 "key_value_seq_lengths" + window_note)
-    from flax import nnx
-
-    flax_mask = None if key_mask is None else jnp.asarray(key_mask)
-    return _jax_peer(
-        lambda q, k, v, mask: nnx.dot_product_attention(q, k, v, mask=mask),
-        (*btnh[:3], flax_mask, btnh[3]), heads_last=True, standard_promotion=True,
-        note=f"flax.nnx.dot_product_attention, (B, T, N, H), mask {mask_shape}"
-             + ("" if window is None else " (padding AND the window's band)"))
-
-
-def _build_peers(names, arrays, lens, dtype_name, efficient_chunks, window=None):
-    """``{name: _Peer or reason}`` for the requested peers on float32 NumPy ``arrays`` (q, k, v,
-    cotangent in ``(B, N, T, H)``), ``lens`` (``(B,)`` int32 or ``None``) and ``window``
-    (``(left, right)`` or ``None``)."""
-    import jax.numpy as jnp
-
-    dtype = jnp.dtype(dtype_name)
-    q, k, v, cotangent = arrays
-    B, N, T, H = q.shape
-    S = k.shape[2]
-    peers: dict[str, _Peer | str] = {}
-    bnth = [jnp.asarray(a, dtype) for a in (q, k, v)]
-    btnh = [jnp.asarray(np.ascontiguousarray(a.transpose(0, 2, 1, 3)), dtype) for a in arrays]
-    ct_bnth = jnp.asarray(cotangent, dtype)
-    jax_lens = None if lens is None else jnp.asarray(lens)
-    # (B, 1, 1, S): True where the key is real, broadcast over heads and queries; with a window,
-    # AND the (T, S) band: (B or 1, 1, T, S).
-    key_mask = _keep_mask(lens, T, S, window)
-    mask_shape = ("None" if key_mask is None else "(B, 1, 1, S)" if window is None
-                  else f"({B if lens is not None else 1}, 1, T, S)")
-
-    for name in names:
-        if name in ("ours", "ours_plain", "ours_efficient"):
-            peers[name] = _our_peer(name, (*bnth, jax_lens, ct_bnth), window, efficient_chunks)
-        elif name in ("jax.nn", "flax.nnx"):
-            peers[name] = _builtin_jax_peer(name, btnh, jax_lens, key_mask, window, mask_shape)
-        elif name == "torch":
-            peers[name] = _torch_peer(q, k, v, cotangent, key_mask, dtype_name, mask_shape)
-        elif name == "numpy":
-            peers[name] = _numpy_peer(q, k, v, lens, dtype, window)
-        else:
-            raise ValueError(f"unknown peer {name!r}; expected one of {', '.join(PEERS)}")
-    return peers
-
-
-def _torch_peer(q, k, v, cotangent, key_mask, dtype_name, mask_shape="(B, 1, 1, S)") -> _Peer | str:
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as error:
-        return f"PyTorch is not installed (pip install -e '.[torch]'): {error}"
-    dtype = getattr(torch, dtype_name)
-    leaves = [torch.from_numpy(a).to(dtype).requires_grad_(True) for a in (q, k, v)]
-    ct = torch.from_numpy(cotangent).to(dtype)
-    mask = None if key_mask is None else torch.from_numpy(np.ascontiguousarray(key_mask))
-
-    def forward():
-        with torch.inference_mode():
-            return F.scaled_dot_product_attention(*leaves, attn_mask=mask)
-
-    def forward_backward():
-        output = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
-        return torch.autograd.grad(output, leaves, grad_outputs=ct)
-
-    def to_numpy(x):
-        return x.detach().to(torch.float64).numpy()
-
-    return _Peer(forward, forward_backward, output=to_numpy,
-                 grads=lambda gs: [to_numpy(g) for g in gs],
-                 note=f"torch.nn.functional.scaled_dot_product_attention, (B, N, T, H), "
-                      f"attn_mask {mask_shape}, {torch.get_num_threads()} threads")
-
-
-def _numpy_peer(q, k, v, lens, dtype, window=None) -> _Peer:
-    from reference_numpy import scoring as reference
-
-    # The inputs as the other peers see them (rounded to bfloat16 when that is the dtype).
-    q, k, v = (np.asarray(np.asarray(a).astype(dtype)).astype(np.float64) for a in (q, k, v))
-    return _Peer(lambda: reference.dot_product_attention(q, k, v, lens,
-                                                         local_window_size=window)[0], None,
-                 output=lambda x: x,
-                 note="reference_numpy.scoring.dot_product_attention in float64, forward only "
-                      "(the forward reference itself)" + _window_note(window))
-
-
-def _float64_grads(q, k, v, cotangent, lens, window=None):
-    """Float64 gradients ``(dq, dk, dv)`` of ``sum(attention * cotangent)`` and what made them.
-
-    PyTorch float64 autograd through the textbook formula (two matmuls and a masked softmax,
-    no fused kernel; the mask is the padding AND the window's band), independent of every peer,
-    a block of query rows at a time (each row's attention is its own; ``dk`` and ``dv`` add up
-    over the blocks), so that no more than about 128 MiB of float64 scores are held at once;
-    without PyTorch, our own function under JAX's 64-bit mode.
-    """
-    B, N, T, H = q.shape
-    S = k.shape[2]
-    keep = _keep_mask(lens, T, S, window)
-    try:
-        import torch
-    except ImportError:
-        import jax
-
-        from jax_attention.nn import scoring
-
-        def attend(q, k, v, lens):
-            return scoring.dot_product_attention(q, k, v, lens, local_window_size=window)[0]
-
-        with jax.enable_x64(True):
-            grads = jax.jit(forward_backward(attend))(q, k, v, lens, cotangent)
-            return [np.asarray(g, np.float64) for g in grads], "ours, float64 (jax x64)"
-    leaves = [torch.from_numpy(a).requires_grad_(True) for a in (q, k, v)]
-    keep_t = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep))
-    rows = max(1, (1 << 24) // (B * N * S))
-    for first in range(0, T, rows):
-        block = slice(first, min(first + rows, T))
-        scores = leaves[0][:, :, block] @ leaves[1].transpose(-1, -2) / math.sqrt(H)
-        if keep_t is not None:
-            keep_block = keep_t if keep_t.shape[-2] == 1 else keep_t[:, :, block]
-            scores = torch.where(keep_block, scores, torch.finfo(torch.float64).min)
-        output = torch.softmax(scores, dim=-1) @ leaves[2]
-        output.backward(torch.from_numpy(np.ascontiguousarray(cotangent[:, :, block])))
-    return ([leaf.grad.numpy() for leaf in leaves],
-            "torch float64 autograd of softmax(Q K^T / sqrt(H)) V" +
-            ("" if window is None else ", masked by the window's band"))
+        def mask_mod():
+            from jax_attention.nn import mods
+            return mods.chunked_local(CHUNK)
+    return Structure(keep[None, None], mask_mod)
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -459,7 +241,7 @@ SETTINGS_NOTES = {
 
 
 def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
-                    peers: Sequence[str] = PEERS, masks: Sequence[str] = MASKS,
+                    peers: Sequence[str] = PEERS, masks: Sequence[str] = DEFAULT_MASKS,
                     dtype: str = "float32", repeats: int = 7, warmup: int = 1,
                     budget_s: float = 60.0, gemm_size: int = 2048, seed: int = 0,
                     efficient_chunks: dict | None = None,
@@ -470,8 +252,9 @@ def bench_attention(shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES, *,
     Args:
       shapes: ``(B, N, T, H)`` tuples, ``S = T``.
       peers: a subset of :data:`PEERS`.
-      masks: a subset of :data:`MASKS`: ``"none"`` and/or ``"padding"`` (valid key lengths with
-        about 25% padding, see :func:`padding_lens`).
+      masks: a subset of :data:`MASKS`: ``"none"``, ``"padding"`` (valid key lengths with
+        about 25% padding, see :func:`padding_lens`), ``"documents"``, ``"chunks"``
+        (:func:`structure`).
       dtype: ``"float32"`` or ``"bfloat16"`` for every peer but NumPy (float64).
       repeats: timed rounds (>= 5); the medians are reported.
       warmup: untimed rounds before them, after each peer's first (compiling) calls.
@@ -548,12 +331,12 @@ def _case_flops(B: int, N: int, T: int, S: int, H: int, window) -> tuple[dict, d
                    "fraction_of_dense": pairs / (T * S)}
 
 
-def _rows_with_keys(lens, B: int, T: int, S: int, window):
+def _rows_with_keys(lens, B: int, T: int, S: int, window, structure=None):
     """``(rows, count)``: the query rows that attend some key, ``(B, 1, T, 1)``, and how many do
     not — or ``(None, 0)`` when every row does. Rows without a key (padding and a window together)
     are where the peers disagree (zeros, or the mean of every value): they count for no error and
     get a zero cotangent."""
-    keep = _keep_mask(lens, T, S, window)
+    keep = keep_mask(lens, T, S, window, structure)
     if keep is None:
         return None, 0
     rows = np.broadcast_to(keep.any(axis=-1, keepdims=True), (B, 1, T, 1))
@@ -588,23 +371,24 @@ class _References(NamedTuple):
     grads_source: str
 
 
-def _float64_references(arrays, built: dict, lens, dtype: str, window) -> _References:
+def _float64_references(arrays, built: dict, lens, dtype: str, window,
+                        structure=None) -> _References:
     """The float64 references of a case, from the inputs each peer actually sees (rounded to
     ``dtype``); the output is the ``numpy`` peer's (built here when the case does not run it)."""
     import jax.numpy as jnp
 
     q, k, v, _ = arrays
     seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
-    numpy_peer = built.get("numpy") if isinstance(built.get("numpy"), _Peer) else \
-        _numpy_peer(q, k, v, lens, jnp.dtype(dtype), window)
+    reference = built.get("numpy") if isinstance(built.get("numpy"), Peer) else \
+        numpy_peer(q, k, v, lens, jnp.dtype(dtype), window, structure)
     start = time.perf_counter()
-    output = numpy_peer.forward()
+    output = reference.forward()
     seconds = time.perf_counter() - start
-    grads, grads_source = _float64_grads(*seen, lens, window)
+    grads, grads_source = float64_grads(*seen, lens, window, structure)
     return _References(output, seconds, grads, grads_source)
 
 
-def _round_seconds(peer: _Peer) -> float:
+def _round_seconds(peer: Peer) -> float:
     """The seconds one timed round of ``peer`` (compiled by now) will take: the faster of two
     calls of each of its functions."""
     # The faster, because one call on a busy machine can stall (PyTorch's backward at
@@ -619,7 +403,7 @@ def _round_seconds(peer: _Peer) -> float:
     return estimate
 
 
-def _measure_peer(name: str, peer: _Peer, references: _References, rows, timed: dict, *,
+def _measure_peer(name: str, peer: Peer, references: _References, rows, timed: dict, *,
                   repeats: int, warmup: int, budget_s: float) -> dict:
     """A peer's entry of a case: the errors of its first calls (which compile) against the
     float64 ``references`` (:func:`_float64_references`; ``rows``: the query rows that count,
@@ -651,17 +435,18 @@ def _measure_peer(name: str, peer: _Peer, references: _References, rows, timed: 
 
 def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s, ceiling,
                 efficient_chunks, window=None) -> dict:
+    case = structure(mask, arrays[0].shape[2])
     """One (shape, mask, window) case: every peer built, checked against the float64
     references and, within the budget, timed in interleaved rounds; its record."""
     q, k, v, cotangent = arrays
     B, N, T, H = q.shape
     S = k.shape[2]
     flops, window_flops = _case_flops(B, N, T, S, H, window)
-    rows, without_keys = _rows_with_keys(lens, B, T, S, window)
+    rows, without_keys = _rows_with_keys(lens, B, T, S, window, case)
     if rows is not None:
         arrays = [q, k, v, np.where(rows, cotangent, np.float32(0))]
-    built = _build_peers(peer_names, arrays, lens, dtype, efficient_chunks, window)
-    references = _float64_references(arrays, built, lens, dtype, window)
+    built = build_peers(peer_names, arrays, lens, dtype, efficient_chunks, window, case)
+    references = _float64_references(arrays, built, lens, dtype, window, case)
 
     record_peers: dict[str, dict] = {}
     timed: dict[str, Callable[[], object]] = {}
@@ -682,7 +467,7 @@ def _bench_case(arrays, lens, mask, peer_names, dtype, repeats, warmup, budget_s
             "queries_without_keys": without_keys,
             "flops": flops, "window_flops": window_flops,
             "reference": {"forward": "reference_numpy.scoring.dot_product_attention, float64"
-                                     + _window_note(window),
+                                     + window_note(window),
                           "forward_s": references.seconds,
                           "gradients": references.grads_source},
             "peers": record_peers}

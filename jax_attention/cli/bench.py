@@ -99,7 +99,8 @@ def _bench_attention(parser: argparse.ArgumentParser) -> None:
                         help=f"the implementations to run, among {', '.join(PEERS)} (default: all)")
     parser.add_argument("--mask", choices=("both",) + MASKS, default="both",
                         help="without a mask, with a padding mask (valid key lengths, ~25%% "
-                             "padding) or both (default: %(default)s)")
+                             "padding), both (default), 'documents' (8 documents per row, by "
+                             "segment ids) or 'chunks' (attention within chunks of 512)")
     parser.add_argument("--no-mask", dest="mask", action="store_const", const="none",
                         help="same as --mask none")
     parser.add_argument("--local-window-size", metavar="W", type=_local_window, nargs="+",
@@ -135,13 +136,13 @@ def _bench_attention(parser: argparse.ArgumentParser) -> None:
 def run_bench_attention(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Handler of ``bench attention``; see its ``--help``."""
     check_json_argument(args, parser)
-    from jax_attention.bench.attention import MASKS, bench_attention, format_attention
+    from jax_attention.bench.attention import DEFAULT_MASKS, bench_attention, format_attention
 
     chunks = {name: value for name, value in (("query_chunk_size", args.query_chunk_size),
                                               ("key_chunk_size", args.key_chunk_size))
               if value is not None}
     record = bench_attention(args.shapes, peers=args.peers,
-                             masks=MASKS if args.mask == "both" else (args.mask,),
+                             masks=DEFAULT_MASKS if args.mask == "both" else (args.mask,),
                              dtype=args.dtype, repeats=args.repeats, warmup=args.warmup,
                              budget_s=args.budget, gemm_size=args.gemm_size, seed=args.seed,
                              efficient_chunks=chunks,

@@ -566,8 +566,9 @@ def _backward(cfg: Chunking, residuals, cotangents):
 
 def _sinks_grad(sinks, logsumexp, delta):
     """``-sum exp(sink - L) D`` over every row a sink serves, in the sinks' layout."""
-    total = -jnp.exp(sinks[..., None] - logsumexp) * delta
-    return jnp.sum(total, axis=tuple(range(total.ndim - sinks.ndim - 1)) + (-1,))
+    lead = logsumexp.ndim - sinks.ndim - 1  # the batch axes before the sinks' (head) axes
+    total = -jnp.exp(sinks.reshape((1,) * lead + sinks.shape + (1,)) - logsumexp) * delta
+    return jnp.sum(total, axis=tuple(range(lead)) + (-1,))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -734,8 +735,8 @@ def chunked_attention(queries, keys, values, valid_lens, mask, *, is_causal: boo
         scaled_queries = queries.astype(compute) * jnp.asarray(variants.scale, compute)
     if cfg.grouped:
         scaled_queries = group_heads(scaled_queries, groups)  # (B, ..., N_kv, G, T, q)
-        if sinks is not None and sinks.ndim:
-            sinks = sinks.reshape(-1, groups)  # (N_kv, G), as the grouped queries' heads
+        if sinks is not None:  # (N_kv, G), as the grouped queries' heads
+            sinks = jnp.broadcast_to(sinks, queries.shape[-3:-2]).reshape(-1, groups)
     output, lse = _chunked_attention(
         cfg,
         _pad_axis(scaled_queries, scaled_queries.ndim - 2, cfg.padded_queries),

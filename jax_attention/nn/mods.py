@@ -82,7 +82,11 @@ class MaskMod:
         self.name = name or getattr(fn, "__name__", "mask_mod")
 
     def __call__(self, b, h, q_idx, kv_idx):
-        return jnp.asarray(self.fn(b, h, q_idx, kv_idx, *self.params))
+        keep = jnp.asarray(self.fn(b, h, q_idx, kv_idx, *self.params))
+        if keep.dtype != jnp.bool_:  # known while tracing: one comparison per evaluation
+            raise TypeError(f"mask_mod must return booleans (True = attend), got dtype "
+                            f"{keep.dtype} from {self.name}")
+        return keep
 
     def block_any(self, q_start, q_size: int, kv_start, kv_size: int):
         """Whether the block may hold a pair to attend (``True`` when unknown)."""
@@ -194,9 +198,7 @@ def index_grids(shape, *, groups: int = 1, q_start=0, kv_start=0, transposed: bo
 def mask_from_mod(mask_mod, shape, *, groups: int = 1):
     """The boolean mask of ``mask_mod`` on scores of ``shape`` (:func:`index_grids`), as the mod
     gives it (broadcastable to ``shape``, not broadcast)."""
-    keep = jnp.asarray(as_mask_mod(mask_mod)(*index_grids(shape, groups=groups)))
-    if keep.dtype != jnp.bool_:
-        raise TypeError(f"mask_mod must return booleans (True = attend), got dtype {keep.dtype}")
+    keep = as_mask_mod(mask_mod)(*index_grids(shape, groups=groups))
     return keep.reshape((1,) * (len(shape) - keep.ndim) + keep.shape)
 
 
