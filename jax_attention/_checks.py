@@ -399,9 +399,9 @@ def check_logit_softcap(logit_softcap) -> float | None:
     return float(logit_softcap)
 
 
-def check_sinks(sinks, queries_shape) -> jax.Array | None:
+def check_sinks(sinks, scores_shape) -> jax.Array | None:
     """``sinks=`` (``None``: none): learned attention-sink logits, one per query head — float
-    ``(N,)`` for queries ``(B, ..., N, T, d)``, or ``()`` (also for queries without a head axis);
+    ``(N,)`` for scores of ``scores_shape`` ``(B, ..., N, T, S)``, or ``()`` (also without a head axis);
     each joins every row's softmax denominator as a key with a zero value. ``TypeError`` for a
     non-float, ``ValueError`` for another shape, naming both shapes."""
     if sinks is None:
@@ -410,10 +410,10 @@ def check_sinks(sinks, queries_shape) -> jax.Array | None:
     shape, dtype = jnp.shape(sinks), jnp.result_type(sinks)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"sinks must be float logits, got dtype {dtype} with shape {shape}")
-    heads = tuple(queries_shape[-3:-2]) if len(queries_shape) >= 4 else ()
+    heads = tuple(scores_shape[-3:-2]) if len(scores_shape) >= 4 else ()
     if shape not in ((), heads):
         raise ValueError(f"sinks must have shape () or (N,) = {heads} (one logit per query head) "
-                         f"for queries {tuple(queries_shape)}, got {shape}")
+                         f"for scores (B, ..., N, T, S) = {tuple(scores_shape)}, got {shape}")
     return jnp.asarray(sinks)
 
 
@@ -474,10 +474,9 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool,
     ``grouped_heads``: keys and values may have fewer heads than the queries — with a head axis
     (rank >= 4), queries ``(B, ..., N, T, q)`` and keys ``(B, ..., N_kv, S, k)`` with ``N_kv``
     dividing ``N`` (grouped-query attention; ``N_kv = 1`` is multi-query attention)."""
-    arrays = {"queries": queries, "keys": keys}
+    arrays = {"queries": jnp.asarray(queries), "keys": jnp.asarray(keys)}
     if values is not None:
-        arrays["values"] = values
-    arrays = {name: jnp.asarray(a) for name, a in arrays.items()}
+        arrays["values"] = jnp.asarray(values)
     for name, a in arrays.items():
         if a.ndim < 3:
             raise ValueError(f"{name} must have shape (B, ..., len, size), got {a.shape}")
@@ -510,10 +509,15 @@ def check_attention_inputs(queries, keys, values=None, *, same_depth: bool,
                 f"keys (B, ..., S, k) and values (B, ..., S, v) must have the same batch axes and "
                 f"length S, got keys {k.shape} and values {v.shape}"
             )
-    arrays = [a if jnp.issubdtype(a.dtype, jnp.floating) else a.astype(jnp.result_type(float))
-              for a in arrays.values()]
-    dtypes = {a.dtype for a in arrays}
-    if len(dtypes) > 1:
+    floats = []
+    for a in arrays.values():
+        floats.append(a if jnp.issubdtype(a.dtype, jnp.floating)
+                      else a.astype(jnp.result_type(float)))
+    arrays = floats
+    mixed = False
+    for a in arrays[1:]:
+        mixed = mixed or a.dtype != arrays[0].dtype
+    if mixed:
         names = ", ".join(f"{name} {a.dtype}" for name, a in zip(("queries", "keys", "values"), arrays))
         raise TypeError(f"queries, keys and values must share one float dtype, got {names}")
     return arrays

@@ -233,7 +233,8 @@ def _batched_inputs(queries, keys, values, valid_lens, mask, bias):
 
 def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_heads: int,
                          num_kv_heads=None, mask=None, is_causal=False, bias=None, scale=None,
-                         local_window_size=None, logit_softcap=None):
+                         local_window_size=None, logit_softcap=None, mask_mod=None,
+                         score_mod=None, sinks=None):
     """Multi-head scaled dot-product attention — d2l §11.5.
 
     ``head_n = softmax(Q_n K_n^T / sqrt(H) + bias_n) V_n`` with ``Q_n = queries W_q[:, n]`` etc.,
@@ -258,9 +259,9 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
       is_causal: also apply a causal mask ``(T, S)``.
       bias: added to the scores before the softmax, ``(T, S)`` or ``(B | 1, N | 1, T, S)``
         (e.g. a relative position bias ``(1, N, T, S)``).
-      scale, local_window_size, logit_softcap: as in
+      scale, local_window_size, logit_softcap, mask_mod, score_mod, sinks: as in
         :func:`reference_numpy.scoring.dot_product_attention` (``scale`` defaults to
-        ``1 / sqrt(H)``).
+        ``1 / sqrt(H)``; the mods see the heads ``(B, N, T, S)``, ``sinks`` is ``(N,)``).
 
     Returns:
       ``(output (B, T, E), weights (B, N, T, S))`` (unbatched: ``(T, E)``, ``(N, T, S)``).
@@ -273,6 +274,7 @@ def multi_head_attention(params, queries, keys, values, valid_lens=None, *, num_
     heads_q, heads_k, heads_v = project_heads(params, queries, keys, values, num_heads=num_heads,
                                               num_kv_heads=num_kv_heads)
     output, weights = dot_product_attention(heads_q, heads_k, heads_v, mask=keep, bias=bias,
-                                            scale=scale, logit_softcap=logit_softcap)
+                                            scale=scale, logit_softcap=logit_softcap,
+                                            mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)
     output = combine_heads(params, output)
     return (output[0], weights[0]) if unbatched else (output, weights)

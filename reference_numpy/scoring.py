@@ -14,19 +14,18 @@ import math
 
 import numpy as np
 
+from reference_numpy import mods
 from reference_numpy._checks import (
     check_attention_inputs,
     check_implementation,
-    check_local_window_size,
-    check_logit_softcap,
     check_param_keys,
     check_param_shapes,
-    check_scale,
+    check_static_bool,
     check_unbatched,
     is_integer_dtype,
     num_kv_groups,
 )
-from reference_numpy.masking import attention_mask, masked_softmax
+from reference_numpy.masking import attention_mask, combine_masks, masked_softmax
 
 __all__ = [
     "dot_product_attention_weights",
@@ -44,7 +43,7 @@ ADDITIVE_SCORES = "...tsh,ho->...tso"
 
 
 def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: bool,
-             local_window_size=None):
+             local_window_size=None, mask_mod=None):
     """Checks the inputs, builds the attention mask once and zeroes what nothing attends.
 
     Returns ``(keep, arrays)``: the boolean mask broadcastable to ``(B, ..., T, S)`` (or ``None``)
@@ -57,7 +56,8 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     Grouped-query keys and values (``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``)
     are repeated here to ``N`` heads, ``G = N / N_kv`` consecutive query heads per key/value
     head: the definition, written plainly (the JAX twin contracts each key/value head with its
-    group instead of repeating it).
+    group instead of repeating it). A ``mask_mod`` is evaluated on the whole ``(B, ..., N, T, S)``
+    grid (:func:`reference_numpy.mods.mask_from_mod`) and ANDed with the other masks.
     """
     arrays = check_attention_inputs(queries, keys, values, same_depth=same_depth,
                                     grouped_heads=same_depth)
@@ -65,8 +65,11 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     if groups > 1:
         arrays = [arrays[0]] + [np.repeat(a, groups, axis=-3) for a in arrays[1:]]
     queries, keys = arrays[0], arrays[1]
-    keep = attention_mask(queries.shape[:-1] + keys.shape[-2:-1], valid_lens, mask=mask,
-                          is_causal=is_causal, local_window_size=local_window_size)
+    shape = queries.shape[:-1] + keys.shape[-2:-1]
+    keep = attention_mask(shape, valid_lens, mask=mask, is_causal=is_causal,
+                          local_window_size=local_window_size)
+    if mask_mod is not None:
+        keep = combine_masks(keep, mods.mask_from_mod(mask_mod, shape))
     if keep is None:
         return keep, arrays
     query_attends = np.any(keep, axis=-1, keepdims=True)  # (B, ..., T, 1)
@@ -105,52 +108,101 @@ def _scores_dtype(dtype):
     return np.float32 if np.finfo(dtype).bits < 32 else dtype
 
 
-def _dot_product_weights(queries, keys, keep, bias, scale=None, logit_softcap=None):
+def _dot_product_scores(queries, keys, bias, variants: mods.Variants):
+    """``score_mod(softcap(scale * Q K^T) + bias)`` in the scores' dtype (float32 for float16),
+    the mods evaluated on the whole grid :func:`reference_numpy.mods.index_grids`."""
     compute = _scores_dtype(queries.dtype)
     scores = np.einsum(DOT_SCORES, queries.astype(compute), keys.astype(compute))
-    scores = scores / math.sqrt(queries.shape[-1]) if scale is None else scores * scale
-    if logit_softcap is not None:
-        scores = logit_softcap * np.tanh(scores / logit_softcap)
-    return masked_softmax(_add_bias(scores, bias), mask=keep).astype(queries.dtype)
+    if variants.scale is None:
+        scores = scores / math.sqrt(queries.shape[-1])
+    else:
+        scores = scores * variants.scale
+    grids = mods.index_grids(scores.shape)
+    if variants.logit_softcap is not None:
+        scores = variants.logit_softcap(scores, *grids)
+    scores = _add_bias(scores, bias)
+    if variants.score_mod is not None:
+        scores = variants.score_mod(scores, *grids)
+    return scores
 
 
-def _check_variants(scale, local_window_size, logit_softcap):
-    """The static variant arguments of the dot-product functions, checked."""
-    return (check_scale(scale), check_local_window_size(local_window_size),
-            check_logit_softcap(logit_softcap))
+def _with_sinks(scores, keep, sinks):
+    """The scores and the mask with one more key, the sink: its logit is ``sinks`` (per query
+    head, axis -3) in every row, and it is always attended. Its value is zero, so it only joins
+    the softmax's denominator: the caller drops its weight before pooling the values."""
+    column = sinks.astype(scores.dtype).reshape(sinks.shape + (1, 1))  # (N, 1, 1) or (1, 1)
+    scores = np.concatenate([scores, np.broadcast_to(column, scores.shape[:-1] + (1,))], axis=-1)
+    if keep is not None:
+        keep = np.concatenate([keep, np.ones(keep.shape[:-1] + (1,), bool)], axis=-1)
+    return scores, keep
+
+
+def _dot_product_weights(queries, keys, keep, bias, variants: mods.Variants):
+    """``(weights (B, ..., T, S) in the queries' dtype, lse (B, ..., T) in the scores')``."""
+    scores = _dot_product_scores(queries, keys, bias, variants)
+    if variants.sinks is not None:
+        scores, keep = _with_sinks(scores, keep, variants.sinks)
+    weights = masked_softmax(scores, mask=keep)
+    if variants.sinks is not None:
+        weights = weights[..., :-1]
+    return weights.astype(queries.dtype), _logsumexp_where(scores, keep)
+
+
+def _logsumexp_where(scores, keep):
+    """``log sum_s exp(scores)`` over the kept keys, ``(B, ..., T)``; ``-inf`` for a row that
+    keeps nothing."""
+    keep = np.ones(scores.shape, bool) if keep is None else np.broadcast_to(keep, scores.shape)
+    logits = np.where(keep, scores, -np.inf)
+    shift = logits.max(axis=-1, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(shift), shift, 0)
+    total = np.where(keep, np.exp(logits - shift), 0).sum(axis=-1)
+    with np.errstate(divide="ignore"):
+        return np.where(total > 0, shift[..., 0] + np.log(total), -np.inf).astype(scores.dtype)
+
+
+def _check_return_lse(return_lse, return_residual) -> bool:
+    return_lse = check_static_bool("return_lse", return_lse)
+    if return_residual is not None:
+        return_lse = return_lse or check_static_bool("return_residual", return_residual)
+    return return_lse
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
                                   bias=None, scale=None, local_window_size=None,
-                                  logit_softcap=None):
+                                  logit_softcap=None, mask_mod=None, score_mod=None, sinks=None):
     """Scaled dot-product attention weights ``masked_softmax(Q K^T / sqrt(d) + bias)`` — d2l §11.3.3.
 
     Args:
       queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
       keys: ``(B, ..., S, d)``, or ``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``
         with ``N_kv`` dividing ``N`` (grouped-query attention); unbatched ``(S, d)``.
-      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap: as in
-        :func:`dot_product_attention`.
+      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap, mask_mod,
+        score_mod, sinks: as in :func:`dot_product_attention`.
 
     Returns:
-      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero.
+      Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero (with
+      ``sinks``, each row sums to less than 1: the sink takes the rest).
     """
-    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
-                                                              logit_softcap)
     unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
+    variants = mods.check_variants(np.shape(queries)[:-1] + np.shape(keys)[-2:-1], scale,
+                                   local_window_size, logit_softcap,
+                                   mask_mod, score_mod, sinks)
     keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal,
-                                     same_depth=True, local_window_size=local_window_size)
-    weights = _dot_product_weights(queries, keys, keep, bias, scale, logit_softcap)
+                                     same_depth=True, local_window_size=variants.local_window_size,
+                                     mask_mod=variants.mask_mod)
+    weights, _ = _dot_product_weights(queries, keys, keep, bias, variants)
     return weights[0] if unbatched else weights
 
 
 def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, is_causal=False,
                           bias=None, scale=None, local_window_size=None, logit_softcap=None,
-                          implementation=None):
+                          implementation=None, mask_mod=None, score_mod=None, sinks=None,
+                          return_lse=False, return_residual=None):
     """Scaled dot-product attention — d2l §11.3.3.
 
-    ``softmax(softcap(scale * Q K^T) + bias) V`` with masking (see
-    :mod:`reference_numpy.masking`); ``scale = 1 / sqrt(d)`` and no soft-capping by default.
+    ``softmax(score_mod(softcap(scale * Q K^T) + bias)) V`` with masking (see
+    :mod:`reference_numpy.masking`); ``scale = 1 / sqrt(d)``, no soft-capping and no mods by
+    default.
 
     Args:
       queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
@@ -170,20 +222,35 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
       implementation: ``None``, ``"plain"`` or ``"chunked"``, checked and otherwise ignored: the
         reference has one path (the whole ``T x S`` scores), against which both of
         :func:`jax_attention.nn.scoring.dot_product_attention`'s are tested.
+      mask_mod: ``(b, h, q_idx, kv_idx) -> bool`` (:mod:`reference_numpy.mods`), evaluated on
+        the grid of the scores ``(B, ..., N, T, S)`` (``h`` the query head) and ANDed with the
+        masks above.
+      score_mod: ``(score, b, h, q_idx, kv_idx) -> score``, applied after the soft cap and the
+        bias.
+      sinks: float ``(N,)`` (one per query head) or ``()``: every row's softmax gets one more
+        key, of logit ``sink`` and zero value; the weights then sum to less than 1.
+      return_lse: also return the log-sum-exp of each row's scores over its attended keys (and
+        the sink), ``(B, ..., N, T)``; ``-inf`` for a row that attends nothing.
+        ``return_residual``: ``jax.nn``'s name for it.
 
     Returns:
       ``(output (B, ..., T, v), weights (B, ..., T, S))`` (unbatched: ``(T, v)``, ``(T, S)``);
-      fully masked rows give zero output.
+      fully masked rows give zero output. With ``return_lse``: ``(output, weights, lse)``.
     """
     check_implementation(implementation)
-    scale, local_window_size, logit_softcap = _check_variants(scale, local_window_size,
-                                                              logit_softcap)
+    return_lse = _check_return_lse(return_lse, return_residual)
     unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
+    variants = mods.check_variants(np.shape(queries)[:-1] + np.shape(keys)[-2:-1], scale,
+                                   local_window_size, logit_softcap,
+                                   mask_mod, score_mod, sinks)
     keep, (queries, keys, values) = _prepare(queries, keys, values, valid_lens, mask, is_causal,
-                                             same_depth=True, local_window_size=local_window_size)
-    weights = _dot_product_weights(queries, keys, keep, bias, scale, logit_softcap)
-    output = np.einsum(WEIGHTED_SUM, weights, values)
-    return (output[0], weights[0]) if unbatched else (output, weights)
+                                             same_depth=True,
+                                             local_window_size=variants.local_window_size,
+                                             mask_mod=variants.mask_mod)
+    weights, lse = _dot_product_weights(queries, keys, keep, bias, variants)
+    output = np.einsum(WEIGHTED_SUM, weights, values)  # the sink's value is zero: no term
+    results = (output, weights, lse) if return_lse else (output, weights)
+    return tuple(r[0] for r in results) if unbatched else results
 
 
 #: The keys of additive attention's parameter dict.

@@ -527,6 +527,25 @@ BAD = {  # name: (call, error, the message's pattern)
     "dense_mask_not_bool": (lambda: mods.dense_mask(DENSE.astype(np.int32)), TypeError,
                             "boolean"),
     "no_mods_to_combine": (lambda: mods.and_masks(), ValueError, "at least one"),
+    # Arrays that do not fit the scores are refused at the boundary (indexing would clamp or
+    # wrap silently): ids for T queries used for S keys, a table of another head count, ...
+    "segment_ids_default_keys_shorter_than_S": (
+        _dpa(mask_mod=mods.segment_ids(Q_IDS)), ValueError,
+        r"kv_segment_ids.*\(2, 17\).*\(2, 13\)"),
+    "segment_ids_in_an_and": (
+        _efficient(mask_mod=mods.and_masks(mods.causal(), mods.segment_ids(Q_IDS))), ValueError,
+        "kv_segment_ids"),
+    "valid_lengths_batch": (_dpa(mask_mod=mods.valid_lengths(np.ones(3, np.int32))), ValueError,
+                            r"valid_lens must have shape \(2,\)"),
+    "dense_mask_rows": (_dpa(mask_mod=mods.dense_mask(np.ones((1, 1, T - 1, S), bool))),
+                        ValueError, "keep"),
+    "bias_heads": (_dpa(score_mod=mods.bias(np.zeros((1, 3, 1, 1), np.float32))), ValueError,
+                   r"table must have shape \(1, 4, 1, 1\)"),
+    "alibi_heads": (_efficient(score_mod=mods.alibi(8)), ValueError, r"slopes.*\(4,\)"),
+    "t5_heads": (_dpa(score_mod=mods.t5_relative_bias(np.zeros((32, 3), np.float32))),
+                 ValueError, "table"),
+    "prefix_batch": (_dpa(mask_mod=mods.prefix_lm(np.ones(3, np.int32))), ValueError,
+                     "prefix_lens"),
 }
 
 

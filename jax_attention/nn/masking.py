@@ -149,6 +149,12 @@ def valid_lens_mask(valid_lens, num_queries: int, num_keys: int):
     lens = check_valid_lens(valid_lens, None, num_queries, num_keys)
     if lens.ndim == 1:
         lens = jnp.broadcast_to(lens[:, None], (lens.shape[0], num_queries))
+    return _lens_keep(lens, num_keys)
+
+
+def _lens_keep(lens, num_keys: int):
+    """``s < lens[..., None]`` for checked int32 lengths ``(B,)`` or ``(B, T)``: ``(B, S)`` or
+    ``(B, T, S)``."""
     return _key_positions(num_keys, lens.ndim + 1) < lens[..., None]
 
 
@@ -194,6 +200,12 @@ def causal_mask(num_queries: int, num_keys: int | None = None, *, offset: int = 
     return keys <= rows
 
 
+def _positions(num_queries: int, num_keys: int):
+    """``(arange(S)[None, :], arange(T)[:, None])`` as int32: offset 0, nothing to check."""
+    return (jnp.arange(num_keys, dtype=jnp.int32)[None, :],
+            jnp.arange(num_queries, dtype=jnp.int32)[:, None])
+
+
 def local_window_mask(num_queries: int, num_keys: int | None = None, local_window_size=None, *,
                       offset: int = 0):
     """Sliding-window mask: query ``t`` may attend key ``s`` iff
@@ -228,6 +240,12 @@ def local_window_mask(num_queries: int, num_keys: int | None = None, local_windo
     left, right = window
     keys, rows = _key_and_query_positions(num_queries, num_keys, offset)
     return (keys >= rows - left) & (keys <= rows + right)
+
+
+def _window_keep(num_queries: int, num_keys: int, window):
+    """:func:`local_window_mask` at offset 0 for a checked ``(left, right)``."""
+    keys, rows = _positions(num_queries, num_keys)
+    return (keys >= rows - window[0]) & (keys <= rows + window[1])
 
 
 def group_heads(array, groups: int):
@@ -268,11 +286,21 @@ def combine_masks(*masks):
     except ValueError:
         got = ", ".join(f"masks[{i}] {s}" for (i, _), s in zip(given, shapes))
         raise ValueError(f"masks must broadcast together, got shapes {got}") from None
+    return _and_all([jnp.asarray(m) for _, m in given])
+
+
+def _and_all(masks):
+    """The AND of boolean arrays that broadcast together (checked), aligned to the right
+    explicitly (strict rank promotion); ``None`` for none."""
     combined = None
-    for _, m in given:
-        m = jnp.asarray(m)
-        m = m.reshape((1,) * (len(shape) - m.ndim) + m.shape)
-        combined = m if combined is None else jnp.logical_and(combined, m)
+    for m in masks:
+        if combined is None:
+            combined = m
+            continue
+        rank = max(m.ndim, combined.ndim)
+        m = m.reshape((1,) * (rank - m.ndim) + m.shape)
+        combined = jnp.logical_and(combined.reshape((1,) * (rank - combined.ndim)
+                                                    + combined.shape), m)
     return combined
 
 
@@ -294,27 +322,42 @@ def attention_mask(shape, valid_lens=None, *, mask=None, is_causal=False,
     is_causal = check_static_bool("is_causal", is_causal)
     if len(shape) < 2:
         raise ValueError(f"shape (of the attention scores) must be (..., T, S), got {shape}")
+    if valid_lens is not None and len(shape) < 3:
+        raise ValueError(
+            f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {shape}")
+    return attention_keep(
+        shape, None if valid_lens is None else check_valid_lens(valid_lens, shape[0], *shape[-2:]),
+        None if mask is None else check_mask(mask, shape), is_causal,
+        None if local_window_size is None else check_local_window_size(local_window_size))
+
+
+def attention_keep(shape, lens, mask, is_causal: bool, window):
+    """:func:`attention_mask` of arguments checked already (int32 lengths, a boolean mask, a
+    bool, a ``(left, right)`` window or ``None``): the one place the mask is built, below the
+    checks. Not part of the user-facing API (``__all__``)."""
     T, S = shape[-2], shape[-1]
     parts = []
-    if valid_lens is not None:
-        if len(shape) < 3:
-            raise ValueError(
-                f"valid_lens needs scores with a batch axis (B, ..., T, S), got shape {shape}"
-            )
-        lens = check_valid_lens(valid_lens, shape[0], T, S)
+    if lens is not None:
         # One length per sequence gives a (B, 1, S) mask, not (B, T, S): neither it nor the
-        # reductions over it cost a pass over the T x S scores.
-        lens_mask = valid_lens_mask(lens, 1 if lens.ndim == 1 else T, S)
-        # Lengths index the leading batch axis and apply to every extra axis (e.g. heads).
+        # reductions over it cost a pass over the T x S scores. Lengths index the leading batch
+        # axis and apply to every extra axis (e.g. heads).
+        lens_mask = _lens_keep(lens[:, None] if lens.ndim == 1 else lens, S)
         parts.append(lens_mask[(slice(None),) + (None,) * (len(shape) - 3)])
     if mask is not None:
-        parts.append(check_mask(mask, shape))
+        parts.append(mask)
     if is_causal:
-        parts.append(causal_mask(T, S))
-    if local_window_size is not None:
-        parts.append(local_window_mask(T, S, local_window_size))
-    # Equal ranks, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
-    return combine_masks(*(m.reshape((1,) * (len(shape) - m.ndim) + m.shape) for m in parts))
+        parts.append(_causal_keep(T, S))
+    if window is not None:
+        parts.append(_window_keep(T, S, window))
+    keep = _and_all(parts)
+    # The scores' rank, so that strict rank promotion (jax_numpy_rank_promotion="raise") holds.
+    return None if keep is None else keep.reshape((1,) * (len(shape) - keep.ndim) + keep.shape)
+
+
+def _causal_keep(num_queries: int, num_keys: int):
+    """:func:`causal_mask` at offset 0."""
+    keys, rows = _positions(num_queries, num_keys)
+    return keys <= rows
 
 
 def masked_softmax(X, valid_lens=None, *, mask=None):
@@ -394,6 +437,24 @@ def softmax_where(scores, keep):
     total = jnp.sum(exps, axis=-1, keepdims=True)
     weights = exps / jnp.where(total == 0, jnp.ones((), dtype), total)
     return weights.astype(scores.dtype)
+
+
+def logsumexp_where(scores, keep):
+    """``log sum_s exp(scores)`` over the entries of the last axis where ``keep`` is True
+    (``(..., T)``, in the scores' compute dtype; ``-inf`` for a row that keeps nothing, with a
+    zero gradient): :func:`softmax_where`'s normaliser, the ``lse`` the attention functions
+    return. Not part of the user-facing API (``__all__``)."""
+    dtype = compute_dtype(scores.dtype)
+    logits = scores.astype(dtype)
+    if keep is not None:
+        logits = jnp.where(keep, logits, masked_fill_value(dtype))
+    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    exps = jnp.exp(logits - shift)
+    if keep is not None:
+        exps = jnp.where(keep, exps, jnp.zeros((), dtype))
+    total = jnp.sum(exps, axis=-1)
+    attended = total > 0
+    return jnp.where(attended, shift[..., 0] + jnp.log(jnp.where(attended, total, 1)), -jnp.inf)
 
 
 def zero_unattended(keep, queries=None, *keys_values, heads: str = "own"):

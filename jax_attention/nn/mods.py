@@ -74,12 +74,21 @@ class MaskMod:
         if no query ``q_start <= t < q_start + q_size`` may attend any key of
         ``kv_start <= s < kv_start + kv_size`` (the starts may be traced; the sizes are ints). The
         memory-efficient kernel skips such blocks. ``None``: never skip.
+      check: ``check(shape, *params)``: raises ``ValueError`` when the mod's arrays do not fit
+        scores of ``shape`` ``(B, ..., T, S)`` (called once, at the attention function's
+        boundary: indexing out of range would otherwise clamp silently). ``None``: nothing to
+        check.
       name: shown by ``repr``.
     """
 
-    def __init__(self, fn, *params, block_any=None, name=None):
-        self.fn, self.params, self.block_any_fn = fn, tuple(params), block_any
+    def __init__(self, fn, *params, block_any=None, check=None, name=None):
+        self.fn, self.params, self.block_any_fn, self.check_fn = fn, tuple(params), block_any, check
         self.name = name or getattr(fn, "__name__", "mask_mod")
+
+    def check(self, shape):
+        """Raises ``ValueError`` if the mod's arrays do not fit scores of ``shape``."""
+        if self.check_fn is not None:
+            self.check_fn(tuple(shape), *self.params)
 
     def __call__(self, b, h, q_idx, kv_idx):
         keep = jnp.asarray(self.fn(b, h, q_idx, kv_idx, *self.params))
@@ -102,12 +111,12 @@ class MaskMod:
         return f"MaskMod({self.name})"
 
     def tree_flatten(self):
-        return self.params, (self.fn, self.block_any_fn, self.name)
+        return self.params, (self.fn, self.block_any_fn, self.check_fn, self.name)
 
     @classmethod
     def tree_unflatten(cls, aux, params):
-        fn, block_any, name = aux
-        return cls(fn, *params, block_any=block_any, name=name)
+        fn, block_any, check, name = aux
+        return cls(fn, *params, block_any=block_any, check=check, name=name)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -120,12 +129,18 @@ class ScoreMod:
         every path, the memory-efficient kernel's included.
       params: the arrays ``fn`` reads.
       static: hashable settings (a cap, a distance), part of the mod's identity under ``jit``.
+      check: as :class:`MaskMod`'s.
       name: shown by ``repr``.
     """
 
-    def __init__(self, fn, *params, static=(), name=None):
-        self.fn, self.params, self.static = fn, tuple(params), tuple(static)
+    def __init__(self, fn, *params, static=(), check=None, name=None):
+        self.fn, self.params, self.static, self.check_fn = fn, tuple(params), tuple(static), check
         self.name = name or getattr(fn, "__name__", "score_mod")
+
+    def check(self, shape):
+        """Raises ``ValueError`` if the mod's arrays do not fit scores of ``shape``."""
+        if self.check_fn is not None:
+            self.check_fn(tuple(shape), *self.params)
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         return self.fn(score, b, h, q_idx, kv_idx, *self.params, **dict(self.static))
@@ -134,12 +149,12 @@ class ScoreMod:
         return f"ScoreMod({self.name})"
 
     def tree_flatten(self):
-        return self.params, (self.fn, self.static, self.name)
+        return self.params, (self.fn, self.static, self.check_fn, self.name)
 
     @classmethod
     def tree_unflatten(cls, aux, params):
-        fn, static, name = aux
-        return cls(fn, *params, static=static, name=name)
+        fn, static, check, name = aux
+        return cls(fn, *params, static=static, check=check, name=name)
 
 
 def as_mask_mod(mask_mod) -> MaskMod | None:
@@ -223,6 +238,11 @@ def _or_blocks(q0, qn, k0, kn, *mods):
                                              for m in mods))
 
 
+def _check_all(shape, *mods):
+    for m in mods:
+        m.check(shape)
+
+
 def _mods(kind, mods, convert):
     if not mods:
         raise ValueError(f"{kind} needs at least one mod")
@@ -233,14 +253,14 @@ def and_masks(*mask_mods) -> MaskMod:
     """Attend where every mask attends. Skips a block any of them skips."""
     mods = _mods("and_masks", mask_mods, as_mask_mod)
     return MaskMod(_and, *mods, block_any=_and_blocks if any(m.skips_blocks for m in mods)
-                   else None, name=" & ".join(m.name for m in mods))
+                   else None, check=_check_all, name=" & ".join(m.name for m in mods))
 
 
 def or_masks(*mask_mods) -> MaskMod:
     """Attend where any mask attends. Skips a block all of them skip."""
     mods = _mods("or_masks", mask_mods, as_mask_mod)
     return MaskMod(_or, *mods, block_any=_or_blocks if all(m.skips_blocks for m in mods)
-                   else None, name=" | ".join(m.name for m in mods))
+                   else None, check=_check_all, name=" | ".join(m.name for m in mods))
 
 
 def _compose(score, b, h, q, kv, *mods):
@@ -252,7 +272,7 @@ def _compose(score, b, h, q, kv, *mods):
 def compose_score_mods(*score_mods) -> ScoreMod:
     """The score mods applied in turn, the first one first."""
     mods = _mods("compose_score_mods", score_mods, as_score_mod)
-    return ScoreMod(_compose, *mods, name=" then ".join(m.name for m in mods))
+    return ScoreMod(_compose, *mods, check=_check_all, name=" then ".join(m.name for m in mods))
 
 
 # --------------------------------------------------------------------------- masks
@@ -314,6 +334,22 @@ def _lengths(name, lengths, shapes=("(B,)", "(B, T)")):
     return lengths.astype(jnp.int32)
 
 
+def _fits(name, array, expected, shape):
+    """``ValueError`` unless ``array``'s shape is one of ``expected`` (ints, or ``None`` for 1 or
+    the scores' size there), naming both shapes."""
+    ok = len(array.shape) == len(expected) and all(
+        n == want or (want is None and n == 1) for n, want in zip(array.shape, expected))
+    if not ok:
+        want = tuple(1 if w is None else w for w in expected)
+        raise ValueError(f"{name} must have shape {want} for scores (B, ..., T, S) = {shape}, "
+                         f"got {array.shape}")
+
+
+def _check_lengths(shape, lens):
+    expected = (shape[0],) if lens.ndim == 1 else (shape[0], shape[-2])
+    _fits("valid_lens", lens, expected, shape)
+
+
 def _rows_of(array, b, q):
     """``array[b]`` for ``(B,)`` or ``array[b, q]`` for ``(B, T)``, broadcast like the indices."""
     return array[b] if array.ndim == 1 else array[b, q]
@@ -333,7 +369,7 @@ def valid_lengths(valid_lens) -> MaskMod:
     """d2l's ``valid_lens``: query ``t`` of row ``b`` attends keys ``s < valid_lens[b]`` (``(B,)``)
     or ``s < valid_lens[b, t]`` (``(B, T)``). Skips key blocks beyond every length."""
     return MaskMod(_valid, _lengths("valid_lens", valid_lens), block_any=_valid_blocks,
-                   name="valid_lengths")
+                   check=_check_lengths, name="valid_lengths")
 
 
 def _padding(b, h, q, kv, kv_lens, q_lens):
@@ -344,13 +380,19 @@ def _padding_blocks(q0, qn, k0, kn, kv_lens, q_lens):
     return (k0 < jnp.max(kv_lens)) & (q0 < jnp.max(q_lens))
 
 
+def _check_padding(shape, kv_lens, q_lens):
+    _fits("kv_lens", kv_lens, (shape[0],), shape)
+    _fits("q_lens", q_lens, (shape[0],), shape)
+
+
 def padding(kv_lens, q_lens=None) -> MaskMod:
     """Right padding: row ``b`` has ``kv_lens[b]`` real keys and ``q_lens[b]`` real queries
     (``(B,)`` each; no query padding by default): a padded query attends nothing."""
     kv_lens = _lengths("kv_lens", kv_lens, ("(B,)",))
     q_lens = (jnp.full(kv_lens.shape, jnp.iinfo(jnp.int32).max, jnp.int32) if q_lens is None
               else _lengths("q_lens", q_lens, ("(B,)",)))
-    return MaskMod(_padding, kv_lens, q_lens, block_any=_padding_blocks, name="padding")
+    return MaskMod(_padding, kv_lens, q_lens, block_any=_padding_blocks, check=_check_padding,
+                   name="padding")
 
 
 def _segments(b, h, q, kv, q_ids, kv_ids, pad):
@@ -367,6 +409,11 @@ def _segment_blocks(q0, qn, k0, kn, q_ids, kv_ids, pad):
     return jnp.any(overlap)
 
 
+def _check_segments(shape, q_ids, kv_ids, pad):
+    _fits("q_segment_ids", q_ids, (shape[0], shape[-2]), shape)
+    _fits("kv_segment_ids (the queries' by default)", kv_ids, (shape[0], shape[-1]), shape)
+
+
 def segment_ids(q_segment_ids, kv_segment_ids=None, *, padding_id=None) -> MaskMod:
     """Document masking for packed rows: query ``t`` of row ``b`` attends key ``s`` iff
     ``q_segment_ids[b, t] == kv_segment_ids[b, s]`` (``(B, T)`` and ``(B, S)`` integers; the keys'
@@ -379,7 +426,8 @@ def segment_ids(q_segment_ids, kv_segment_ids=None, *, padding_id=None) -> MaskM
         raise ValueError(f"q_segment_ids (B, T) and kv_segment_ids (B, S) must have the same B, "
                          f"got {q_ids.shape} and {kv_ids.shape}")
     pad = jnp.asarray(jnp.iinfo(jnp.int32).min if padding_id is None else padding_id, jnp.int32)
-    return MaskMod(_segments, q_ids, kv_ids, pad, block_any=_segment_blocks, name="segment_ids")
+    return MaskMod(_segments, q_ids, kv_ids, pad, block_any=_segment_blocks,
+                   check=_check_segments, name="segment_ids")
 
 
 def _prefix(b, h, q, kv, prefix):
@@ -398,7 +446,11 @@ def prefix_lm(prefix_lens) -> MaskMod:
         raise ValueError(f"prefix_lens must be an integer scalar or (B,), got dtype "
                          f"{prefix.dtype} with shape {prefix.shape}")
     return MaskMod(_prefix, prefix.reshape(-1).astype(jnp.int32), block_any=_prefix_blocks,
-                   name="prefix_lm")
+                   check=_check_prefix, name="prefix_lm")
+
+
+def _check_prefix(shape, prefix):
+    _fits("prefix_lens", prefix, (None,) if prefix.shape == (1,) else (shape[0],), shape)
 
 
 def _chunks(b, h, q, kv, size):
@@ -428,7 +480,32 @@ def dense_mask(keep) -> MaskMod:
     if keep.dtype != jnp.bool_ or keep.ndim != 4:
         raise TypeError(f"keep must be a boolean (B | 1, N | 1, T, S) array, got dtype "
                         f"{keep.dtype} with shape {keep.shape}")
-    return MaskMod(_dense, keep, name="dense_mask")
+    return MaskMod(_dense, keep, check=_check_keep, name="dense_mask")
+
+
+def _heads(shape) -> int:
+    """``N``, the query heads of scores ``(B, ..., N, T, S)`` (1 without a head axis)."""
+    return shape[-3] if len(shape) >= 4 else 1
+
+
+def _check_grid_array(name, shape, array):
+    """``array`` ``(B | 1, N | 1, T | 1, S | 1)`` against scores of ``shape``."""
+    full = (shape[0], _heads(shape), shape[-2], shape[-1])
+    _fits(name, array, tuple(n if m != 1 else None for n, m in zip(full, array.shape)), shape)
+
+
+def _check_keep(shape, keep):
+    _check_grid_array("keep", shape, keep)
+
+
+def _check_bias(shape, table):
+    _check_grid_array("table", shape, table)
+
+
+def _check_head_columns(shape, table, *_):
+    """A table ``(rows, N | 1)``: one column per query head, or one for all."""
+    _fits("table", table, (table.shape[0], None if table.shape[1] == 1 else _heads(shape)),
+          shape)
 
 
 # --------------------------------------------------------------------------- score mods
@@ -458,7 +535,7 @@ def bias(table) -> ScoreMod:
     if not jnp.issubdtype(table.dtype, jnp.floating) or table.ndim != 4:
         raise TypeError(f"table must be a float (B | 1, N | 1, T | 1, S | 1) array, got dtype "
                         f"{table.dtype} with shape {table.shape}")
-    return ScoreMod(_bias, table, name="bias")
+    return ScoreMod(_bias, table, check=_check_bias, name="bias")
 
 
 def alibi_slopes(num_heads: int):
@@ -472,7 +549,7 @@ def alibi_slopes(num_heads: int):
 
     below = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = powers(below) + powers(2 * below)[0::2][:num_heads - below]
-    return jnp.asarray(slopes, jnp.float32)
+    return jnp.asarray(slopes)  # float64 under x64, else float32
 
 
 def _alibi(score, b, h, q, kv, slopes):
@@ -487,7 +564,11 @@ def alibi(num_heads: int | None = None, *, slopes=None) -> ScoreMod:
         if num_heads is None:
             raise TypeError("alibi needs num_heads or slopes")
         slopes = alibi_slopes(num_heads)
-    return ScoreMod(_alibi, jnp.asarray(slopes), name="alibi")
+    return ScoreMod(_alibi, jnp.asarray(slopes), check=_check_slopes, name="alibi")
+
+
+def _check_slopes(shape, slopes):
+    _fits("slopes (one per query head)", slopes, (_heads(shape),), shape)
 
 
 def _checked_table(table, rows: str):
@@ -514,7 +595,7 @@ def clipped_relative_bias(table) -> ScoreMod:
     table = _checked_table(table, "2k + 1")
     if table.shape[0] % 2 != 1:
         raise ValueError(f"table must have 2k + 1 rows (an odd number), got shape {table.shape}")
-    return ScoreMod(_clipped, table, name="clipped_relative_bias")
+    return ScoreMod(_clipped, table, check=_check_head_columns, name="clipped_relative_bias")
 
 
 def _t5(score, b, h, q, kv, table, bidirectional, max_distance):
@@ -531,7 +612,8 @@ def t5_relative_bias(table, *, bidirectional: bool = True, max_distance: int = 1
     table = _checked_table(table, "num_buckets")
     static = (("bidirectional", bool(bidirectional)),
               ("max_distance", _positive_int("max_distance", max_distance)))
-    return ScoreMod(_t5, table, static=static, name="t5_relative_bias")
+    return ScoreMod(_t5, table, static=static, check=_check_head_columns,
+                    name="t5_relative_bias")
 
 
 # --------------------------------------------------------------------------- the variants
@@ -552,14 +634,22 @@ class Variants(NamedTuple):
     sinks: jax.Array | None = None
 
 
-def check_variants(queries_shape, scale=None, local_window_size=None, logit_softcap=None,
+def check_variants(shape, scale=None, local_window_size=None, logit_softcap=None,
                    mask_mod=None, score_mod=None, sinks=None) -> Variants:
     """The variant arguments of the dot-product functions, checked once (:class:`Variants`):
-    what every path — plain, chunked, the modules — takes. Not part of ``__all__``."""
+    what every path — plain, chunked, the modules — takes, for scores of ``shape``
+    ``(B, ..., N, T, S)`` (the mods' arrays are checked against it). Not part of ``__all__``."""
+    if (scale is None and local_window_size is None and logit_softcap is None
+            and mask_mod is None and score_mod is None and sinks is None):
+        return Variants()  # the book's attention: nothing to check
     cap = check_logit_softcap(logit_softcap)
+    mask_mod, score_mod = as_mask_mod(mask_mod), as_score_mod(score_mod)
+    for mod in (mask_mod, score_mod):
+        if mod is not None:
+            mod.check(shape)
     return Variants(check_scale(scale), check_local_window_size(local_window_size),
-                    None if cap is None else softcap(cap), as_mask_mod(mask_mod),
-                    as_score_mod(score_mod), check_sinks(sinks, queries_shape))
+                    None if cap is None else softcap(cap), mask_mod, score_mod,
+                    check_sinks(sinks, shape))
 
 
 def score_mods_of(variants: Variants) -> ScoreMod | None:

@@ -47,7 +47,7 @@ from jax_attention.nn.masking import (
     attention_mask,
     combine_masks,
     group_heads,
-    masked_fill_value,
+    logsumexp_where,
     softmax_where,
     ungroup_heads,
     zero_unattended,
@@ -189,22 +189,6 @@ def _with_sinks(scores, keep, values, sinks, groups):
     return scores, keep, values
 
 
-def _logsumexp_where(scores, keep):
-    """``log sum_s exp(scores)`` over the kept keys (``(..., T)``, in the scores' compute dtype);
-    ``-inf`` for a row that keeps nothing (its gradient is zero)."""
-    dtype = compute_dtype(scores.dtype)
-    logits = scores.astype(dtype)
-    if keep is not None:
-        logits = jnp.where(keep, logits, masked_fill_value(dtype))
-    shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    exps = jnp.exp(logits - shift)
-    if keep is not None:
-        exps = jnp.where(keep, exps, jnp.zeros((), dtype))
-    total = jnp.sum(exps, axis=-1)
-    attended = total > 0
-    return jnp.where(attended, shift[..., 0] + jnp.log(jnp.where(attended, total, 1)), -jnp.inf)
-
-
 def _dot_product_weights(queries, keys, keep, bias, groups=1, variants: mods.Variants = mods.Variants()):
     scores = _dot_product_scores(queries, keys, bias, groups, variants)
     if variants.sinks is not None:
@@ -307,7 +291,9 @@ _dropout_attention.defvjp(_dropout_attention_fwd, _dropout_attention_bwd)
 
 def _ungrouped(groups, *arrays):
     """The arrays with the query heads of each group merged back, ``(B, ..., N, T, X)``."""
-    return tuple(ungroup_heads(a) if groups > 1 else a for a in arrays)
+    if groups == 1:
+        return arrays
+    return tuple(ungroup_heads(a) for a in arrays)
 
 
 @jax.custom_jvp
@@ -362,7 +348,7 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       ``sinks``, each row sums to less than 1: the sink takes the rest).
     """
     unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
-    variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
                               mask_mod, score_mod, sinks)
     keep, (queries, keys), groups = _prepare(queries, keys, None, valid_lens, mask, is_causal,
                                              same_depth=True,
@@ -492,7 +478,7 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
                          "be T x S arrays); use implementation='plain' or None, or a score_mod")
     unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
-    variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
                               mask_mod, score_mod, sinks)
     checked = check_attention_inputs(queries, keys, values, same_depth=True, grouped_heads=True)
     keep, (q, k, v), groups = _masked(checked, valid_lens, mask, is_causal,
@@ -509,7 +495,14 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     return tuple(r[0] for r in results) if unbatched else results
 
 
+def _scores_shape(queries, keys):
+    """``(B, ..., N, T, S)``: the scores' shape of batched queries and keys."""
+    return jnp.shape(queries)[:-1] + jnp.shape(keys)[-2:-1]
+
+
 def _check_return_lse(return_lse, return_residual) -> bool:
+    if return_lse is False and return_residual is None:
+        return False
     return_lse = check_static_bool("return_lse", return_lse)
     if return_residual is not None:
         return_lse = return_lse or check_static_bool("return_residual", return_residual)
@@ -527,7 +520,7 @@ def _plain_attention(q, k, v, keep, bias, groups, variants: mods.Variants, retur
         weights = weights[..., :-1]
     if not return_lse:
         return _ungrouped(groups, output, weights)
-    lse, = _ungrouped(groups, _logsumexp_where(scores, keep)[..., None])
+    lse, = _ungrouped(groups, logsumexp_where(scores, keep)[..., None])
     return _ungrouped(groups, output, weights) + (lse[..., 0],)
 
 
@@ -725,7 +718,7 @@ class DotProductAttention(_Attention):
         queries): the output and the sown weights come without it."""
         unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values,
                                                                        valid_lens)
-        variants = mods.check_variants(jnp.shape(queries), scale, local_window_size, logit_softcap,
+        variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
                                   mask_mod, score_mod, sinks)
         keep, (queries, keys, values), groups = _prepare(
             queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
