@@ -287,6 +287,61 @@ def test_function_lengths_catch_a_planted_long_function():
         f"{Path('jax_attention/nn') / 'long.py'}:1 f: {MAX_FUNCTION_LINES + 1} lines"]
 
 
+#: The modules that compute attention's softmax and its pooling product: the masked softmax
+#: (``softmax_where``, ``logsumexp_where``), the scoring functions and the memory-efficient kernel.
+#: Everything else — models, multi-head attention, training — calls them (the conformance targets
+#: and the benchmarks' peers call other libraries' attention, which is what they compare).
+ATTENTION_CORE = {"jax_attention.nn.masking", "jax_attention.nn.scoring",
+                  "jax_attention.nn.efficient"}
+#: What computing them looks like in the source: JAX's exponential, softmax or log-sum-exp (a
+#: log-softmax over a vocabulary is the models' own, and so is ``math.exp`` of a score), and the
+#: pooling product's einsum string (or the constant that names it). The PyTorch mirrors
+#: (``interop``) are another framework's models.
+_CORE_MATHS = {"jnp.exp", "jax.numpy.exp", "jax.nn.softmax", "nn.softmax",
+               "jax.scipy.special.logsumexp", "jax.nn.logsumexp", "lax.exp"}
+_POOLING = "...ts,...sv->...tv"
+
+
+def maths_outside_the_core(sources=SOURCES) -> list[str]:
+    """``path:line what`` for each softmax, exponential or pooling product computed outside
+    :data:`ATTENTION_CORE`."""
+    found = []
+    for module, (path, tree) in sources.items():
+        if module in ATTENTION_CORE or module.startswith(("jax_attention.conformance",
+                                                          "jax_attention.bench",
+                                                          "jax_attention.interop")):
+            continue
+        for node in ast.walk(tree):
+            what = None
+            if isinstance(node, ast.Attribute) and ast.unparse(node) in _CORE_MATHS:
+                what = ast.unparse(node)
+            elif isinstance(node, ast.Constant) and node.value == _POOLING:
+                what = repr(_POOLING)
+            elif isinstance(node, ast.Name) and node.id == "WEIGHTED_SUM":
+                what = "WEIGHTED_SUM"
+            if what is not None:
+                found.append(f"{path}:{node.lineno} {what}")
+    return found
+
+
+def test_the_attention_maths_stays_in_the_core():
+    """Only the core computes the softmax and the pooling product (a variant is a mask or a
+    score function, not one more softmax)."""
+    found = maths_outside_the_core()
+    assert not found, "attention maths outside the core:\n" + "\n".join(found)
+
+
+def test_maths_outside_the_core_is_caught():
+    planted = _planted(**{
+        "jax_attention.models.leaky": "import jax.numpy as jnp\n"
+                                      "def f(s, v):\n    w = jnp.exp(s)\n"
+                                      "    return jnp.einsum('...ts,...sv->...tv', w, v)\n",
+        "jax_attention.nn.masking": "import jax.numpy as jnp\ndef g(s):\n    return jnp.exp(s)\n"})
+    assert maths_outside_the_core(planted) == [
+        f"{Path('jax_attention/models') / 'leaky.py'}:3 jnp.exp",
+        f"{Path('jax_attention/models') / 'leaky.py'}:4 {_POOLING!r}"]
+
+
 @pytest.mark.parametrize("module", ["jax_attention.cli", "jax_attention.conformance.runner"])
 def test_checker_sees_real_modules(module):
     """The checks above walk the real package (guards against an empty walk)."""

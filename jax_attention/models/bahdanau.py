@@ -63,9 +63,8 @@ from jax_attention._checks import (
 )
 from jax_attention.models.decoding import greedy_search
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.nn.scoring import (ADDITIVE_KEYS, WEIGHTED_SUM,
-                                   additive_attention_weights_of_projected,
-                                   additive_key_projection)
+from jax_attention.nn.scoring import (ADDITIVE_KEYS, additive_attention_weights_of_projected,
+                                   additive_key_projection, weighted_sum)
 from jax_attention.models.seq2seq_module import ParamTree, Seq2SeqModule
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold, keep_mask
@@ -388,7 +387,7 @@ def _decoder_step(params, tokens, state, enc_outputs, projected_keys, src_valid_
     weights = additive_attention_weights_of_projected(params["attention"], query, projected_keys,
                                                       src_valid_len)
     dropped = weights if keep is None else _apply_keep(weights, keep[0][:, None, :], dropout)
-    context = jnp.einsum(WEIGHTED_SUM, dropped, enc_outputs)  # (B, 1, h)
+    context = weighted_sum(dropped, enc_outputs)  # (B, 1, h)
     layer_input = jnp.concatenate([context[:, 0], embedding[tokens].astype(state.dtype)], axis=-1)
     new_state = []
     for layer in range(_num_layers(params["gru"])):
