@@ -32,7 +32,7 @@ __all__ = [
     "MaskMod", "ScoreMod", "as_mask_mod", "as_score_mod", "index_grids", "mask_from_mod",
     "and_masks", "or_masks", "compose_score_mods",
     "causal", "sliding_window", "valid_lengths", "padding", "segment_ids", "prefix_lm",
-    "chunked_local", "dense_mask",
+    "chunked_local", "global_tokens", "dense_mask",
     "softcap", "bias", "alibi_slopes", "alibi", "clipped_relative_bias", "t5_relative_bias",
 ]
 
@@ -294,6 +294,15 @@ def chunked_local(chunk_size: int) -> MaskMod:
     size = _positive_int("chunk_size", chunk_size)
     return MaskMod(lambda b, h, q, kv, size: q // size == kv // size, np.int32(size),
                    name="chunked_local")
+
+
+def global_tokens(num_global: int) -> MaskMod:
+    """Global tokens (Longformer, BigBird): the first ``num_global`` positions attend every key
+    and every query attends them; Longformer is ``or_masks(sliding_window(w, w),
+    global_tokens(g))``."""
+    count = _nonnegative_int("num_global", num_global)
+    return MaskMod(lambda b, h, q, kv, count: (q < count) | (kv < count), np.int32(count),
+                   name="global_tokens")
 
 
 def _dense(b, h, q, kv, keep):

@@ -112,6 +112,9 @@ MASKS = {
         lambda: mods.or_masks(mods.causal(), lambda b, h, q, kv: (kv - h) % 4 == 0),
         lambda: (_s <= _t) | ((_s - np.arange(N)[:, None, None]) % 4 == 0)),
     "dense_mask": (lambda: mods.dense_mask(DENSE), lambda: DENSE),
+    "global_tokens": (lambda: mods.global_tokens(2), lambda: (_t < 2) | (_s < 2)),
+    "longformer": (lambda: mods.or_masks(mods.sliding_window(1, 1), mods.global_tokens(1)),
+                   lambda: (np.abs(_s - _t) <= 1) | (_t < 1) | (_s < 1)),
 }
 
 
@@ -518,6 +521,7 @@ BAD = {  # name: (call, error, the message's pattern)
     "valid_lengths_3d": (lambda: mods.valid_lengths(np.zeros((B, T, 1), np.int32)), ValueError,
                          "valid_lens"),
     "chunk_size_0": (lambda: mods.chunked_local(0), ValueError, "chunk_size"),
+    "global_tokens_negative": (lambda: mods.global_tokens(-1), ValueError, "num_global"),
     "window_negative": (lambda: mods.sliding_window(-1), ValueError, "left"),
     "window_right_negative": (lambda: mods.sliding_window(2, -3), ValueError, "right"),
     "softcap_0": (lambda: mods.softcap(0), ValueError, "cap"),

@@ -54,7 +54,7 @@ __all__ = [
     "MaskMod", "ScoreMod", "as_mask_mod", "as_score_mod", "index_grids", "mask_from_mod",
     "and_masks", "or_masks", "compose_score_mods",
     "causal", "sliding_window", "valid_lengths", "padding", "segment_ids", "prefix_lm",
-    "chunked_local", "dense_mask",
+    "chunked_local", "global_tokens", "dense_mask",
     "softcap", "bias", "alibi_slopes", "alibi", "clipped_relative_bias", "t5_relative_bias",
 ]
 
@@ -467,6 +467,24 @@ def chunked_local(chunk_size: int) -> MaskMod:
     size = _positive_int("chunk_size", chunk_size)
     return MaskMod(_chunks, jnp.asarray(size, jnp.int32), block_any=_chunk_blocks,
                    name="chunked_local")
+
+
+def _global(b, h, q, kv, count):
+    return (q < count) | (kv < count)
+
+
+def _global_blocks(q0, qn, k0, kn, count):
+    return (q0 < count) | (k0 < count)
+
+
+def global_tokens(num_global: int) -> MaskMod:
+    """Global tokens (Longformer, BigBird): the first ``num_global`` positions attend every key
+    and every query attends them. Alone it opens rows and columns; with a local mask by
+    :func:`or_masks` — ``or_masks(sliding_window(w, w), global_tokens(g))`` is Longformer's
+    pattern — the kernel still skips the blocks neither reaches."""
+    count = _nonnegative_int("num_global", num_global)
+    return MaskMod(_global, jnp.asarray(count, jnp.int32), block_any=_global_blocks,
+                   name="global_tokens")
 
 
 def _dense(b, h, q, kv, keep):

@@ -120,6 +120,8 @@ MASK_CASES = {
         mask_mod=m.and_masks(m.chunked_local(4), m.causal()))),
     "window_or_chunks": ("mha", lambda m, xp, a: dict(
         mask_mod=m.or_masks(m.sliding_window(1, 2), m.chunked_local(3)))),
+    "longformer_global_tokens": ("gqa", lambda m, xp, a: dict(
+        mask_mod=m.or_masks(m.sliding_window(1, 1), m.global_tokens(2)))),
     "dense_masks": ("gqa", lambda m, xp, a: dict(
         mask_mod=m.and_masks(m.dense_mask(a["keep"]), m.dense_mask(a["keep_heads"])))),
     "with_the_mask_arguments": ("gqa", lambda m, xp, a: dict(
