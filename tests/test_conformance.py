@@ -7,6 +7,7 @@ module each so that a parallel test run spreads them over its workers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -72,6 +73,36 @@ def test_stored_cases_are_current(stored):
                 _assert_same_bits(old.outputs[key], value, f"{name}/output/{key}")
 
 
+#: The cases of the first release, through transformer.teacher_forcing_loss: later cases are
+#: appended and these never change (index entries and arrays, bit for bit), so that a result
+#: stays comparable across versions of the kit. The digest is :func:`_digest` of them.
+FIRST_RELEASE = 58
+FIRST_RELEASE_SHA256 = "77ae15f077866a827c8701e2762635081f083c5ed582a46026bd6e17242e4889"
+
+
+def _digest(cases, names) -> str:
+    """sha256 over the cases' index entries and every array's name, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for name in names:
+        case = cases[name]
+        digest.update(json.dumps(case.index_entry(), sort_keys=True).encode())
+        for kind in ("inputs", "params", "outputs"):
+            for key, value in flatten_params(getattr(case, kind)).items():
+                value = np.asarray(value)
+                digest.update(f"{name}/{kind}/{key}:{value.dtype.str}:{value.shape}".encode())
+                digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def test_cases_are_appended_and_the_first_ones_never_change(stored):
+    names = list(stored)[:FIRST_RELEASE]
+    assert names[-1] == "transformer.teacher_forcing_loss"
+    assert _digest(stored, names) == FIRST_RELEASE_SHA256
+    # What came later is appended: the mods' cases, after every case of the book.
+    later = list(stored)[FIRST_RELEASE:]
+    assert later and all(stored[name].function == "mods.dot_product_attention" for name in later)
+
+
 def test_cases_cover_every_function_and_edge_case(stored):
     assert {case.function for case in stored.values()} == set(FUNCTIONS)
     assert DEFAULT_CASES_PATH.stat().st_size < 300 * 1024
@@ -85,7 +116,8 @@ def test_cases_cover_every_function_and_edge_case(stored):
     # shapes; each kind of mask and the causal flag appear.
     empty = {case.function for case in stored.values() if "fully_masked_row" in case.tags}
     assert empty == {"masking.masked_softmax", "scoring.dot_product_attention",
-                     "scoring.additive_attention", "multihead.multi_head_attention"}
+                     "scoring.additive_attention", "multihead.multi_head_attention",
+                     "mods.dot_product_attention"}
     lens_ndims = {case.inputs["valid_lens"].ndim for case in stored.values()
                   if "valid_lens" in case.inputs}
     assert lens_ndims == {0, 1, 2}  # () for unbatched queries
@@ -198,6 +230,71 @@ def test_cases_cover_every_variant_of_dot_product_attention(stored):
     assert unbatched and all(case.outputs["output"].ndim == 2 for case in unbatched)
 
 
+def _mod_parts(spec) -> list[dict]:
+    """A mod's config object and those of the mods it combines, recursively."""
+    if spec is None:
+        return []
+    return [spec] + [inner for part in spec.get("mods", ()) for inner in _mod_parts(part)]
+
+
+def _mod_names(spec) -> list[str]:
+    return [part["mod"] for part in _mod_parts(spec)]
+
+
+def test_cases_cover_every_mod(stored):
+    """Every built-in mask and score mod of jax_attention.nn.mods, every combinator and the
+    sinks appear in a case, checked on the config and the data: the mask mods' arrays are
+    inputs, the learned tables and sinks params, lse is an output; a T != S case has the
+    lower-right causal mask, a padding id is used, and the outputs are what reference_numpy
+    gives with the mods built from the config by hand."""
+    from jax_attention.conformance.functions import COMBINATORS, MASK_MODS, MOD_ARRAYS, SCORE_MODS
+    from jax_attention.nn import mods as jax_mods
+    from reference_numpy import mods, scoring
+
+    cases = _variants(stored, "mods.dot_product_attention")
+    assert len(cases) == 13
+    names = [name for case in cases.values()
+             for key in ("mask_mod", "score_mod") for name in _mod_names(case.config.get(key))]
+    builtins = set(MASK_MODS) | set(SCORE_MODS) | set(COMBINATORS)
+    assert set(names) == builtins
+    # Every built-in of the mods module but the helpers (alibi_slopes) is in the kit.
+    helpers = {"MaskMod", "ScoreMod", "as_mask_mod", "as_score_mod", "index_grids",
+               "mask_from_mod", "alibi_slopes"}
+    assert set(jax_mods.__all__) - helpers == builtins == set(mods.__all__) - helpers
+    assert sum("sinks" in case.params for case in cases.values()) == 1
+    lower_right = padding_id = False
+    for case in cases.values():
+        assert set(case.config) <= {"mask_mod", "score_mod", "scale"}
+        assert list(case.outputs) == ["output", "weights", "lse"]
+        parts = [part for key in ("mask_mod", "score_mod")
+                 for part in _mod_parts(case.config.get(key))]
+        # Exactly the arrays its mods read (and the sinks), where MOD_ARRAYS says.
+        read = {(where, key) for part in parts for where, key, _ in MOD_ARRAYS.get(part["mod"], ())}
+        given = {("inputs", key) for key in case.inputs} | {("params", key) for key in case.params}
+        assert given - {("inputs", "queries"), ("inputs", "keys"), ("inputs", "values"),
+                        ("params", "sinks")} <= read, case.name
+        T, S = case.inputs["queries"].shape[-2], case.inputs["keys"].shape[-2]
+        lower_right |= T != S and {"mod": "causal", "offset": S - T} in parts
+        padding_id |= any("padding_id" in part for part in parts)
+    assert lower_right and padding_id
+    # The same numbers with the mods written out by hand, not through build_mod.
+    case = cases["mods.segment_ids"]
+    i = case.inputs
+    output, weights, lse = scoring.dot_product_attention(
+        i["queries"], i["keys"], i["values"], return_lse=True,
+        mask_mod=mods.segment_ids(i["q_segment_ids"], i["kv_segment_ids"], padding_id=-1))
+    for name, value in (("output", output), ("weights", weights), ("lse", lse)):
+        np.testing.assert_array_equal(value, case.outputs[name])
+    assert np.isneginf(lse).any() and "fully_masked_row" in case.tags
+    case = cases["mods.sinks"]
+    i, p = case.inputs, case.params
+    _, weights, lse = scoring.dot_product_attention(
+        i["queries"], i["keys"], i["values"], return_lse=True, scale=0.3, sinks=p["sinks"],
+        mask_mod=mods.sliding_window(2, 0))
+    np.testing.assert_array_equal(lse, case.outputs["lse"])
+    assert (weights.sum(axis=-1) < 1 - 1e-3).all()  # the sinks take a share of every row
+
+
 def test_cases_cover_every_variant_of_multi_head_attention(stored):
     mha = _variants(stored, "multihead.multi_head_attention")
     heads = []
@@ -261,6 +358,20 @@ def test_numpy_reference_reproduces_the_stored_outputs(numpy_report):
     if numpy_report.dtype == "float64":
         # Same code, same inputs: the stored file is current to rounding.
         assert max(r.max_abs_err for r in numpy_report.results) < 1e-13
+
+
+def test_an_infinite_reference_entry_is_matched_by_the_same_infinity_only():
+    """The log-sum-exp of a row that attends nothing is -inf: the same -inf passes (no NaN from
+    inf - inf), anything else fails, and the finite entries keep their tolerance."""
+    from jax_attention.conformance.runner import OutputError, compare
+
+    expected = np.array([1.0, -np.inf])
+    assert compare(np.array([1.0, -np.inf]), expected, 1e-9, 1e-12) == OutputError(0.0, 0.0, True)
+    for got in ([1.0, 3.0], [1.0, np.inf], [1.0, np.nan], [1.1, -np.inf]):
+        assert not compare(np.array(got), expected, 1e-9, 1e-12).passed, got
+    assert compare(np.array([1.0, 2.0]), np.array([1.0, -np.inf]), 1e9, 1e9).passed is False
+    assert compare(np.array([1.0, -np.inf]), np.array([1.0, 2.0]), 1e-9, 1e-12).note == (
+        "non-finite values")
 
 
 # --------------------------------------------------------------------------- the CLI

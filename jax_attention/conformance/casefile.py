@@ -74,7 +74,8 @@ class Case:
     """One canonical case.
 
     Attributes:
-      name: unique, ``"<function>.<variant>"``, e.g. ``"dot_product_attention.causal"``.
+      name: unique, ``"<function>.<variant>"``, e.g. ``"dot_product_attention.causal"``
+        (``"mods.<variant>"`` for ``mods.dot_product_attention``, e.g. ``"mods.alibi"``).
       function: ``"<component>.<function>"``, a key of
         :data:`~jax_attention.conformance.functions.FUNCTIONS`.
       config: keyword arguments that are not arrays (``num_heads``, ``is_causal``, ``bos_id``...).

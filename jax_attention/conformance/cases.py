@@ -15,7 +15,8 @@ sizes, multi-layer GRUs with and without the hidden bias of the candidate gate; 
 of scaled dot-product and multi-head attention: a ``scale``, sliding windows
 (``local_window_size``, with and without the causal mask, one leaving a row with no key), logit
 soft-capping, grouped-query and multi-query heads, value heads of their own size, unbatched
-inputs.
+inputs. Appended after them (the cases never change once shipped: new ones come last), those of
+``mods.dot_product_attention``: every mask and score mod, their combinators, sinks (_mods_cases).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jax_attention.conformance._draws import (Draw, attention_params, bahdanau_p
                                               decoder_block_params, encoder_block_params,
                                               ffn_params, gqa_params, gru_params, heads, lens,
                                               mha_params, norm_params, qkv, transformer_params)
+from jax_attention.conformance._mods_cases import MODS_FUNCTION, MODS_BUILDERS
 from jax_attention.conformance.casefile import (
     DEFAULT_CASES_PATH,
     DEFAULT_TOLERANCES,
@@ -689,12 +691,15 @@ def _transformer_loss() -> Case:
 
 
 def _check_tags(case: Case) -> None:
-    """A tag is a claim about the data; make sure it holds, so n/a rows are never unjustified."""
+    """A tag is a claim about the data; make sure it holds, so n/a rows are never unjustified
+    (and a mods case with a row that attends nothing must say so: built-ins differ there)."""
     if "fully_masked_row" in case.tags:
         weights = case.outputs["weights"]
         if not (weights == 0).all(axis=-1).any():
             raise AssertionError(f"case {case.name}: tagged fully_masked_row but no row of "
                                  "weights is all zero")
+    elif case.function == MODS_FUNCTION and (case.outputs["weights"] == 0).all(axis=-1).any():
+        raise AssertionError(f"case {case.name}: a row attends nothing, untagged")
     if "nan_in_padding" in case.tags and np.isfinite(case.inputs["X"]).all():
         raise AssertionError(f"case {case.name}: tagged nan_in_padding but X is finite")
     if "large_scores" in case.tags:
@@ -758,7 +763,7 @@ def generate_cases() -> dict[str, Case]:
       ``{case name: Case}`` in the order of the book's chapter.
     """
     cases: dict[str, Case] = {}
-    for builder in _BUILDERS:
+    for builder in _BUILDERS + MODS_BUILDERS:  # the mods' cases after the book's: appended
         case = builder()
         if case.name in cases:
             raise AssertionError(f"two cases are named {case.name!r}")

@@ -10,6 +10,14 @@ returns, in which order, and how to call either package's version from a case's 
 A case's ``config`` is passed as keyword arguments (``**config``). It comes from the index's JSON,
 so a pair such as ``local_window_size`` arrives as a list ``[left, right]``, which both packages
 accept as they accept a tuple.
+
+One function is not in the book: ``"mods.dot_product_attention"`` is
+``scoring.dot_product_attention`` with FlexAttention-style mask and score mods, attention sinks
+and the log-sum-exp of each row (``return_lse``). Its config names the mods as JSON objects
+(``{"mask_mod": {"mod": "and_masks", "mods": [{"mod": "segment_ids", "padding_id": -1},
+{"mod": "causal", "offset": 0}]}}``, :func:`build_mod`); the arrays they read are inputs or
+params of fixed names (:data:`MOD_ARRAYS`), the sinks the param ``sinks``. The mods are built by
+the ``mods`` module of either package (the component) and the attention is its ``scoring``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["Function", "FUNCTIONS", "call", "module_of"]
+__all__ = ["Function", "FUNCTIONS", "MOD_ARRAYS", "build_mod", "call", "module_of"]
 
 Arrays = Mapping[str, object]
 Call = Callable[[ModuleType, Arrays, Mapping, Mapping], object]
@@ -165,9 +173,78 @@ def _transformer_functions() -> list[Function]:
     ]
 
 
+#: The arrays each built-in mod reads, by argument: ``(where, name, required)``, ``where`` being
+#: the case's ``"inputs"`` or ``"params"`` (a learned table or the sinks); the mod's numbers are
+#: the other entries of its config object.
+MOD_ARRAYS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "valid_lengths": (("inputs", "valid_lens", True),),
+    "padding": (("inputs", "kv_lens", True), ("inputs", "q_lens", False)),
+    "segment_ids": (("inputs", "q_segment_ids", True), ("inputs", "kv_segment_ids", False)),
+    "prefix_lm": (("inputs", "prefix_lens", True),),
+    "dense_mask": (("inputs", "mask", True),),
+    "bias": (("inputs", "bias", True),),
+    "clipped_relative_bias": (("params", "clipped_relative_bias", True),),
+    "t5_relative_bias": (("params", "t5_relative_bias", True),),
+}
+#: The built-in mask mods and score mods a case's config may name (besides :data:`MOD_ARRAYS`'s,
+#: those that read no array), and the combinators, which take ``"mods": [...]``.
+MASK_MODS = ("causal", "sliding_window", "valid_lengths", "padding", "segment_ids", "prefix_lm",
+             "chunked_local", "global_tokens", "dense_mask")
+SCORE_MODS = ("softcap", "bias", "alibi", "clipped_relative_bias", "t5_relative_bias")
+COMBINATORS = {"and_masks": MASK_MODS, "or_masks": MASK_MODS, "compose_score_mods": SCORE_MODS}
+
+
+def build_mod(mods: ModuleType, spec: Mapping | None, inputs: Arrays, params: Mapping):
+    """The mask or score mod that a case's config object ``spec`` names, built by ``mods``
+    (:mod:`reference_numpy.mods` or :mod:`jax_attention.nn.mods`); ``None`` for ``None``.
+
+    ``spec`` is ``{"mod": <name>, <argument>: <number>, ...}``: a built-in of :data:`MASK_MODS`
+    or :data:`SCORE_MODS` with its numbers as keywords (``{"mod": "causal", "offset": 3}``,
+    ``{"mod": "t5_relative_bias", "bidirectional": true, "max_distance": 10}``) and its arrays
+    taken from the case by the names of :data:`MOD_ARRAYS`; or a combinator of
+    :data:`COMBINATORS` with ``"mods": [spec, ...]``.
+    """
+    if spec is None:
+        return None
+    name = spec["mod"]
+    numbers = {key: value for key, value in spec.items() if key not in ("mod", "mods")}
+    if name in COMBINATORS:
+        return getattr(mods, name)(*(build_mod(mods, part, inputs, params)
+                                     for part in spec["mods"]))
+    if name not in MASK_MODS + SCORE_MODS:
+        raise ValueError(f"unknown mod {name!r}; the kit knows {MASK_MODS + SCORE_MODS} and "
+                         f"the combinators {tuple(COMBINATORS)}")
+    sources = {"inputs": inputs, "params": params}
+    arrays = [sources[where][key] if required else sources[where].get(key)
+              for where, key, required in MOD_ARRAYS.get(name, ())]
+    return getattr(mods, name)(*arrays, **numbers)
+
+
+def _dot_product_attention_with_mods(mods: ModuleType, i: Arrays, p: Mapping, c: Mapping):
+    """``scoring.dot_product_attention`` of ``mods``' package (the reference's, or ours) with the
+    mods of the config built by ``mods``, the sinks of the params, and ``return_lse=True``."""
+    scoring = importlib.import_module(mods.__name__.rpartition(".")[0] + ".scoring")
+    return scoring.dot_product_attention(
+        i["queries"], i["keys"], i["values"], mask_mod=build_mod(mods, c.get("mask_mod"), i, p),
+        score_mod=build_mod(mods, c.get("score_mod"), i, p), scale=c.get("scale"),
+        sinks=_get(p, "sinks"), return_lse=True)
+
+
+def _mods_functions() -> list[Function]:
+    """Scaled dot-product attention with mask mods, score mods and sinks (FlexAttention's model:
+    :mod:`reference_numpy.mods`), appended after the book's functions."""
+    return [
+        Function("mods.dot_product_attention", ("output", "weights", "lse"),
+                 "scoring.dot_product_attention(queries, keys, values, *, mask_mod=None, "
+                 "score_mod=None, scale=None, sinks=None, return_lse=True) -> (output, weights, "
+                 "lse), the mods built by the mods module from the config",
+                 _dot_product_attention_with_mods),
+    ]
+
+
 def _functions() -> dict[str, Function]:
     specs = [*_attention_functions(), *_positional_functions(), *_bahdanau_functions(),
-             *_transformer_functions()]
+             *_transformer_functions(), *_mods_functions()]
     return {spec.name: spec for spec in specs}
 
 

@@ -134,7 +134,8 @@ def compare(got, expected: np.ndarray, rtol: float, atol: float) -> OutputError:
     ``|got - expected| <= atol + rtol * |expected|`` holds everywhere.
 
     The relative error is taken over the entries where ``expected != 0``; NaN in ``got`` fails
-    (the reference holds none) and makes both errors NaN.
+    (the reference holds none) and makes both errors NaN. An infinity the reference holds (the
+    log-sum-exp ``-inf`` of a row that attends nothing) is matched by the same infinity only.
     """
     got = _to_numpy(got)
     if got.shape != expected.shape:
@@ -144,14 +145,20 @@ def compare(got, expected: np.ndarray, rtol: float, atol: float) -> OutputError:
         return OutputError(math.nan, math.nan, False, f"dtype {got.dtype} is not numeric")
     got64, expected64 = got.astype(np.float64), expected.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        diff = np.abs(got64 - expected64)
+        # Equal entries differ by 0, equal infinities included (inf - inf would be NaN).
+        diff = np.where(got64 == expected64, 0.0, np.abs(got64 - expected64))
     if diff.size == 0:
         return OutputError(0.0, 0.0, True)
     nonzero = expected64 != 0
     max_abs = float(np.max(diff))
-    max_rel = float(np.max(diff[nonzero] / np.abs(expected64[nonzero]))) if nonzero.any() else 0.0
-    within = diff <= atol + rtol * np.abs(expected64)  # NaN compares False: a failure
-    note = "" if np.isfinite(got64).all() else "non-finite values"
+    with np.errstate(invalid="ignore"):
+        max_rel = (float(np.max(diff[nonzero] / np.abs(expected64[nonzero]))) if nonzero.any()
+                   else 0.0)
+    # NaN compares False: a failure; where the reference is infinite, only the same infinity.
+    with np.errstate(invalid="ignore"):
+        within = np.where(np.isfinite(expected64), diff <= atol + rtol * np.abs(expected64),
+                          got64 == expected64)
+    note = "" if (np.isfinite(got64) | (got64 == expected64)).all() else "non-finite values"
     return OutputError(max_abs, max_rel, bool(within.all()), note)
 
 

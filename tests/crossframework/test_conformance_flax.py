@@ -3,7 +3,7 @@ LayerNorm, GRUCell, Embed, softmax) and our NNX modules pass every case (float64
 
 from __future__ import annotations
 
-from jax_attention.conformance import run_conformance
+from jax_attention.conformance import load_cases, run_conformance
 from tests.conformance_support import assert_conforms, passed
 
 DOT = "flax.nnx.dot_product_attention"
@@ -25,6 +25,10 @@ NOT_APPLICABLE = {
         ("multi_head_attention.value_head_size", "one head size"),
         ("multi_head_attention.local_window_scale", "no scale argument"))},
     ("gru.two_layers", "flax.nnx.GRUCell + nnx.RNN"): "b_hn",
+    # The mods' cases: a query that attends nothing (both n/a for it first), sinks.
+    **{(case, name): UNIFORM for case in ("mods.segment_ids", "mods.padding_softcap_bias")
+       for name in (DOT, WEIGHTS)},
+    **{("mods.sinks", name): "no attention sinks" for name in (DOT, WEIGHTS)},
 }
 #: Grouped-query heads (Flax's own: keys and values with N_kv heads, MultiHeadAttention's
 #: num_kv_heads), windows through the mask, unbatched inputs (given a batch of one for the
@@ -34,6 +38,12 @@ DOT_VARIANTS = {"dot_product_attention.local_window", "dot_product_attention.cau
                 "dot_product_attention.unbatched"}
 MHA_VARIANTS = {"multi_head_attention.grouped_query", "multi_head_attention.multi_query",
                 "multi_head_attention.unbatched"}
+#: The mods' cases Flax's built-ins express: the mask mods as their mask, the additive score
+#: mods (ALiBi, clipped and T5 relative biases) as their bias.
+DOT_MODS = {"mods.segment_ids_causal", "mods.prefix_lm", "mods.chunked_local_causal",
+            "mods.causal_lower_right", "mods.window_or_prefix_lm", "mods.longformer",
+            "mods.clipped_relative_bias", "mods.alibi", "mods.t5_relative_bias",
+            "mods.t5_relative_bias_causal"}
 
 
 def test_flax_passes_every_case():
@@ -47,6 +57,11 @@ def test_flax_passes_every_case():
                and r.implementation == "flax.nnx.GRUCell + nnx.RNN" for r in report.results)
     assert DOT_VARIANTS <= passed(report, DOT) and DOT_VARIANTS <= passed(report, WEIGHTS)
     assert MHA_VARIANTS <= passed(report, MHA) and MHA_VARIANTS <= passed(report, MHA_SOWN)
+    assert DOT_MODS <= passed(report, DOT) and DOT_MODS <= passed(report, WEIGHTS)
+    # Our DotProductAttention module takes every mods case (mask_mod=, score_mod=, sinks=).
+    assert passed(report, "jax_attention NNX DotProductAttention") >= {
+        name for name, case in load_cases().items()
+        if case.function == "mods.dot_product_attention"}
     # Every NNX module row carries the case's parameters and variants: none is n/a.
     assert all(r.status == "PASS" for r in report.results
                if r.implementation.startswith("jax_attention NNX"))

@@ -42,6 +42,8 @@ NOT_APPLICABLE = {
        for name in (MHA, MHA_UNWEIGHTED, MHA_MIRROR)},
     **{("multi_head_attention.local_window_scale", name): "no scale argument"
        for name in (MHA, MHA_UNWEIGHTED, MHA_MIRROR)},
+    ("mods.padding_softcap_bias", SDPA): "soft-caps the scores",
+    ("mods.sinks", SDPA): "no attention sinks",
 }
 #: What SDPA takes as its own arguments (scale=, enable_gqa=) or in its attn_mask (windows), and
 #: unbatched inputs; the mirror takes windows as its mask. They must run and pass.
@@ -78,9 +80,18 @@ def test_torch_passes_every_case(dtype):
     multi_head = {name for name, case in load_cases().items()
                   if case.function == "multihead.multi_head_attention"}
     assert passed(report, MHA_SDPA) == multi_head
-    # FlexAttention expresses every dot-product case, soft-capping (score_mod) included.
-    assert passed(report, FLEX) == {name for name, case in load_cases().items()
-                                    if case.function == "scoring.dot_product_attention"}
+    # FlexAttention expresses every dot-product case, soft-capping (score_mod) included, and
+    # every mods case (its mask and score mods written in torch; sinks through its lse), whose
+    # lse it returns and is compared on.
+    assert passed(report, FLEX) == {name for name, case in load_cases().items() if case.function
+                                    in ("scoring.dot_product_attention",
+                                        "mods.dot_product_attention")}
+    assert all(set(r.outputs) == {"output", "lse"} for r in report.results
+               if r.implementation == FLEX and r.function == "mods.dot_product_attention")
+    # SDPA takes the mask mods as a boolean mask and the additive score mods as a float one.
+    assert passed(report, SDPA) >= {name for name, case in load_cases().items()
+                                    if case.function == "mods.dot_product_attention"} - {
+        "mods.padding_softcap_bias", "mods.sinks"}
     assert torch.__version__.split("+")[0] in report.environment["versions"]
 
 

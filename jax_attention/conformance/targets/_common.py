@@ -321,3 +321,156 @@ def softmax_where(label: str, softmax: Callable, device) -> Implementation:
         return check_device({"weights": weights}, device)
 
     return Implementation(label, run)
+
+
+# --------------------------------------------------------------------------- the mods' cases
+# A built-in without mods (jax.nn, Flax, PyTorch's SDPA) takes a mods case as a boolean mask and
+# an additive bias. Both are evaluated here in NumPy on the whole grid, from the config's
+# description of the mods (jax_attention.conformance.functions.build_mod) — written afresh rather
+# than with reference_numpy.mods or the library under test, so that a built-in is fed arrays that
+# depend on neither.
+
+
+def _alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's slopes (Press et al. 2022, the paper's code): a power of two ``n`` gets
+    ``2^(-8 i / n)``, ``i = 1..n``; another ``n`` those of the power of two below it, then every
+    other slope of the power of two above."""
+    def powers(n):
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+    below = 1 << (num_heads.bit_length() - 1)
+    return np.asarray(powers(below) + powers(2 * below)[0::2][:num_heads - below])
+
+
+def _t5_buckets(rel: np.ndarray, num_buckets: int, max_distance: int,
+                bidirectional: bool) -> np.ndarray:
+    """T5's bucket of ``rel = kv_idx - q_idx``, as Hugging Face's ``_relative_position_bucket``
+    writes it."""
+    bucket = np.zeros(rel.shape, np.int64)
+    if bidirectional:
+        num_buckets //= 2
+        bucket += (rel > 0) * num_buckets
+        n = np.abs(rel)
+    else:
+        n = np.maximum(-rel, 0)
+    max_exact = num_buckets // 2
+    with np.errstate(divide="ignore"):
+        large = max_exact + (np.log(np.maximum(n, 1) / max_exact)
+                             / np.log(max_distance / max_exact)
+                             * (num_buckets - max_exact)).astype(np.int64)
+    return bucket + np.where(n < max_exact, n, np.minimum(large, num_buckets - 1))
+
+
+def _grids(inputs: dict):
+    """``(b, h, q, kv)`` index grids broadcasting to ``(B, N, T, S)`` (``N = 1`` without heads)."""
+    queries, keys = inputs["queries"], inputs["keys"]
+    B = queries.shape[0]
+    N = queries.shape[1] if queries.ndim == 4 else 1
+    T, S = queries.shape[-2], keys.shape[-2]
+    return (np.arange(B)[:, None, None, None], np.arange(N)[None, :, None, None],
+            np.arange(T)[None, None, :, None], np.arange(S)[None, None, None, :])
+
+
+def _four(array: np.ndarray) -> np.ndarray:
+    """A mask or bias of a case's inputs, ``(B | 1, N | 1, T | 1, S | 1)``."""
+    return array.reshape((1,) * (4 - array.ndim) + array.shape)
+
+
+def _mask_of(spec: dict, inputs: dict, grids) -> np.ndarray:
+    b, h, q, kv = grids
+    name = spec["mod"]
+    if name in ("and_masks", "or_masks"):
+        parts = [_mask_of(part, inputs, grids) for part in spec["mods"]]
+        combine = np.logical_and if name == "and_masks" else np.logical_or
+        keep = parts[0]
+        for part in parts[1:]:
+            keep = combine(keep, part)
+        return keep
+    if name == "causal":
+        return kv <= q + spec.get("offset", 0)
+    if name == "sliding_window":
+        return (kv >= q - spec["left"]) & (kv <= q + spec.get("right", 0))
+    if name == "valid_lengths":
+        lens = inputs["valid_lens"]
+        return kv < (lens[b] if lens.ndim == 1 else lens[b, q])
+    if name == "padding":
+        keep = kv < inputs["kv_lens"][b]
+        return keep & (q < inputs["q_lens"][b]) if "q_lens" in inputs else keep
+    if name == "segment_ids":
+        q_ids = inputs["q_segment_ids"]
+        kv_ids = inputs.get("kv_segment_ids", q_ids)
+        keep = q_ids[b, q] == kv_ids[b, kv]
+        return keep & (q_ids[b, q] != spec["padding_id"]) if "padding_id" in spec else keep
+    if name == "prefix_lm":
+        return (kv <= q) | (kv < inputs["prefix_lens"][b])
+    if name == "chunked_local":
+        return q // spec["chunk_size"] == kv // spec["chunk_size"]
+    if name == "global_tokens":
+        return (q < spec["num_global"]) | (kv < spec["num_global"])
+    if name == "dense_mask":
+        return _four(inputs["mask"])
+    raise ValueError(f"unknown mask mod {name!r}")
+
+
+def _bias_of(spec: dict, inputs: dict, params: dict, grids) -> np.ndarray:
+    b, h, q, kv = grids
+    name = spec["mod"]
+    if name == "compose_score_mods":  # additive mods compose by summing
+        return sum(_bias_of(part, inputs, params, grids) for part in spec["mods"])
+    if name == "bias":
+        return _four(inputs["bias"])
+    if name == "alibi":
+        return _alibi_slopes(spec["num_heads"])[h] * (kv - q)
+    if name == "clipped_relative_bias":
+        table = params["clipped_relative_bias"]
+        k = (table.shape[0] - 1) // 2
+        return table[np.clip(kv - q, -k, k) + k, h % table.shape[1]]
+    if name == "t5_relative_bias":
+        table = params["t5_relative_bias"]
+        rows = _t5_buckets(kv - q, table.shape[0], spec["max_distance"], spec["bidirectional"])
+        return table[rows, h % table.shape[1]]
+    raise ValueError(f"score mod {name!r} is not an additive bias")
+
+
+def mods_heads(case: Case, inputs: dict, params: dict) -> Heads:
+    """:class:`Heads` of a mods case's NumPy ``inputs`` and ``params``: its mask mod as ``keep``
+    and its (additive) score mod as ``bias``, ``(B | 1, N | 1, T, S)``, evaluated on the whole
+    grid."""
+    h = heads({name: inputs[name] for name in ("queries", "keys", "values")}, {},
+              fold_causal=False, fold_window=False)
+    grids = _grids(inputs)
+    T, S = inputs["queries"].shape[-2], inputs["keys"].shape[-2]
+    keep = bias = None
+    if case.config.get("mask_mod") is not None:
+        keep = _mask_of(case.config["mask_mod"], inputs, grids)
+        keep = np.broadcast_to(keep, keep.shape[:2] + (T, S)).copy()
+    if case.config.get("score_mod") is not None:
+        bias = np.asarray(_bias_of(case.config["score_mod"], inputs, params, grids),
+                          dtype=inputs["queries"].dtype)
+        bias = np.broadcast_to(bias, bias.shape[:2] + (T, S)).copy()
+    return Heads(h.queries, h.keys, h.values, keep, bias, None, h.rank)
+
+
+def _mod_names(spec) -> set[str]:
+    if spec is None:
+        return set()
+    return {spec["mod"]}.union(*(_mod_names(part) for part in spec.get("mods", ())))
+
+
+def mods_reason(name: str, *, sinks: bool = False) -> Callable[[Case], str | None]:
+    """``not_applicable`` of a built-in that takes a mods case as a mask and an additive bias:
+    a soft cap is no bias; and, unless ``sinks`` (it returns the log-sum-exp that adds them),
+    it has no attention sinks."""
+
+    def reason(case: Case) -> str | None:
+        if case.function != "mods.dot_product_attention":
+            return None
+        if "softcap" in _mod_names(case.config.get("score_mod")):
+            return (f"{name} takes a mask and an additive bias; the case's score mod soft-caps "
+                    f"the scores (s -> c tanh(s / c)), which no bias expresses")
+        if not sinks and "sinks" in case.params:
+            return (f"{name} has no attention sinks (a logit per head joining each row's "
+                    f"softmax with a zero value) and returns no log-sum-exp to add them with")
+        return None
+
+    return reason

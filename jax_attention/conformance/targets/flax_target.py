@@ -7,7 +7,10 @@ Built-ins (their own parameters loaded with the case's, by reshape where the lay
   ``flax.nnx.nn.attention.dot_product_attention_weights`` (weights) — laid out ``(B, T, N, d)``
   (``N = 1`` for a case without heads, a batch of one for an unbatched case), grouped-query
   keys and values with their own ``N_kv`` heads, which both take; a sliding window joins the
-  boolean mask. They have no ``scale`` and no soft-capping: those cases are n/a;
+  boolean mask. They have no ``scale`` and no soft-capping: those cases are n/a. On the mods'
+  cases (``mods.dot_product_attention``) the mask mod is their boolean mask and an additive score
+  mod (a bias, ALiBi, clipped or T5 relative biases) their bias, evaluated in NumPy on the whole
+  grid; a soft cap, attention sinks or a ``scale`` they cannot express (n/a);
 * ``flax.nnx.MultiHeadAttention`` — kernels ``(in, N | N_kv, H)`` and ``(N, H, out)`` are our
   ``(in, N H | N_kv H)`` and ``(N H, out)`` reshaped (head ``n`` = our columns
   ``n*H .. (n+1)*H - 1``), ``num_kv_heads`` for grouped-query cases, a sliding window in the
@@ -23,7 +26,8 @@ Built-ins (their own parameters loaded with the case's, by reshape where the lay
   (JAX's ``jax.nn.softmax``, re-exported) for the masked softmax.
 
 Our NNX modules (parameters assigned from the case, ``eval()`` mode, weights read back with
-``nnx.capture``): ``NWKernelRegression``, ``DotProductAttention``, ``AdditiveAttention``,
+``nnx.capture``): ``NWKernelRegression``, ``DotProductAttention`` (also on the mods' cases, with
+the mods built by :mod:`jax_attention.nn.mods` from the case's config), ``AdditiveAttention``,
 ``MultiHeadAttention``, ``PositionalEncoding``, ``GRU``, ``Seq2SeqEncoder``, ``BahdanauSeq2Seq``,
 ``PositionWiseFFN``, ``AddNorm``, ``TransformerEncoderBlock``, ``TransformerDecoderBlock``,
 ``TransformerSeq2Seq``. Functions with neither a Flax built-in nor a module (``sequence_mask``,
@@ -47,6 +51,8 @@ from jax_attention.conformance.targets._common import (
     jax_setup,
     keep_mask,
     mha_heads,
+    mods_heads,
+    mods_reason,
     no_scale_reason,
     no_softcap_reason,
     softmax_where,
@@ -167,6 +173,49 @@ def _flax_dot_product_attention(device) -> list[Implementation]:
                        first_reason(fully_masked_reason(weights_name),
                                     no_scale_reason(weights_name),
                                     no_softcap_reason(weights_name))),
+    ]
+
+
+def _flax_dot_product_attention_mods(device) -> list[Implementation]:
+    """``flax.nnx.dot_product_attention`` (output) and its weights on the mods' cases: the mask
+    mod as the boolean mask and an additive score mod as the bias, evaluated in NumPy
+    (:func:`mods_heads`); no scale, no soft cap, no sinks (n/a)."""
+    import jax
+    from flax import nnx
+    from flax.nnx.nn.attention import dot_product_attention_weights
+
+    attend = jax.jit(lambda q, k, v, bias, mask: nnx.dot_product_attention(
+        q, k, v, bias, mask).transpose(0, 2, 1, 3))
+    weigh = jax.jit(lambda q, k, bias, mask: dot_product_attention_weights(q, k, bias, mask))
+
+    def prepare(case, inputs, params):
+        h = mods_heads(case, inputs, params)  # (B, N, T, d) -> Flax's (B, T, N, d)
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (h.queries, h.keys, h.values))
+        return h, to_jax((q, k, v, h.bias, h.keep), device)
+
+    def run_output(case, inputs, params):
+        h, (q, k, v, bias, mask) = prepare(case, inputs, params)
+        with standard_promotion():
+            out = attend(q, k, v, bias, mask)
+        return check_device({"output": h.restore(out)}, device)
+
+    def run_weights(case, inputs, params):
+        h, (q, k, v, bias, mask) = prepare(case, inputs, params)
+        with standard_promotion():
+            weights = weigh(q, k, bias, mask)
+        return check_device({"weights": h.restore(weights)}, device)
+
+    output_name = "flax.nnx.dot_product_attention"
+    weights_name = "flax.nnx.nn.attention.dot_product_attention_weights"
+    return [
+        Implementation(output_name, run_output,
+                       first_reason(fully_masked_reason(output_name),
+                                    value_size_reason(output_name), mods_reason(output_name),
+                                    no_scale_reason(output_name)),
+                       tolerance_dtype="float32", note=FUSED_FLOAT32),
+        Implementation(weights_name, run_weights,
+                       first_reason(fully_masked_reason(weights_name), mods_reason(weights_name),
+                                    no_scale_reason(weights_name))),
     ]
 
 
@@ -386,6 +435,25 @@ def _with_weights(*path):
     return lambda out, sown: {"output": out, "weights": _sown(sown, *path)}
 
 
+def _our_dot_product_attention_mods(device) -> Implementation:
+    """Our ``DotProductAttention`` on the mods' cases: the mods built by
+    :mod:`jax_attention.nn.mods` from the case's config, as the module takes them (``mask_mod=``,
+    ``score_mod=``, ``sinks=``); its output and the weights it sowed."""
+    from jax_attention.conformance.functions import build_mod
+    from jax_attention.nn import mods, scoring
+
+    def run(case, inputs, params):
+        i, p = to_jax(inputs, device), to_jax(params, device)
+        given = {name: build_mod(mods, case.config.get(name), i, p)
+                 for name in ("mask_mod", "score_mod")}
+        out, sown = _captured(scoring.DotProductAttention(sow_weights=True), i["queries"],
+                              i["keys"], i["values"], scale=case.config.get("scale"),
+                              sinks=p.get("sinks"), **given)
+        return check_device({"output": out, "weights": _sown(sown, "attention_weights")}, device)
+
+    return Implementation("jax_attention NNX DotProductAttention", run)
+
+
 def _our_attention_modules(device) -> dict[str, list[Implementation]]:
     """Nadaraya–Watson regression, dot-product, additive and multi-head attention."""
     import jax.numpy as jnp
@@ -434,6 +502,7 @@ def _our_attention_modules(device) -> dict[str, list[Implementation]]:
             "AdditiveAttention", additive,
             _capture(names=attention, keywords=("mask",), config=("is_causal",)),
             _with_weights("attention_weights"))],
+        "mods.dot_product_attention": [_our_dot_product_attention_mods(device)],
         "multihead.multi_head_attention": [ours(
             "MultiHeadAttention", mha,
             _capture(names=attention, keywords=("mask", "bias"), config=variants),
@@ -599,6 +668,7 @@ def make_flax_target(dtype: str, platform: str | None, precision: str) -> Target
     builtins = {
         "masking.masked_softmax": [softmax_where("flax.nnx.softmax(where=)", nnx.softmax, device)],
         "scoring.dot_product_attention": _flax_dot_product_attention(device),
+        "mods.dot_product_attention": _flax_dot_product_attention_mods(device),
         "multihead.multi_head_attention": _flax_multi_head_attention(device),
         "positional.relative_position_bias": [_flax_embed(device)],
         "bahdanau.gru": [_flax_gru(device)],

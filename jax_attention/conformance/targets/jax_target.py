@@ -11,6 +11,11 @@ Rows:
   ``local_window_size``, ``is_causal`` and valid lengths ``(B,)`` (``key_value_seq_lengths``)
   passed as its own arguments, other lengths and masks as its boolean mask. It has no logit
   soft-capping: those cases are n/a;
+* ``jax.nn.dot_product_attention`` on the mods' cases (``mods.dot_product_attention``: output and
+  log-sum-exp, ``return_residual=True``) — the mask mod as its boolean mask and an additive score
+  mod (a bias, ALiBi, clipped or T5 relative biases) as its bias, evaluated in NumPy on the whole
+  grid; ``scale=`` and grouped key/value heads natively; attention sinks added with the
+  log-sum-exp (``output * exp(lse - logaddexp(lse, sink))``). A soft cap is no bias: n/a;
 * ``jax.nn.softmax(where=)`` — the masked-softmax cases.
 """
 
@@ -30,6 +35,8 @@ from jax_attention.conformance.targets._common import (
     fully_masked_reason,
     heads,
     jax_setup,
+    mods_heads,
+    mods_reason,
     no_softcap_reason,
     softmax_where,
     standard_promotion,
@@ -106,6 +113,44 @@ def _jax_nn_dot_product_attention(device) -> Implementation:
                           tolerance_dtype="float32", note=FLOAT32_SOFTMAX)
 
 
+def _jax_nn_mods(device) -> Implementation:
+    """``jax.nn.dot_product_attention`` on the mods' cases: the mask mod as its boolean mask and
+    an additive score mod as its bias (both evaluated in NumPy, :func:`mods_heads`), ``scale=``
+    and grouped key/value heads natively, the log-sum-exp from ``return_residual=True``; sinks
+    added with it, as code without sinks of its own adds them (Hugging Face's FlexAttention path
+    for gpt-oss): ``output * exp(lse - lse')`` with ``lse' = logaddexp(lse, sink)``."""
+    import jax
+    import jax.numpy as jnp
+
+    @functools.cache
+    def compiled(scale):
+        def attend(q, k, v, bias, mask, sinks):
+            q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+            out, lse = jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale,
+                                                    return_residual=True)
+            out, lse = out.transpose(0, 2, 1, 3), lse.transpose(0, 2, 1)  # (B, N, T, v | )
+            if sinks is not None:
+                total = jnp.logaddexp(lse, sinks.astype(lse.dtype)[None, :, None])
+                out, lse = out * jnp.exp(lse - total)[..., None].astype(out.dtype), total
+            return out, lse
+
+        return jax.jit(attend)
+
+    def run(case: Case, inputs: dict, params: dict) -> dict:
+        h = mods_heads(case, inputs, params)
+        arguments = to_jax((h.queries, h.keys, h.values, h.bias, h.keep, params.get("sinks")),
+                           device)
+        with standard_promotion():
+            output, lse = compiled(case.config.get("scale"))(*arguments)
+        return check_device({"output": h.restore(output), "lse": h.restore(lse)}, device)
+
+    name = "jax.nn.dot_product_attention"
+    return Implementation(name, run, first_reason(fully_masked_reason(name),
+                                                  value_size_reason(name),
+                                                  mods_reason(name, sinks=True)),
+                          tolerance_dtype="float32", note=FLOAT32_SOFTMAX)
+
+
 def make_jax_target(dtype: str, platform: str | None, precision: str) -> Target:
     """``--against jax``: our functional core (jit) and ``jax.nn``, on the JAX ``platform``."""
     import jax
@@ -113,6 +158,7 @@ def make_jax_target(dtype: str, platform: str | None, precision: str) -> Target:
     device, context, environment = jax_setup(dtype, platform, precision)
     implementations = {function: [ours(function, dtype, device)] for function in FUNCTIONS}
     implementations["scoring.dot_product_attention"].append(_jax_nn_dot_product_attention(device))
+    implementations["mods.dot_product_attention"].append(_jax_nn_mods(device))
     implementations["masking.masked_softmax"].append(
         softmax_where("jax.nn.softmax(where=)", jax.nn.softmax, device))
     return Target("jax", "jax_attention's functional core (jit) and JAX's built-ins "

@@ -10,6 +10,14 @@ Built-ins, parameters loaded with :func:`jax_attention.interop.to_torch`:
 * ``torch.nn.attention.flex_attention`` (output), called eagerly — every dot-product case: the
   masks as its block mask, the logit soft cap and a score bias as its ``score_mod``, ``scale``
   and ``enable_gqa`` natively;
+* on the mods' cases (``mods.dot_product_attention``): ``flex_attention`` (output and
+  log-sum-exp) with the case's mask and score mods written here with torch operations (its own
+  idiom: functions of ``b, h, q_idx, kv_idx`` indexing the case's tensors), the mask as its
+  block mask; attention sinks, which it has not, added with its log-sum-exp (``output *
+  exp(lse - logaddexp(lse, sink))``, as Hugging Face's FlexAttention path adds gpt-oss's); and
+  ``scaled_dot_product_attention`` (output) with the mask mod as a boolean ``attn_mask`` and an
+  additive score mod (a bias, ALiBi, clipped or T5 relative biases) as a float one, evaluated in
+  NumPy — a soft cap (no bias) and sinks (no log-sum-exp to add them with) n/a for it;
 * ``torch.nn.MultiheadAttention`` (``batch_first``) — valid lengths ``(B,)`` as
   ``key_padding_mask``, per-query lengths and the causal mask as ``attn_mask`` (True = not
   allowed); called as by default (``need_weights=True``, with ``average_attn_weights=False``
@@ -59,12 +67,15 @@ from jax_attention.conformance.targets._common import (
     keep_mask,
     local_window_keep,
     mha_heads,
+    mods_heads,
+    mods_reason,
     no_scale_reason,
     no_softcap_reason,
     valid_lens_keep,
     value_head_size_reason,
     window_of,
 )
+from jax_attention.conformance.targets.torch_mods import flex_mask_mod, flex_score_mod
 
 
 def _import_torch():
@@ -289,6 +300,65 @@ def _flex(t: _Torch, case: Case, i: dict, p: dict) -> dict:
         output = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                 scale=case.config.get("scale"), enable_gqa=h.grouped)
     return {"output": h.restore(output)}
+
+
+# --------------------------------------------------------------------------- the mods' cases
+
+
+def _flex_mods(t: _Torch, case: Case, i: dict, p: dict) -> dict:
+    """``torch.nn.attention.flex_attention`` on a mods case (output and log-sum-exp,
+    ``return_aux=AuxRequest(lse=True)``): its mask mod as a block mask, its score mod as
+    ``score_mod``, both written with torch operations; ``scale=`` and ``enable_gqa=`` natively.
+    FlexAttention has no sinks: they are added with its log-sum-exp, as code around it does
+    (Hugging Face's FlexAttention path for gpt-oss): ``output * exp(lse - lse')``,
+    ``lse' = logaddexp(lse, sink)``."""
+    torch = t.torch
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    h = heads({n: i[n].numpy() for n in ("queries", "keys", "values")}, {}, fold_causal=False,
+              fold_window=False)
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+               for x in (h.queries, h.keys, h.values))
+    (B, N, T, _), S = q.shape, k.shape[2]
+    tables = t.tensors(p)
+    block_mask = score_mod = None
+    if case.config.get("mask_mod") is not None:
+        mask_mod = flex_mask_mod(torch, case.config["mask_mod"], i, (B, N, T, S))
+        block_mask = create_block_mask(mask_mod, B, N, T, S, device="cpu")
+    if case.config.get("score_mod") is not None:
+        score_mod = flex_score_mod(torch, case.config["score_mod"], i, tables, (B, N, T, S))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        output, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                     scale=case.config.get("scale"), enable_gqa=h.grouped,
+                                     return_aux=AuxRequest(lse=True))
+    lse = aux.lse.to(output.dtype)
+    if "sinks" in tables:
+        total = torch.logaddexp(lse, tables["sinks"][None, :, None])
+        output, lse = output * torch.exp(lse - total)[..., None], total
+    return {"output": h.restore(output), "lse": h.restore(lse)}
+
+
+def _sdpa_mods(t: _Torch, case: Case, i: dict, p: dict) -> dict:
+    """``scaled_dot_product_attention`` on a mods case: the mask mod as its boolean ``attn_mask``
+    and an additive score mod as a float one (both evaluated in NumPy, :func:`mods_heads`),
+    ``scale=`` and ``enable_gqa=`` natively."""
+    torch = t.torch
+    h = mods_heads(case, {n: x.numpy() for n, x in i.items()}, p)
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(x))
+               for x in (h.queries, h.keys, h.values))
+    return {"output": h.restore(torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=_sdpa_mask(torch, h.keep, h.bias), scale=case.config.get("scale"),
+        enable_gqa=h.grouped))}
+
+
+def _mods(t: _Torch) -> dict[str, list[Implementation]]:
+    """The mods' cases: ``scaled_dot_product_attention`` (:func:`_sdpa_mods`) and FlexAttention
+    (:func:`_flex_mods`)."""
+    sdpa_name = "torch.nn.functional.scaled_dot_product_attention"
+    return {"mods.dot_product_attention": [
+        t.implementation(sdpa_name, functools.partial(_sdpa_mods, t), mods_reason(sdpa_name)),
+        t.implementation(FLEX, functools.partial(_flex_mods, t))]}
 
 
 def _scoring(t: _Torch) -> dict[str, list[Implementation]]:
@@ -613,7 +683,7 @@ def make_torch_target(dtype: str) -> Target:
     t = _Torch(torch, tm, to_torch, {"float64": torch.float64, "float32": torch.float32}[dtype])
     implementations = {}
     for build in (_masking_and_pooling, _scoring, _multihead, _positional, _bahdanau,
-                  _transformer_parts, _transformer_model):
+                  _transformer_parts, _transformer_model, _mods):
         implementations.update(build(t))
     environment = {
         "platform": f"PyTorch on the CPU ({torch.get_num_threads()} threads); eval mode, no_grad",
