@@ -379,10 +379,15 @@ def _float64_references(arrays, built: dict, lens, dtype: str, window,
 
     q, k, v, _ = arrays
     seen = [np.asarray(a.astype(jnp.dtype(dtype))).astype(np.float64) for a in arrays]
-    reference = built.get("numpy") if isinstance(built.get("numpy"), Peer) else \
-        numpy_peer(q, k, v, lens, jnp.dtype(dtype), window, structure)
     start = time.perf_counter()
-    output = reference.forward()
+    if isinstance(built.get("numpy"), Peer):
+        output = built["numpy"].forward()
+    else:
+        # Not timed: one head at a time, so that the float64 T x S arrays of all the heads at
+        # once (4 GiB each at (1, 8, 8192, 64)) are never held together.
+        output = np.concatenate([
+            numpy_peer(q[:, n:n + 1], k[:, n:n + 1], v[:, n:n + 1], lens, jnp.dtype(dtype),
+                       window, structure).forward() for n in range(q.shape[1])], axis=1)
     seconds = time.perf_counter() - start
     grads, grads_source = float64_grads(*seen, lens, window, structure)
     return _References(output, seconds, grads, grads_source)
