@@ -72,9 +72,10 @@ from jax_attention.bench.common import (environment, format_environment, format_
                                         gemm_ceiling, load_average, source_fingerprint, summarize,
                                         time_interleaved)
 
-__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DEFAULT_MASKS", "DOCUMENTS", "CHUNK", "DTYPES", "attention_flops", "window_pairs",
-           "window_band", "padding_lens", "forward_backward", "bench_attention",
-           "format_attention", "format_sources"]
+__all__ = ["PEERS", "DEFAULT_SHAPES", "MASKS", "DEFAULT_MASKS", "DOCUMENTS", "CHUNK", "DTYPES",
+           "attention_flops", "window_pairs", "window_band", "padding_lens", "Structure",
+           "structure", "forward_backward", "bench_attention", "format_attention",
+           "format_sources"]
 
 #: The default ``(B, N, T, H)`` shapes (batch, heads, sequence length ``T = S``, head size), from
 #: many short sequences to one long one; ``B·N·T²`` is 1M, 8M, 32M, 64M.

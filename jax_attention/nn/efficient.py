@@ -682,8 +682,8 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                                       keys.shape[-2])
     if mask is not None:
         mask = check_mask(mask, queries.shape[:-1] + keys.shape[-2:-1])
-    variants = mods.check_variants(queries.shape[:-1] + keys.shape[-2:-1], scale, local_window_size, logit_softcap,
-                                   mask_mod, score_mod, sinks)
+    variants = mods.check_variants(queries.shape[:-1] + keys.shape[-2:-1], scale,
+                                   local_window_size, logit_softcap, mask_mod, score_mod, sinks)
     output, lse = chunked_attention(
         queries, keys, values, valid_lens, mask,
         is_causal=check_static_bool("is_causal", is_causal), variants=variants,

@@ -164,7 +164,8 @@ def as_mask_mod(mask_mod) -> MaskMod | None:
     if not callable(mask_mod):
         raise TypeError(f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, got "
                         f"{type(mask_mod).__name__}")
-    return MaskMod(lambda b, h, q, kv: mask_mod(b, h, q, kv), name=getattr(mask_mod, "__name__", None))
+    return MaskMod(lambda b, h, q, kv: mask_mod(b, h, q, kv),
+                   name=getattr(mask_mod, "__name__", None))
 
 
 def as_score_mod(score_mod) -> ScoreMod | None:
@@ -421,7 +422,8 @@ def segment_ids(q_segment_ids, kv_segment_ids=None, *, padding_id=None) -> MaskM
     nothing and are attended by nothing. Skips, at run time, the blocks whose rows share no id
     (packed rows in order: a row of 8 documents costs about an eighth of the full work)."""
     q_ids = _lengths("q_segment_ids", q_segment_ids, ("(B, T)",))
-    kv_ids = q_ids if kv_segment_ids is None else _lengths("kv_segment_ids", kv_segment_ids, ("(B, S)",))
+    kv_ids = (q_ids if kv_segment_ids is None
+              else _lengths("kv_segment_ids", kv_segment_ids, ("(B, S)",)))
     if kv_ids.shape[0] != q_ids.shape[0]:
         raise ValueError(f"q_segment_ids (B, T) and kv_segment_ids (B, S) must have the same B, "
                          f"got {q_ids.shape} and {kv_ids.shape}")

@@ -189,7 +189,8 @@ def _with_sinks(scores, keep, values, sinks, groups):
     return scores, keep, values
 
 
-def _dot_product_weights(queries, keys, keep, bias, groups=1, variants: mods.Variants = mods.Variants()):
+def _dot_product_weights(queries, keys, keep, bias, groups=1,
+                         variants: mods.Variants = mods.Variants()):
     scores = _dot_product_scores(queries, keys, bias, groups, variants)
     if variants.sinks is not None:
         scores, keep, _ = _with_sinks(scores, keep, None, variants.sinks, groups)
@@ -201,10 +202,11 @@ def weighted_sum(weights, values):
     """``weights (B, ..., N, T, S) @ values (B, ..., N_kv, S, v) -> (B, ..., N, T, v)``, with
     ``N_kv`` dividing ``N`` (grouped-query attention: each value head serves its ``N / N_kv``
     query heads, never repeated; ``N_kv = N`` is the plain :data:`WEIGHTED_SUM`). Not part of
-    the user-facing API (``__all__``): the Transformer's attention pools its heads with it."""
-    groups = weights.shape[-3] // values.shape[-3]
-    if groups == 1:
+    the user-facing API (``__all__``): the Transformer's attention pools its heads with it, and
+    the Bahdanau decoder its context (``(B, T, S)``, no head axis)."""
+    if weights.ndim < 4 or weights.shape[-3] == values.shape[-3]:  # (B, T, S): no head axis
         return jnp.einsum(WEIGHTED_SUM, weights, values)
+    groups = weights.shape[-3] // values.shape[-3]
     return ungroup_heads(jnp.einsum(WEIGHTED_SUM, group_heads(weights, groups),
                                     values[..., None, :, :]))
 
@@ -348,8 +350,8 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       ``sinks``, each row sums to less than 1: the sink takes the rest).
     """
     unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
-    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
-                              mask_mod, score_mod, sinks)
+    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size,
+                                   logit_softcap, mask_mod, score_mod, sinks)
     keep, (queries, keys), groups = _prepare(queries, keys, None, valid_lens, mask, is_causal,
                                              same_depth=True,
                                              local_window_size=variants.local_window_size,
@@ -478,8 +480,8 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
         raise ValueError("implementation='chunked' takes no bias (the bias and its gradient would "
                          "be T x S arrays); use implementation='plain' or None, or a score_mod")
     unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values, valid_lens)
-    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
-                              mask_mod, score_mod, sinks)
+    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size,
+                                   logit_softcap, mask_mod, score_mod, sinks)
     checked = check_attention_inputs(queries, keys, values, same_depth=True, grouped_heads=True)
     keep, (q, k, v), groups = _masked(checked, valid_lens, mask, is_causal,
                                       variants.local_window_size, variants.mask_mod)
@@ -718,8 +720,8 @@ class DotProductAttention(_Attention):
         queries): the output and the sown weights come without it."""
         unbatched, queries, keys, values, valid_lens = check_unbatched(queries, keys, values,
                                                                        valid_lens)
-        variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size, logit_softcap,
-                                  mask_mod, score_mod, sinks)
+        variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size,
+                                       logit_softcap, mask_mod, score_mod, sinks)
         keep, (queries, keys, values), groups = _prepare(
             queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
             local_window_size=variants.local_window_size, mask_mod=variants.mask_mod)
