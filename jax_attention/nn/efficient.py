@@ -472,8 +472,11 @@ def _block_scores(cfg: Chunking, limits, mask, mods_, q, k, v, i, j, *, transpos
     mod_vjp = None
     if score_mod is not None:
         grids = _block_grids(cfg, raw.shape, i, j, transposed=transposed)
-        floats, rebuild = mods.float_params(score_mod)
-        raw, mod_vjp = jax.vjp(lambda s, p: rebuild(p)(s, *grids), raw, floats)
+        if transposed:  # the backward pass: the mod's VJP too, for the scores and its parameters
+            floats, rebuild = mods.float_params(score_mod)
+            raw, mod_vjp = jax.vjp(lambda s, p: rebuild(p)(s, *grids), raw, floats)
+        else:
+            raw = score_mod(raw, *grids)
     scores = raw if keep is None else jnp.where(keep, raw, masked_fill_value(raw.dtype))
     return (scores, keep, v, mod_vjp, q, k) if transposed else (scores, keep, v)
 
