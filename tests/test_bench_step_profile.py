@@ -45,7 +45,12 @@ def test_slowest_kernels_are_named_with_their_shape_and_operation(record):
         (k["us_per_step"] for k in kernels), reverse=True)
     for kernel in kernels:
         assert kernel["shape"].split("[")[0] in ("f32", "s32", "u32", "pred")
-        assert kernel["opcode"] and kernel["op_name"].startswith("jit(train_steps)")
+        # Kernels XLA adds itself (copies, wrapped reduce-windows: about a microsecond each) carry
+        # no op_name; one stalled by a busy machine can rank among the slowest (seen once in CI
+        # with four test processes on two cores). Every kernel with a name is the step's.
+        assert kernel["opcode"] and (kernel["op_name"].startswith("jit(train_steps)")
+                                     or kernel["op_name"] == "")
+    assert any(k["op_name"].startswith("jit(train_steps)") for k in kernels)
     json.dumps(record)
     assert math.isfinite(record["kernel_ms_per_step"])
 

@@ -15,16 +15,20 @@ Shape letters: ``B`` batch, ``T`` queries, ``S`` keys/values, ``...`` extra batc
 ``(S, q)``, values ``(S, v)`` — are given a batch axis of 1 and get it removed from the output.
 
 Scores: ``s = (Q K^T) * scale`` (``scale`` defaults to ``1 / sqrt(q)``, applied to the queries),
-then, with ``logit_softcap = c``, ``c * tanh(s / c)`` (Gemma 2), then the masks.
+then the score mods — with ``logit_softcap = c``, ``c * tanh(s / c)`` (Gemma 2), then the
+``score_mod`` (:mod:`jax_attention.nn.mods`) — then the masks. Both passes form a block's scores
+with one function, :func:`_block_scores`.
 
 Masking is that of :mod:`jax_attention.nn.masking` — ``valid_lens`` ``(B,)`` or ``(B, T)``, a boolean
 ``mask`` (True = attend), ``is_causal`` and a sliding window ``local_window_size = (left, right)``
 (query ``t`` may attend keys ``t - left <= s <= t + right``, ``jax.nn``'s rule), all ANDed — but
 each chunk's mask is built from positions and lengths when the chunk is reached, so no ``T x S``
-mask exists unless the caller passes one. Key chunks that causality, the window or the lengths
-leave unattended by every query of a query chunk are skipped (their blocks would add exactly zero),
-in the forward pass and in the backward pass alike: a window of ``w`` keys costs ``O(T w)``, not
-``O(T S)``. A query that may attend no key gets a zero output and finite (zero) gradients, and NaN
+mask exists unless the caller passes one; a ``mask_mod`` is evaluated on each block's positions.
+Key chunks that causality, the window or the lengths leave unattended by every query of a query
+chunk are skipped (their blocks would add exactly zero), in the forward pass and in the backward
+pass alike: a window of ``w`` keys costs ``O(T w)``, not ``O(T S)``; so are the blocks a mask
+mod rules out (:meth:`jax_attention.nn.mods.MaskMod.block_any`: segment ids and lengths from
+each block's range at run time). A query that may attend no key gets a zero output and finite (zero) gradients, and NaN
 or Inf in masked queries, keys or values never reach valid outputs or gradients, exactly as in
 :mod:`jax_attention.nn.scoring`.
 
