@@ -176,8 +176,8 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       queries: ``(B, ..., T, d)``, or unbatched ``(T, d)``.
       keys: ``(B, ..., S, d)``, or ``(B, ..., N_kv, S, d)`` for queries ``(B, ..., N, T, d)``
         with ``N_kv`` dividing ``N`` (grouped-query attention); unbatched ``(S, d)``.
-      valid_lens, mask, is_causal, bias, scale, local_window_size, logit_softcap, mask_mod,
-        score_mod, sinks: as in :func:`dot_product_attention`.
+      valid_lens, mask, is_causal, bias, scale: as in :func:`dot_product_attention`.
+      local_window_size, logit_softcap, mask_mod, score_mod, sinks: as there too.
 
     Returns:
       Weights ``(B, ..., T, S)`` (unbatched: ``(T, S)``); fully masked rows are zero (with
