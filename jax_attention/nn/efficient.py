@@ -323,13 +323,6 @@ def _merge_group_mask(keep, groups: int, query_chunk: int):
     return keep.reshape(keep.shape[:-3] + (groups * query_chunk, keep.shape[-1]))
 
 
-def _along(values, axis: int, rank: int):
-    """1-D ``values`` on ``axis`` of an array of ``rank`` axes, size 1 elsewhere."""
-    shape = [1] * rank
-    shape[axis] = values.shape[0]
-    return values.reshape(shape)
-
-
 def _block_grids(cfg: Chunking, shape, i, j, *, transposed: bool = False):
     """``(b, h, q_idx, kv_idx)`` of a block of scores of ``shape`` — ``(B, ..., R, Ck)``, or
     ``(B, ..., Ck, R)`` ``transposed`` — for the mods (:func:`jax_attention.nn.mods.index_grids`'
@@ -338,15 +331,15 @@ def _block_grids(cfg: Chunking, shape, i, j, *, transposed: bool = False):
     rank, Cq, Ck = len(shape), cfg.query_chunk, cfg.key_chunk
     row_axis, key_axis = (-1, -2) if transposed else (-2, -1)
     rows = jnp.arange(shape[row_axis], dtype=jnp.int32)
-    b = _along(jnp.arange(shape[0], dtype=jnp.int32), 0, rank)
-    q = _along(i * Cq + rows % Cq, row_axis, rank)
-    kv = _along(j * Ck + jnp.arange(Ck, dtype=jnp.int32), key_axis, rank)
+    b = mods.along(jnp.arange(shape[0], dtype=jnp.int32), 0, rank)
+    q = mods.along(i * Cq + rows % Cq, row_axis, rank)
+    kv = mods.along(j * Ck + jnp.arange(Ck, dtype=jnp.int32), key_axis, rank)
     if cfg.grouped:
         groups = shape[row_axis] // Cq
-        h = (_along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank) * groups
-             + _along(rows // Cq, row_axis, rank))
+        h = (mods.along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank) * groups
+             + mods.along(rows // Cq, row_axis, rank))
     elif rank >= 4:
-        h = _along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank)
+        h = mods.along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank)
     else:
         h = jnp.zeros((1,) * rank, jnp.int32)
     return b, h, q, kv

@@ -179,8 +179,10 @@ def as_score_mod(score_mod) -> ScoreMod | None:
                     name=getattr(score_mod, "__name__", None))
 
 
-def _along(values, axis: int, rank: int):
-    """1-D ``values`` placed on ``axis`` of an array of ``rank`` axes, size 1 elsewhere."""
+def along(values, axis: int, rank: int):
+    """1-D ``values`` placed on ``axis`` of an array of ``rank`` axes, size 1 elsewhere: the
+    index grids' building block (the memory-efficient kernel's block grids use it too). Not part
+    of ``__all__``."""
     shape = [1] * rank
     shape[axis] = values.shape[0]
     return values.reshape(shape)
@@ -197,17 +199,17 @@ def index_grids(shape, *, groups: int = 1, q_start=0, kv_start=0, transposed: bo
     rank = len(shape)
     q_axis, kv_axis = (-1, -2) if transposed else (-2, -1)
     T, S = shape[q_axis], shape[kv_axis]
-    b = _along(jnp.arange(shape[0], dtype=jnp.int32), 0, rank)
+    b = along(jnp.arange(shape[0], dtype=jnp.int32), 0, rank)
     if groups > 1:
         kv_heads, group = shape[-4], shape[-3]
-        h = (_along(jnp.arange(kv_heads, dtype=jnp.int32), -4, rank) * group
-             + _along(jnp.arange(group, dtype=jnp.int32), -3, rank))
+        h = (along(jnp.arange(kv_heads, dtype=jnp.int32), -4, rank) * group
+             + along(jnp.arange(group, dtype=jnp.int32), -3, rank))
     elif rank >= 4:
-        h = _along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank)
+        h = along(jnp.arange(shape[-3], dtype=jnp.int32), -3, rank)
     else:
         h = jnp.zeros((1,) * rank, jnp.int32)
-    q = _along(jnp.arange(T, dtype=jnp.int32), q_axis, rank) + jnp.asarray(q_start, jnp.int32)
-    kv = _along(jnp.arange(S, dtype=jnp.int32), kv_axis, rank) + jnp.asarray(kv_start, jnp.int32)
+    q = along(jnp.arange(T, dtype=jnp.int32), q_axis, rank) + jnp.asarray(q_start, jnp.int32)
+    kv = along(jnp.arange(S, dtype=jnp.int32), kv_axis, rank) + jnp.asarray(kv_start, jnp.int32)
     return b, h, q, kv
 
 

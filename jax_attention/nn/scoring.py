@@ -45,7 +45,6 @@ from jax_attention._checks import (
 )
 from jax_attention.nn.masking import (
     attention_mask,
-    combine_masks,
     group_heads,
     logsumexp_where,
     softmax_where,
@@ -103,7 +102,8 @@ def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None, mask_mo
     keep = attention_mask(shape, valid_lens, mask=mask, is_causal=is_causal,
                           local_window_size=local_window_size)
     if mask_mod is not None:  # the mod's own mask, ANDed: (B, ..., N, T, S) before any grouping
-        keep = combine_masks(keep, mods.mask_from_mod(mask_mod, shape))
+        mod_keep = mods.mask_from_mod(mask_mod, shape)  # the scores' rank, as attention_mask's
+        keep = mod_keep if keep is None else keep & mod_keep
     groups = num_kv_groups(queries.shape, keys.shape)
     if groups > 1:
         arrays = [group_heads(arrays[0], groups)] + [a[..., None, :, :] for a in arrays[1:]]
