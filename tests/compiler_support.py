@@ -3,17 +3,19 @@ XLA's defaults where a test pins bits or where execution, not compilation, is th
 
 The suite compiles about 6,000 small programs and runs each a few times; most of its time is
 XLA's backend compiling them, and a good part of that is LLVM optimising code that then runs for
-microseconds. ``--xla_backend_optimization_level=0`` (LLVM at -O0; XLA's own HLO passes — fusion,
-algebraic simplification, layout — run as always) compiles them faster (the figures:
-docs/design.md, Tests).
+microseconds. :data:`FAST_FLAGS` compile them faster (the figures: docs/design.md, Tests):
+``--xla_backend_optimization_level=0`` (LLVM at -O0), ``--xla_llvm_disable_expensive_passes``
+(what ``jax_disable_most_optimizations`` adds to it) and XLA:CPU's fast-compile preset (the one
+the training step compiles with, :data:`jax_attention.runtime.compilation.CPU_COMPILER_OPTIONS`);
+XLA's own HLO passes — fusion, algebraic simplification, layout — run as always.
 
 What it does not keep is the last bits: LLVM at -O0 emits other instruction sequences for the same
 floating-point operations (contracted multiply-adds, vectorised transcendental functions), so a
 training run's losses move in their last bits — correct to float32 rounding, but not the bits of
 the default compiler. So:
 
-- ``JAX_ATTENTION_TEST_COMPILER`` (:data:`VARIABLE`) chooses: ``fast`` (the default: the flag
-  above is added to ``XLA_FLAGS``) or ``default`` (XLA's defaults, what a user's process gets).
+- ``JAX_ATTENTION_TEST_COMPILER`` (:data:`VARIABLE`) chooses: ``fast`` (the default: the flags
+  above are added to ``XLA_FLAGS``) or ``default`` (XLA's defaults, what a user's process gets).
   `make test-slow` sets ``default``: the book's whole runs execute for far longer than they
   compile, and the documentation's outputs (docs/models.md) and the pins are the default
   compiler's bits.
@@ -22,7 +24,7 @@ the default compiler. So:
   too.
 - An ``XLA_FLAGS`` that sets the optimisation level itself is left as it is, and so is a machine
   with an accelerator's JAX plugin (CUDA, ROCm, TPU) unless ``JAX_PLATFORMS=cpu``: there the
-  suite is about the accelerator's compiler, which the flag would change too.
+  suite is about the accelerator's compiler, which the flags would change too.
 
 Every comparison between two computations of one process (or of processes with the same flags:
 the subprocesses inherit ``XLA_FLAGS``, and the session's compilation cache keys include it) is
@@ -36,10 +38,11 @@ import importlib.metadata
 import os
 from collections.abc import Mapping
 
-__all__ = ["FAST_FLAG", "VARIABLE", "apply", "default_compiler_env", "with_suite_flags"]
+__all__ = ["FAST_FLAGS", "VARIABLE", "apply", "default_compiler_env", "with_suite_flags"]
 
 VARIABLE = "JAX_ATTENTION_TEST_COMPILER"
-FAST_FLAG = "--xla_backend_optimization_level=0"
+FAST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+              "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE")
 _CHOICES = ("fast", "default")
 
 
@@ -59,7 +62,7 @@ def _accelerator_plugin() -> bool:
 
 
 def apply(environ=os.environ) -> None:
-    """Add :data:`FAST_FLAG` to ``environ['XLA_FLAGS']`` unless ``default`` is chosen, the
+    """Add :data:`FAST_FLAGS` to ``environ['XLA_FLAGS']`` unless ``default`` is chosen, the
     flags set the level already or an accelerator may be used. Call before JAX creates its
     backends (tests/conftest.py, at its top): XLA reads ``XLA_FLAGS`` once, when the first
     backend starts."""
@@ -68,20 +71,20 @@ def apply(environ=os.environ) -> None:
         return
     if environ.get("JAX_PLATFORMS", "") != "cpu" and _accelerator_plugin():
         return
-    environ["XLA_FLAGS"] = f"{flags} {FAST_FLAG}".strip()
+    environ["XLA_FLAGS"] = " ".join((flags,) + FAST_FLAGS).strip()
 
 
 def with_suite_flags(flags: str, environ: Mapping[str, str] = os.environ) -> str:
     """``flags`` for a subprocess that sets ``XLA_FLAGS`` of its own (the distributed tests'
     device count), with the suite's compiler flag where this process has it."""
-    return f"{flags} {FAST_FLAG}" if FAST_FLAG in environ.get("XLA_FLAGS", "").split() else flags
+    own = environ.get("XLA_FLAGS", "").split()
+    return " ".join((flags,) + FAST_FLAGS) if all(f in own for f in FAST_FLAGS) else flags
 
 
 def default_compiler_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """A copy of ``environ`` in which a subprocess compiles with XLA's default optimisation
-    level."""
+    """A copy of ``environ`` in which a subprocess compiles with XLA's defaults."""
     env = dict(environ)
-    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if flag != FAST_FLAG]
+    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if flag not in FAST_FLAGS]
     env["XLA_FLAGS"] = " ".join(flags)
     env[VARIABLE] = "default"
     return env
