@@ -5,8 +5,10 @@ The suite compiles about 6,000 small programs and runs each a few times; most of
 XLA's backend compiling them, and a good part of that is LLVM optimising code that then runs for
 microseconds. :data:`FAST_FLAGS` compile them faster (the figures: docs/design.md, Tests):
 ``--xla_backend_optimization_level=0`` (LLVM at -O0), ``--xla_llvm_disable_expensive_passes``
-(what ``jax_disable_most_optimizations`` adds to it) and XLA:CPU's fast-compile preset (the one
-the training step compiles with, :data:`jax_attention.runtime.compilation.CPU_COMPILER_OPTIONS`);
+(what ``jax_disable_most_optimizations`` adds to it), XLA:CPU's fast-compile preset (the one
+the training step compiles with, :data:`jax_attention.runtime.compilation.CPU_COMPILER_OPTIONS`)
+and ``--xla_cpu_use_fusion_emitters=false`` (XLA:CPU's former elemental emitters for its fusions
+instead of the MLIR fusion emitters, which take most of the compile time of a small program);
 XLA's own HLO passes — fusion, algebraic simplification, layout — run as always.
 
 What it does not keep is the last bits: LLVM at -O0 emits other instruction sequences for the same
@@ -42,7 +44,8 @@ __all__ = ["FAST_FLAGS", "VARIABLE", "apply", "default_compiler_env", "with_suit
 
 VARIABLE = "JAX_ATTENTION_TEST_COMPILER"
 FAST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
-              "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE")
+              "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE",
+              "--xla_cpu_use_fusion_emitters=false")
 _CHOICES = ("fast", "default")
 
 
