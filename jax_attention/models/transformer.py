@@ -780,11 +780,14 @@ class TransformerSeq2Seq(Seq2SeqModule):
         self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs, dtype=dtype)
 
     def forward(self, src, src_valid_len, dec_input, num_steps=None):
-        """``(logits (B, T, V), weights dict)``; see :func:`transformer`."""
-        return transformer(self.computation_params(), src, src_valid_len, dec_input,
-                           num_heads=self.num_heads, max_positions=self.max_positions,
-                           dropout=self.dropout, dropout_rng=self._dropout_rng(),
-                           num_steps=num_steps)
+        """``(logits (B, T, V), weights dict)``; see :func:`transformer`. The batch is checked
+        at every call; the parameter tree, built and checked by the constructor, is not."""
+        params = self.computation_params()
+        src, src_keep, dec_input, num_steps = _checked_model_inputs(
+            params, src, src_valid_len, dec_input, self.num_heads, self.max_positions, num_steps)
+        return _transformer(params, src, src_keep, dec_input, num_heads=self.num_heads,
+                            max_positions=self.max_positions, dropout=self.dropout,
+                            dropout_rng=self._dropout_rng(), num_steps=num_steps)
 
     def decoder_options(self) -> dict:
         """``num_heads`` and ``max_positions`` for :func:`greedy_decode`."""
