@@ -328,7 +328,7 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     """A loss made NaN for one batch, inside the compiled scan: stop mode keeps the state before
     it (and rejects the rest of the call); skip mode leaves out only its update — the parameters
     and Adam's state stay, the dropout stream moves on — so that the later steps are those of a
-    run without that batch's update. (The reference's model and 2-step calls: compiled once.)"""
+    run without that batch's update. (The oracles run the same poisoned program.)"""
     nmt, graphdef, state = _setup()
     bos_id = nmt.tgt_vocab["<bos>"]
     first, second = loop.epoch_batches(nmt, 0)[0], loop.epoch_batches(nmt, 1)[0]
@@ -338,8 +338,20 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     marked = batches[:3] + (batches[3].copy(),)
     marked[3][bad, 0] = 0
 
-    def steps(state, batches, skip=False, train_steps=loop.train_steps):
-        state, losses = train_steps(graphdef, state, batches, bos_id, skip)
+    unpoisoned = loop.masked_cross_entropy
+
+    def poisoned(logits, tgt, tgt_valid_len, **divisor):
+        ce = unpoisoned(logits, tgt, tgt_valid_len, **divisor)
+        return ce * jnp.where(jnp.any(tgt_valid_len == 0), jnp.nan, 1.0)
+
+    monkeypatch.setattr(loop, "masked_cross_entropy", poisoned)
+    # A fresh compilation (the module's jit would reuse the unpoisoned one), which the oracles
+    # below run too: the poisoned program is another program than the module's, whose fusions
+    # may round otherwise (they do on a GPU, and on CPU with XLA's elemental fusion emitters).
+    fresh = jax.jit(loop.train_steps.__wrapped__, static_argnums=(0, 3))
+
+    def steps(state, batches, skip=False):
+        state, losses = fresh(graphdef, state, batches, bos_id, skip)
         return state, np.asarray(losses)
 
     def copy(state):
@@ -352,22 +364,13 @@ def test_the_compiled_steps_reject_a_non_finite_step_without_a_host_sync(monkeyp
     count.set_value(count.get_value() + jnp.uint32(1))
     suffix, suffix_losses = steps(prefix, tuple(a[bad + 1:] for a in batches))
 
-    unpoisoned = loop.masked_cross_entropy
-
-    def poisoned(logits, tgt, tgt_valid_len, **divisor):
-        ce = unpoisoned(logits, tgt, tgt_valid_len, **divisor)
-        return ce * jnp.where(jnp.any(tgt_valid_len == 0), jnp.nan, 1.0)
-
-    monkeypatch.setattr(loop, "masked_cross_entropy", poisoned)
-    # A fresh compilation (the module's jit would reuse the unpoisoned one); both modes share it.
-    fresh = jax.jit(loop.train_steps.__wrapped__, static_argnums=(0, 3))
-    stopped, losses = steps(copy(state), marked, train_steps=fresh)
+    stopped, losses = steps(copy(state), marked)
     assert np.isnan(losses[bad:]).all() and np.isfinite(losses[:bad]).all()
-    # Another compilation of the same steps: bit for bit on CPU, to rounding on a GPU.
+    # The same program on other batches: bit for bit on CPU, to rounding on a GPU.
     assert_same_losses(losses[:bad], prefix_losses)
     _assert_same_arrays(checkpointing.state_arrays(stopped), prefix_arrays)
 
-    skipped, losses = steps(state, marked, skip=True, train_steps=fresh)
+    skipped, losses = steps(state, marked, skip=True)
     assert np.isnan(losses[bad]) and np.isfinite(np.delete(losses, bad)).all()
     assert_same_losses(np.delete(losses, bad), np.concatenate([prefix_losses, suffix_losses]))
     _assert_same_arrays(checkpointing.state_arrays(skipped), checkpointing.state_arrays(suffix))
