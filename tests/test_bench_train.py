@@ -483,7 +483,9 @@ def test_the_xla_defaults_peer_is_ours_compiled_without_the_cpu_options():
                                gemm_size=64, torch_threads=1)
     ours, plain = record["peers"]["ours"], record["peers"]["ours-xla-defaults"]
     # What the suite's XLA_FLAGS set themselves (tests/compiler_support.py) is left to them; the
-    # rest of the CPU options remain, with their values.
+    # rest of the CPU options remain, with their values. (Under `make test`'s flags that is none:
+    # both peers then compile alike, and tests/test_compilation.py checks that the options reach
+    # XLA; at XLA's defaults, JAX_ATTENTION_TEST_COMPILER=default, ours has them all.)
     options = ours["settings"]["compiler_options"]
     assert options == train_steps.options()
     flags = os.environ.get("XLA_FLAGS", "")
