@@ -10,11 +10,11 @@ hold exactly ``W_q, W_k, w_v`` (``ValueError`` naming a missing or unexpected ke
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from reference_numpy import mods
+from reference_numpy.core import WEIGHTED_SUM, attention_core, scores_dtype
 from reference_numpy._checks import (
     check_attention_inputs,
     check_implementation,
@@ -35,8 +35,6 @@ __all__ = [
 ]
 
 # The same strings as in jax_attention/nn/scoring.py, so the two files can be read side by side.
-DOT_SCORES = "...tq,...sq->...ts"
-WEIGHTED_SUM = "...ts,...sv->...tv"
 PROJECT_QUERIES = "...tq,qh->...th"
 PROJECT_KEYS = "...sk,kh->...sh"
 ADDITIVE_SCORES = "...tsh,ho->...tso"
@@ -81,83 +79,25 @@ def _prepare(queries, keys, values, valid_lens, mask, is_causal, *, same_depth: 
     return keep, arrays
 
 
-def _add_bias(scores, bias):
-    """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)``."""
+def _checked_bias(bias, shape):
+    """The ``bias`` of the public functions, checked once: ``None``, or an array broadcastable
+    to the scores' ``shape`` ``(B, ..., T, S)``, returned at their rank (what the core adds)."""
     if bias is None:
-        return scores
+        return None
     bias = np.asarray(bias)
     if not (np.issubdtype(bias.dtype, np.floating) or is_integer_dtype(bias.dtype)):
         # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
         raise TypeError(f"bias must hold real numbers added to the scores (a boolean mask goes in "
                         f"mask=), got dtype {bias.dtype} with shape {bias.shape}")
     try:
-        if np.broadcast_shapes(bias.shape, scores.shape) != scores.shape:
+        if np.broadcast_shapes(bias.shape, shape) != shape:
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"bias must broadcast to the scores' shape (B, ..., T, S) = {scores.shape}, "
+            f"bias must broadcast to the scores' shape (B, ..., T, S) = {shape}, "
             f"got shape {bias.shape}"
         ) from None
-    # Explicit rank and dtype, as the JAX twin needs under strict promotion.
-    return scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape).astype(scores.dtype)
-
-
-def _scores_dtype(dtype):
-    """float32 for float16 inputs (as the JAX twin: their scores overflow beyond 65504 and round
-    coarsely near 1e4), else ``dtype``; only the weights are rounded back to ``dtype``."""
-    return np.float32 if np.finfo(dtype).bits < 32 else dtype
-
-
-def _dot_product_scores(queries, keys, bias, variants: mods.Variants):
-    """``score_mod(softcap(scale * Q K^T) + bias)`` in the scores' dtype (float32 for float16),
-    the mods evaluated on the whole grid :func:`reference_numpy.mods.index_grids`."""
-    compute = _scores_dtype(queries.dtype)
-    scores = np.einsum(DOT_SCORES, queries.astype(compute), keys.astype(compute))
-    if variants.scale is None:
-        scores = scores / math.sqrt(queries.shape[-1])
-    else:
-        scores = scores * variants.scale
-    grids = mods.index_grids(scores.shape)
-    if variants.logit_softcap is not None:
-        scores = variants.logit_softcap(scores, *grids)
-    scores = _add_bias(scores, bias)
-    if variants.score_mod is not None:
-        scores = variants.score_mod(scores, *grids)
-    return scores
-
-
-def _with_sinks(scores, keep, sinks):
-    """The scores and the mask with one more key, the sink: its logit is ``sinks`` (per query
-    head, axis -3) in every row, and it is always attended. Its value is zero, so it only joins
-    the softmax's denominator: the caller drops its weight before pooling the values."""
-    column = sinks.astype(scores.dtype).reshape(sinks.shape + (1, 1))  # (N, 1, 1) or (1, 1)
-    scores = np.concatenate([scores, np.broadcast_to(column, scores.shape[:-1] + (1,))], axis=-1)
-    if keep is not None:
-        keep = np.concatenate([keep, np.ones(keep.shape[:-1] + (1,), bool)], axis=-1)
-    return scores, keep
-
-
-def _dot_product_weights(queries, keys, keep, bias, variants: mods.Variants):
-    """``(weights (B, ..., T, S) in the queries' dtype, lse (B, ..., T) in the scores')``."""
-    scores = _dot_product_scores(queries, keys, bias, variants)
-    if variants.sinks is not None:
-        scores, keep = _with_sinks(scores, keep, variants.sinks)
-    weights = masked_softmax(scores, mask=keep)
-    if variants.sinks is not None:
-        weights = weights[..., :-1]
-    return weights.astype(queries.dtype), _logsumexp_where(scores, keep)
-
-
-def _logsumexp_where(scores, keep):
-    """``log sum_s exp(scores)`` over the kept keys, ``(B, ..., T)``; ``-inf`` for a row that
-    keeps nothing."""
-    keep = np.ones(scores.shape, bool) if keep is None else np.broadcast_to(keep, scores.shape)
-    logits = np.where(keep, scores, -np.inf)
-    shift = logits.max(axis=-1, keepdims=True, initial=-np.inf)
-    shift = np.where(np.isfinite(shift), shift, 0)
-    total = np.where(keep, np.exp(logits - shift), 0).sum(axis=-1)
-    with np.errstate(divide="ignore"):
-        return np.where(total > 0, shift[..., 0] + np.log(total), -np.inf).astype(scores.dtype)
+    return bias.reshape((1,) * (len(shape) - bias.ndim) + bias.shape)
 
 
 def _check_return_lse(return_lse, return_residual) -> bool:
@@ -190,7 +130,9 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
     keep, (queries, keys) = _prepare(queries, keys, None, valid_lens, mask, is_causal,
                                      same_depth=True, local_window_size=variants.local_window_size,
                                      mask_mod=variants.mask_mod)
-    weights, _ = _dot_product_weights(queries, keys, keep, bias, variants)
+    bias = _checked_bias(bias, queries.shape[:-1] + keys.shape[-2:-1])
+    values = np.zeros(keys.shape[:-1] + (0,), queries.dtype)  # the weights alone
+    weights = attention_core(queries, keys, values, keep, bias=bias, variants=variants)[1]
     return weights[0] if unbatched else weights
 
 
@@ -247,9 +189,9 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
                                              same_depth=True,
                                              local_window_size=variants.local_window_size,
                                              mask_mod=variants.mask_mod)
-    weights, lse = _dot_product_weights(queries, keys, keep, bias, variants)
-    output = np.einsum(WEIGHTED_SUM, weights, values)  # the sink's value is zero: no term
-    results = (output, weights, lse) if return_lse else (output, weights)
+    bias = _checked_bias(bias, queries.shape[:-1] + keys.shape[-2:-1])
+    results = attention_core(queries, keys, values, keep, bias=bias, variants=variants,
+                             return_lse=return_lse)
     return tuple(r[0] for r in results) if unbatched else results
 
 
@@ -276,7 +218,7 @@ def _additive_weights(params, queries, keys, keep):
     pre_activations = projected_queries[..., :, None, :] + projected_keys[..., None, :, :]
     # float16: features and scores in float32, as in the JAX twin (w_v-weighted sums of features
     # in [-1, 1] can overflow float16).
-    compute = _scores_dtype(pre_activations.dtype)
+    compute = scores_dtype(pre_activations.dtype)
     features = np.tanh(pre_activations.astype(compute))
     scores = np.einsum(ADDITIVE_SCORES, features, w_v.astype(compute))[..., 0]
     return masked_softmax(scores, mask=keep).astype(pre_activations.dtype)

@@ -291,7 +291,7 @@ def test_function_lengths_catch_a_planted_long_function():
 #: (``softmax_where``, ``logsumexp_where``), the scoring functions and the memory-efficient kernel.
 #: Everything else — models, multi-head attention, training — calls them (the conformance targets
 #: and the benchmarks' peers call other libraries' attention, which is what they compare).
-ATTENTION_CORE = {"jax_attention.nn.masking", "jax_attention.nn.scoring",
+ATTENTION_CORE = {"jax_attention.nn.core", "jax_attention.nn.masking", "jax_attention.nn.scoring",
                   "jax_attention.nn.efficient"}
 #: What computing them looks like in the source: JAX's exponential, softmax or log-sum-exp (a
 #: log-softmax over a vocabulary is the models' own, and so is ``math.exp`` of a score), and the

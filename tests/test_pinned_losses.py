@@ -64,6 +64,10 @@ Pinned per class of CPU since issue 30's last stop (:data:`PINS_BY_CPU`,
 groupings, and the same code gave other last bits (the three losses within 3e-5 of the AVX-512
 ones). A CPU of a class without pins is checked to rounding against every class's pins.
 
+Kept in issue 51: the Transformer's attention became the one attention core
+(:mod:`jax_attention.nn.core`), whose custom JVP replaced the hand-written backward pass above and
+is written so that its transpose runs the same operations; the pins did not move.
+
 Any change to the training code that moves a bit of them (another random stream, another order
 of operations, another rounding) fails here; such a change must be judged on quality over several
 seeds instead, and the pins renewed in the same commit with the reason.

@@ -21,6 +21,7 @@ from absl.testing import parameterized
 from flax import nnx
 from jax.test_util import check_grads
 
+from jax_attention.nn import core as jax_core
 from jax_attention.nn import efficient
 from jax_attention.nn import masking as jax_masking
 from jax_attention.nn import scoring as jax_scoring
@@ -325,7 +326,11 @@ def _autodiff_dot_product_attention(queries, keys, values, valid_lens=None, *, m
     through masking, softmax and the weighted sum."""
     keep, (q, k, v), _ = jax_scoring._prepare(queries, keys, values, valid_lens, mask, is_causal,
                                               same_depth=True)
-    weights = jax_scoring._dot_product_weights(q, k, keep, bias)
+    scores = jnp.einsum("...tq,...sq->...ts", q / math.sqrt(q.shape[-1]), k)
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        scores = scores + bias.reshape((1,) * (scores.ndim - bias.ndim) + bias.shape)
+    weights = jax_masking.softmax_where(scores, keep)
     return jnp.einsum(jax_scoring.WEIGHTED_SUM, weights, v), weights
 
 
@@ -413,7 +418,7 @@ def test_dot_product_forward_values_are_the_books_softmax_bit_for_bit(name, lens
     lens = None if lens is None else _lens(lens)
     mask = None if mask is None else _device(np.random.default_rng(8).random(DIMS["BTS"]) < 0.6)
     keep = jax_masking.attention_mask(DIMS["BTS"], lens, mask=mask, is_causal=is_causal)
-    scores = jnp.einsum(jax_scoring.DOT_SCORES, queries, keys) / math.sqrt(DIMS.H)
+    scores = jnp.einsum(jax_core.DOT_SCORES, queries, keys) / math.sqrt(DIMS.H)
     expected_weights = jax_masking.masked_softmax(scores, mask=keep)
     expected = jnp.einsum(jax_scoring.WEIGHTED_SUM, expected_weights, values)
     for run in (jax_scoring.dot_product_attention, jax.jit(jax_scoring.dot_product_attention,
@@ -1259,11 +1264,12 @@ def test_unbatched_module_sows_weights_without_a_batch_axis():
 
 
 def _dropout_reference(queries, keys, values, keep, rate, rng):
-    """What the Transformer computed before dropout_attention: the weights, the library's
-    dropout, the weighted sum (autodiff for the backward pass)."""
+    """The composition the core computes, written with plain autodiff: the scaled scores, the
+    masked softmax, the library's dropout and the weighted sum (no custom derivative)."""
     from jax_attention.nn.dropout import dropout
 
-    weights = jax_scoring.dot_product_attention_weights(queries, keys, mask=keep)
+    scores = jnp.einsum("...tq,...sq->...ts", queries / math.sqrt(queries.shape[-1]), keys)
+    weights = jax_masking.softmax_where(scores, keep).astype(queries.dtype)
     return jax_scoring.weighted_sum(dropout(weights, rate, rng), values), weights
 
 
@@ -1330,17 +1336,46 @@ def test_dropout_attention_vmaps_and_keeps_masked_inputs_out_of_the_gradients():
         jax_scoring.dropout_attention(queries, keys, values, keep, 0.3, rng)[0])
 
 
-def test_dropout_attention_is_reverse_mode_only_and_checks_its_inputs():
+def test_dropout_attention_forward_mode_matches_autodiff_x64(x64):
+    """The core's one rule serves forward mode too, dropout on: ``jax.jvp`` equals plain
+    autodiff's."""
+    inputs, keep, _, rng = _dropout_case(jnp.float64)
+    directions = tuple(_normal(x.shape, jnp.float64, 20 + i) for i, x in enumerate(inputs))
+    got = jax.jvp(lambda *a: jax_scoring.dropout_attention(*a, keep, 0.3, rng), inputs,
+                  directions)
+    want = jax.jvp(lambda *a: _dropout_reference(*a, keep, 0.3, rng), inputs, directions)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_dropout_attention_takes_grouped_heads_and_half_precision():
+    """Every path takes what the core takes: grouped key/value heads (each serving its group,
+    not repeated) and bfloat16 (scores and softmax in float32)."""
+    (queries, keys, values), keep, (d_output, _), rng = _dropout_case(jnp.float32)
+    one_kv = tuple(_device(np.asarray(a)[:, :1]) for a in (keys, values))  # N_kv = 1 of N = 2
+    repeated = tuple(jnp.repeat(a, 2, axis=1) for a in one_kv)
+
+    def loss(q, k, v):
+        return jnp.sum(jax_scoring.dropout_attention(q, k, v, keep, 0.3, rng)[0] * d_output)
+
+    grouped, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(queries, *one_kv)
+    plain, plain_grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(queries, *repeated)
+    np.testing.assert_allclose(grouped, plain, rtol=1e-6)
+    np.testing.assert_allclose(grads[0], plain_grads[0], rtol=1e-5, atol=1e-6)
+    for g, p in zip(grads[1:], plain_grads[1:]):  # summed over the group
+        np.testing.assert_allclose(g, jnp.sum(p, axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    half = tuple(_device(a, jnp.bfloat16) for a in (queries, keys, values))
+    output, weights = jax_scoring.dropout_attention(*half, keep, 0.3, rng)
+    expected = _dropout_reference(*(a.astype(jnp.float32) for a in half), keep, 0.3, rng)
+    assert output.dtype == weights.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(output, np.float32), expected[0], rtol=0.05, atol=0.05)
+
+
+def test_dropout_attention_checks_its_inputs():
     (queries, keys, values), keep, _, rng = _dropout_case(jnp.float32)
-    with pytest.raises(TypeError, match="forward-mode"):
-        jax.jvp(lambda q: jax_scoring.dropout_attention(q, keys, values, keep, 0.3, rng)[0],
-                (queries,), (queries,))
     with pytest.raises(ValueError, match="same leading axes"):
-        jax_scoring.dropout_attention(queries, *(_device(np.asarray(a)[:, :1]) for a in
+        jax_scoring.dropout_attention(queries, *(_device(np.asarray(a)[:1]) for a in
                                                  (keys, values)), keep, 0.3, rng)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        jax_scoring.dropout_attention(_device(queries, jnp.bfloat16), keys, values, keep, 0.3,
-                                      rng)
 
 
 # --------------------------------------------------------------------------- projected additive keys

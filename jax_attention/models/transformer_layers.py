@@ -67,10 +67,9 @@ from jax_attention.nn.multihead import (
     to_heads,
 )
 from jax_attention.nn.positional import positional_encoding
-from jax_attention.nn.precision import compute_dtype, is_half
+from jax_attention.nn.precision import compute_dtype
 from jax_attention.params import flatten_params, unflatten_params
-from jax_attention.nn.scoring import (dot_product_attention_weights, dropout_attention,
-                                   weighted_sum)
+from jax_attention.nn.scoring import dropout_attention
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold
 
@@ -319,17 +318,11 @@ def attend(heads_q, heads_k, heads_v, keep, dropout: float, dropout_rng,
     dividing ``N`` (grouped-query attention: each key/value head serves ``N / N_kv`` query heads,
     never repeated in memory). Returns ``(output (B, N, T, H), weights (B, N, T, S))``.
 
-    With dropout active (training) and ``N_kv = N`` in float32/float64 this is
-    :func:`jax_attention.nn.scoring.dropout_attention`: the same forward values, a hand-written
-    backward pass (reverse mode only: ``jax.jvp`` of a training forward raises ``TypeError``).
-    ``num_steps``: the dropout mask is drawn within ``(B, N, num_steps, num_steps)``."""
+    :func:`jax_attention.nn.scoring.dropout_attention`, the attention core with the dropout mask
+    (none in evaluation), forward and reverse mode. ``num_steps``: the dropout mask is drawn
+    within ``(B, N, num_steps, num_steps)``."""
     padded = steps_padded(heads_q.shape[:-1] + heads_k.shape[-2:-1], num_steps, 2)
-    if (dropout_rng is not None and dropout > 0.0 and heads_q.shape[1] == heads_k.shape[1]
-            and not is_half(heads_q.dtype)):
-        return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng, padded)
-    weights = dot_product_attention_weights(heads_q, heads_k, mask=keep)
-    dropped = _dropout(weights, dropout, dropout_rng, padded)
-    return weighted_sum(dropped, heads_v), weights
+    return dropout_attention(heads_q, heads_k, heads_v, keep, dropout, dropout_rng, padded)
 
 
 def attention(params, queries, keys_values, valid_lens=None, *, num_heads: int,

@@ -19,16 +19,15 @@ parameters to that dtype.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax import lax
 
 from jax_attention.nn import efficient, mods
+from jax_attention.nn.core import WEIGHTED_SUM, attention_core
 from jax_attention.nn.dropout import keep_mask
 from jax_attention._checks import (
     as_array_like,
@@ -46,7 +45,6 @@ from jax_attention._checks import (
 from jax_attention.nn.masking import (
     attention_mask,
     group_heads,
-    logsumexp_where,
     softmax_where,
     ungroup_heads,
     zero_unattended,
@@ -63,8 +61,6 @@ __all__ = [
 ]
 
 # The same strings as in reference_numpy/scoring.py, so the two files can be read side by side.
-DOT_SCORES = "...tq,...sq->...ts"
-WEIGHTED_SUM = "...ts,...sv->...tv"
 PROJECT_QUERIES = "...tq,qh->...th"
 PROJECT_KEYS = "...sk,kh->...sh"
 ADDITIVE_SCORES = "...tsh,ho->...tso"
@@ -114,12 +110,12 @@ def _masked(arrays, valid_lens, mask, is_causal, local_window_size=None, mask_mo
     return keep, arrays, groups
 
 
-def _add_bias(scores, bias, groups: int = 1):
-    """``scores + bias`` for a bias broadcastable to the scores ``(B, ..., T, S)`` — with
-    ``groups > 1``, to the ungrouped scores ``(B, ..., N, T, S)``, then split as they are."""
+def _checked_bias(bias, shape, groups: int = 1):
+    """The ``bias`` of the public functions, checked once: ``None``, or an array broadcastable
+    to the (ungrouped) scores' ``shape`` ``(B, ..., N, T, S)``, returned at their rank and, with
+    ``groups > 1``, split as the grouped scores are — what the core adds."""
     if bias is None:
-        return scores
-    shape = scores.shape if groups == 1 else _ungrouped_shape(scores.shape)
+        return None
     bias = jnp.asarray(as_array_like(bias))
     if not (jnp.issubdtype(bias.dtype, jnp.floating) or is_integer_dtype(bias.dtype)):
         # A boolean here is most likely a mask passed as a bias; it would add 0 or 1 to the scores.
@@ -133,9 +129,9 @@ def _add_bias(scores, bias, groups: int = 1):
             f"bias must broadcast to the scores' shape (B, ..., T, S) = {shape}, "
             f"got shape {bias.shape}"
         ) from None
-    # Explicit rank and dtype, so that strict promotion holds.
+    # Explicit rank (strict promotion holds; the core casts it to the scores' dtype).
     bias = bias.reshape((1,) * (len(shape) - bias.ndim) + bias.shape)
-    return scores + (group_heads(bias, groups) if groups > 1 else bias).astype(scores.dtype)
+    return group_heads(bias, groups) if groups > 1 else bias
 
 
 def _ungrouped_shape(shape):
@@ -143,67 +139,31 @@ def _ungrouped_shape(shape):
     return shape[:-4] + (shape[-4] * shape[-3],) + shape[-2:]
 
 
-def _scaled(x, scale, d: int):
-    """``x * scale``, or ``x / sqrt(d)`` for the default ``scale=None``."""
-    return x * scale if scale is not None else x / math.sqrt(d)
-
-
-def _dot_product_scores(queries, keys, bias, groups=1, variants: mods.Variants = mods.Variants()):
-    """``score_mod(softcap(scale * Q K^T) + bias)``, ``scale`` = ``1 / sqrt(d)`` by default and
-    ``softcap(s) = c * tanh(s / c)`` with ``c = logit_softcap`` (none by default).
-
-    float32 and float64 scale the ``T x d`` queries rather than the ``T x S`` scores (faster on
-    XLA:CPU: docs/implementation-notes.md; exact when ``sqrt(d)`` is a power of two, within one
-    rounding otherwise). float16/bfloat16 form the scores in float32
-    (:mod:`jax_attention.nn.precision`) and scale them there, adding no rounding to their dtype."""
-    scale = variants.scale
-    if not is_half(queries.dtype):
-        scores = jnp.einsum(DOT_SCORES, _scaled(queries, scale, queries.shape[-1]), keys)
-    else:
-        scores = jnp.einsum(DOT_SCORES, queries, keys,
-                            preferred_element_type=compute_dtype(queries.dtype))
-        scores = _scaled(scores, scale, queries.shape[-1])
-    if variants.logit_softcap is not None:
-        scores = variants.logit_softcap(scores, *mods.index_grids(scores.shape, groups=groups))
-    scores = _add_bias(scores, bias, groups)
-    if variants.score_mod is not None:
-        scores = variants.score_mod(scores, *mods.index_grids(scores.shape, groups=groups))
-    return scores
-
-
-def _with_sinks(scores, keep, values, sinks, groups):
-    """The scores, mask and values with one more key: the sink, whose logit is ``sinks`` (per
-    query head) and whose value is zero — it joins every row's denominator and adds nothing to
-    the output. Its gradient is the concatenation's."""
-    heads = sinks.shape + (1, 1)  # (N, 1, 1) or (1, 1)
-    if groups > 1 and sinks.ndim:
-        heads = (sinks.shape[0] // groups, groups, 1, 1)
-    column = jnp.broadcast_to(sinks.reshape(heads).astype(scores.dtype),
-                              scores.shape[:-1] + (1,))
-    scores = jnp.concatenate([scores, column], axis=-1)
-    if keep is not None:
-        keep = jnp.concatenate([keep, jnp.ones(keep.shape[:-1] + (1,), bool)], axis=-1)
-    if values is not None:
-        values = jnp.concatenate(
-            [values, jnp.zeros(values.shape[:-2] + (1,) + values.shape[-1:], values.dtype)], -2)
-    return scores, keep, values
-
-
-def _dot_product_weights(queries, keys, keep, bias, groups=1,
-                         variants: mods.Variants = mods.Variants()):
-    scores = _dot_product_scores(queries, keys, bias, groups, variants)
-    if variants.sinks is not None:
-        scores, keep, _ = _with_sinks(scores, keep, None, variants.sinks, groups)
-        return softmax_where(scores, keep)[..., :-1].astype(queries.dtype)
-    return softmax_where(scores, keep).astype(queries.dtype)
+def _plain_attention(q, k, v, keep, bias, groups, variants: mods.Variants, return_lse: bool,
+                     drop=None, rate: float = 0.0):
+    """The plain path on checked, masked (and grouped) inputs and a checked ``bias``
+    (:func:`_checked_bias`): :func:`~jax_attention.nn.core.attention_core`, with dropout when
+    ``drop`` (the boolean keep mask of the ungrouped weights) is given: ``(output, weights[,
+    lse])`` with the query heads ungrouped. ``v=None``: the weights alone, through the same
+    core (values of width 0)."""
+    if v is None:
+        v = jnp.zeros(k.shape[:-1] + (0,), q.dtype)
+    if drop is not None and groups > 1:
+        drop = group_heads(drop, groups)
+    results = attention_core(q, k, v, keep, bias=bias, groups=groups, variants=variants,
+                             drop=drop, rate=rate, return_lse=return_lse)
+    if not return_lse:
+        return _ungrouped(groups, *results)
+    lse, = _ungrouped(groups, results[2][..., None])
+    return _ungrouped(groups, *results[:2]) + (lse[..., 0],)
 
 
 def weighted_sum(weights, values):
     """``weights (B, ..., N, T, S) @ values (B, ..., N_kv, S, v) -> (B, ..., N, T, v)``, with
     ``N_kv`` dividing ``N`` (grouped-query attention: each value head serves its ``N / N_kv``
     query heads, never repeated; ``N_kv = N`` is the plain :data:`WEIGHTED_SUM`). Not part of
-    the user-facing API (``__all__``): the Transformer's attention pools its heads with it, and
-    the Bahdanau decoder its context (``(B, T, S)``, no head axis)."""
+    the user-facing API (``__all__``): the Bahdanau decoder pools its context with it
+    (``(B, T, S)``, no head axis)."""
     if weights.ndim < 4 or weights.shape[-3] == values.shape[-3]:  # (B, T, S): no head axis
         return jnp.einsum(WEIGHTED_SUM, weights, values)
     groups = weights.shape[-3] // values.shape[-3]
@@ -211,84 +171,43 @@ def weighted_sum(weights, values):
                                     values[..., None, :, :]))
 
 
-def _swapped(x):
-    """``x`` with its last two axes swapped, written out as an array of its own: the optimization
-    barrier keeps XLA from folding the transpose back into the product that reads it."""
-    return lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
-
-
 def dropout_attention(queries, keys, values, keep, rate: float, dropout_rng, padded_shape=None):
     """Scaled dot-product attention with inverted dropout on its weights, as the Transformer
-    trains it (d2l §11.5): ``(dropout(W) @ V, W)`` with ``W = masked_softmax(Q K^T / sqrt(d))``.
+    trains it (d2l §11.5): ``(dropout(W) @ V, W)`` with ``W = masked_softmax(Q K^T / sqrt(d))``
+    — the core with a dropout mask, forward and reverse mode.
 
     Not part of the user-facing API (``__all__``): :func:`jax_attention.models.transformer_layers.attend`
-    calls it when dropout is active. The forward pass computes what
+    calls it for every attention of the Transformer. Its values are those of
     :func:`dot_product_attention_weights`, :func:`jax_attention.nn.dropout.dropout` and
-    :func:`weighted_sum` compute, bit for bit; the backward pass is written by hand
-    (:func:`jax.custom_vjp`): it keeps the forward's dropout mask and weights instead of hashing
-    again, takes the softmax's gradient in one pass over the ``T x S`` arrays, and hands the two
-    products that contract the query axis (the gradients of the keys and the values) their
-    ``T x S`` operand swapped, so that XLA:CPU runs them on its library GEMM (a faster training
-    step: docs/implementation-notes.md). Reverse mode
-    only: ``jax.jvp`` through it raises ``TypeError`` (a model without dropout, or in evaluation,
-    takes the other path, which supports both modes).
+    :func:`weighted_sum`, bit for bit.
 
     Args:
-      queries: ``(B, ..., T, d)``, float32 or float64. keys: ``(B, ..., S, d)``, the same leading
-        axes (no grouped heads). values: ``(B, ..., S, v)``.
-      keep: a boolean mask broadcastable to ``(B, ..., T, S)`` (True = attend), or ``None``.
+      queries: ``(B, ..., N, T, d)``. keys: ``(B, ..., N_kv, S, d)``, ``N_kv`` dividing ``N``
+        (grouped-query attention). values: ``(B, ..., N_kv, S, v)``.
+      keep: a boolean mask broadcastable to ``(B, ..., N, T, S)`` (True = attend), or ``None``.
         Queries that attend no key get zero weights and outputs.
-      rate: the dropout rate, ``0 < rate < 1`` (a Python float). dropout_rng: its key.
+      rate: the dropout rate, ``0 <= rate < 1`` (a Python float). dropout_rng: its key, or
+        ``None``: no dropout (evaluation).
       padded_shape: ``None``, or the weights' shape ``(B, ..., T', S')`` in the batch this one
         was cut from: the dropout mask is that batch's (:func:`jax_attention.nn.dropout.keep_mask`).
 
     Returns:
-      ``(output (B, ..., T, v), weights (B, ..., T, S))``, the weights before dropout.
+      ``(output (B, ..., N, T, v), weights (B, ..., N, T, S))``, the weights before dropout.
     """
-    if is_half(queries.dtype):
-        raise TypeError(f"dropout_attention takes float32 or float64 queries, got "
-                        f"{queries.dtype}")
-    if queries.shape[:-2] != keys.shape[:-2]:
-        raise ValueError(f"queries and keys must have the same leading axes (B, ...), got "
-                         f"{queries.shape} and {keys.shape}")
-    scaled = _scaled(queries, None, queries.shape[-1])  # as _dot_product_scores scales them
-    mask = keep_mask(dropout_rng, rate, scaled.shape[:-1] + keys.shape[-2:-1], padded_shape)
-    return _dropout_attention(scaled, keys, values, keep, mask, rate)
-
-
-def _dropout_attention_forward(queries, keys, values, keep, mask, rate):
-    weights = softmax_where(jnp.einsum(DOT_SCORES, queries, keys), keep).astype(values.dtype)
-    # As jax_attention.nn.dropout.dropout: x / (1 - rate) where kept.
-    dropped = jnp.where(mask, weights / (1.0 - rate), jnp.zeros((), weights.dtype))
-    return jnp.einsum(WEIGHTED_SUM, dropped, values), weights, dropped
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _dropout_attention(queries, keys, values, keep, mask, rate):
-    output, weights, _ = _dropout_attention_forward(queries, keys, values, keep, mask, rate)
-    return output, weights
-
-
-def _dropout_attention_fwd(queries, keys, values, keep, mask, rate):
-    output, weights, dropped = _dropout_attention_forward(queries, keys, values, keep, mask, rate)
-    return (output, weights), (queries, keys, values, mask, weights, dropped)
-
-
-def _dropout_attention_bwd(rate, residuals, cotangents):
-    queries, keys, values, mask, weights, dropped = residuals
-    d_output, d_weights = cotangents
-    # W^T dO and dS^T Q, as products of the swapped arrays (the form of WEIGHTED_SUM).
-    d_values = jnp.einsum(WEIGHTED_SUM, _swapped(dropped), d_output)
-    d_dropped = jnp.einsum(DOT_SCORES, d_output, values)
-    d_p = jnp.where(mask, d_dropped / (1.0 - rate), jnp.zeros((), d_dropped.dtype)) + d_weights
-    # The softmax's gradient: P * (dP - rowsum(P * dP)); zero where P is (masked, empty rows).
-    d_scores = weights * (d_p - jnp.sum(d_p * weights, axis=-1, keepdims=True))
-    d_queries = jnp.einsum(WEIGHTED_SUM, d_scores, keys)
-    d_keys = jnp.einsum(WEIGHTED_SUM, _swapped(d_scores), queries)
-    return d_queries, d_keys, d_values, None, None
-
-
-_dropout_attention.defvjp(_dropout_attention_fwd, _dropout_attention_bwd)
+    groups = num_kv_groups(queries.shape, keys.shape)
+    if groups is None:
+        raise ValueError(f"queries (B, ..., N, T, d) and keys (B, ..., N_kv, S, d) must have "
+                         f"the same leading axes, N_kv dividing N; got {queries.shape} and "
+                         f"{keys.shape}")
+    drop = None
+    if dropout_rng is not None and rate > 0.0:
+        drop = keep_mask(dropout_rng, rate, queries.shape[:-1] + keys.shape[-2:-1], padded_shape)
+    if groups > 1:
+        queries = group_heads(queries, groups)
+        keys, values = keys[..., None, :, :], values[..., None, :, :]
+        keep = None if keep is None else group_heads(keep, groups)
+    return _plain_attention(queries, keys, values, keep, None, groups, mods.Variants(), False,
+                            drop, rate)
 
 
 def _ungrouped(groups, *arrays):
@@ -296,40 +215,6 @@ def _ungrouped(groups, *arrays):
     if groups == 1:
         return arrays
     return tuple(ungroup_heads(a) for a in arrays)
-
-
-@jax.custom_jvp
-def _softmax_pool(scores, values, keep):
-    """``(weights @ values, weights)`` with ``weights = softmax_where(scores, keep)`` in
-    ``values``' dtype.
-
-    A custom JVP written so that its transpose — the backward pass — uses the identity
-    ``rowsum(P * (dO V^T)) = rowsum(dO * O)`` (FlashAttention, Dao et al. 2022): with
-    ``r = rowsum(P * dS)``, the tangents are ``dW = P * dS - P * r`` and
-    ``dO = (P * dS) V - r * O + P dV``, so reverse mode gets the score gradient
-    ``P * (dO V^T - rowsum(dO * O))`` from the saved weights in one pass over ``T x S`` arrays
-    instead of several, while forward mode (``jax.jvp``, ``jax.hessian``) keeps working.
-    Masked entries and fully masked rows have ``P = 0``, hence zero tangents.
-    """
-    weights = softmax_where(scores, keep).astype(values.dtype)
-    return jnp.einsum(WEIGHTED_SUM, weights, values), weights
-
-
-@_softmax_pool.defjvp
-def _softmax_pool_jvp(primals, tangents):
-    scores, values, keep = primals
-    d_scores, d_values, _ = tangents  # keep is boolean: its tangent is float0
-    weights = softmax_where(scores, keep).astype(values.dtype)
-    output = jnp.einsum(WEIGHTED_SUM, weights, values)
-    dtype = compute_dtype(weights.dtype)
-    P = weights.astype(dtype)
-    P_dS = P * d_scores.astype(dtype)
-    r = jnp.sum(P_dS, axis=-1, keepdims=True)
-    d_weights = (P_dS - P * r).astype(weights.dtype)
-    d_output = (jnp.einsum(WEIGHTED_SUM, P_dS, values.astype(dtype))
-                - r * output.astype(dtype)).astype(output.dtype)
-    d_output = d_output + jnp.einsum(WEIGHTED_SUM, weights, d_values)
-    return (output, weights), (d_output, d_weights)
 
 
 def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, is_causal=False,
@@ -350,14 +235,15 @@ def dot_product_attention_weights(queries, keys, valid_lens=None, *, mask=None, 
       ``sinks``, each row sums to less than 1: the sink takes the rest).
     """
     unbatched, queries, keys, _, valid_lens = check_unbatched(queries, keys, None, valid_lens)
-    variants = mods.check_variants(_scores_shape(queries, keys), scale, local_window_size,
-                                   logit_softcap, mask_mod, score_mod, sinks)
+    shape = _scores_shape(queries, keys)
+    variants = mods.check_variants(shape, scale, local_window_size, logit_softcap, mask_mod,
+                                   score_mod, sinks)
     keep, (queries, keys), groups = _prepare(queries, keys, None, valid_lens, mask, is_causal,
                                              same_depth=True,
                                              local_window_size=variants.local_window_size,
                                              mask_mod=variants.mask_mod)
-    weights, = _ungrouped(groups, _dot_product_weights(queries, keys, keep, bias, groups,
-                                                       variants))
+    bias = _checked_bias(bias, shape, groups)
+    weights = _plain_attention(queries, keys, None, keep, bias, groups, variants, False)[1]
     return weights[0] if unbatched else weights
 
 
@@ -455,9 +341,9 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
 
     The plain path's values are those of :func:`~jax_attention.nn.masking.masked_softmax` (to the
     rounding of applying ``1 / sqrt(d)`` to the queries, exact when ``sqrt(d)`` is a power of
-    two); its derivatives come from a custom JVP whose transpose needs fewer passes over the
-    ``T x S`` scores than plain autodiff (FlashAttention's ``rowsum(dO * O)``; equal to autodiff
-    to rounding, forward mode included).
+    two); it is the attention core (:func:`jax_attention.nn.core.attention_core`), whose one
+    custom JVP gives forward and reverse mode, its transpose one pass over the ``T x S`` arrays
+    (equal to plain autodiff to rounding).
 
     Example::
 
@@ -488,11 +374,12 @@ def dot_product_attention(queries, keys, values, valid_lens=None, *, mask=None, 
     if implementation is None:
         implementation = dot_product_implementation(q, k, bias)
     if implementation == "plain":
+        bias = _checked_bias(bias, _scores_shape(*checked[:2]), groups)
         results = _plain_attention(q, k, v, keep, bias, groups, variants, return_lse)
     else:  # the chunked kernel builds its masks block by block from the lengths and the mask
         output, lse = efficient.chunked_attention(*checked, valid_lens, mask, is_causal=is_causal,
                                                   variants=variants)
-        weights, = _ungrouped(groups, _dot_product_weights(q, k, keep, None, groups, variants))
+        weights = _plain_attention(q, k, None, keep, None, groups, variants, False)[1]
         results = (output, weights, lse) if return_lse else (output, weights)
     return tuple(r[0] for r in results) if unbatched else results
 
@@ -509,21 +396,6 @@ def _check_return_lse(return_lse, return_residual) -> bool:
     if return_residual is not None:
         return_lse = return_lse or check_static_bool("return_residual", return_residual)
     return return_lse
-
-
-def _plain_attention(q, k, v, keep, bias, groups, variants: mods.Variants, return_lse: bool):
-    """The plain path on checked, masked (and grouped) inputs: ``(output, weights[, lse])``
-    with the query heads ungrouped."""
-    scores = _dot_product_scores(q, k, bias, groups, variants)
-    if variants.sinks is not None:
-        scores, keep, v = _with_sinks(scores, keep, v, variants.sinks, groups)
-    output, weights = _softmax_pool(scores, v, keep)
-    if variants.sinks is not None:
-        weights = weights[..., :-1]
-    if not return_lse:
-        return _ungrouped(groups, output, weights)
-    lse, = _ungrouped(groups, logsumexp_where(scores, keep)[..., None])
-    return _ungrouped(groups, output, weights) + (lse[..., 0],)
 
 
 #: The keys of additive attention's parameter dict.
@@ -669,15 +541,17 @@ def additive_attention(params, queries, keys, values, valid_lens=None, *, mask=N
 
 
 class _Attention(nnx.Module):
-    """Shared tail of the scoring modules: sow the weights, dropout on them, pool the values."""
+    """Shared tail of the scoring modules: sow the weights (additive attention's tail: dropout
+    on its weights and the pooling; dot-product attention's core does its own)."""
 
-    def _pool(self, weights, values, deterministic, rngs, groups=1, unbatched=False):
+    def _sown(self, weights):
         if self.sow_weights:
-            sown, = _ungrouped(groups, weights)
-            self.sow(nnx.Intermediate, "attention_weights", sown[0] if unbatched else sown)
+            self.sow(nnx.Intermediate, "attention_weights", weights)
+
+    def _pool(self, weights, values, deterministic, rngs):
+        self._sown(weights)
         dropped = self.dropout(weights, deterministic=deterministic, rngs=rngs)
-        output, = _ungrouped(groups, jnp.einsum(WEIGHTED_SUM, dropped, values))
-        return output[0] if unbatched else output
+        return jnp.einsum(WEIGHTED_SUM, dropped, values)
 
 
 class DotProductAttention(_Attention):
@@ -725,9 +599,20 @@ class DotProductAttention(_Attention):
         keep, (queries, keys, values), groups = _prepare(
             queries, keys, values, valid_lens, mask, is_causal, same_depth=True,
             local_window_size=variants.local_window_size, mask_mod=variants.mask_mod)
-        weights = _dot_product_weights(queries, keys, keep, bias, groups, variants)
-        return self._pool(weights, values, deterministic, rngs, groups,
-                          unbatched or check_static_bool("drop_batch_axis", drop_batch_axis))
+        unbatched = unbatched or check_static_bool("drop_batch_axis", drop_batch_axis)
+        shape = queries.shape[:-1] + keys.shape[-2:-1]
+        if groups > 1:
+            shape = _ungrouped_shape(shape)
+        # nnx.Dropout's own mask (its stream, its draw), for the core to apply: the dropout of
+        # ones; when inactive (deterministic, rate 0) it returns its input itself.
+        ones = jnp.ones(shape, jnp.float32)
+        kept = self.dropout(ones, deterministic=deterministic, rngs=rngs)
+        bias = _checked_bias(bias, shape, groups)
+        output, weights = _plain_attention(queries, keys, values, keep, bias, groups, variants,
+                                           False, None if kept is ones else kept != 0,
+                                           self.dropout.rate)
+        self._sown(weights[0] if unbatched else weights)
+        return output[0] if unbatched else output
 
 
 class AdditiveAttention(_Attention):
