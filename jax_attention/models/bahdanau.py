@@ -768,8 +768,12 @@ class BahdanauSeq2Seq(Seq2SeqModule):
         for path, value in flat.items():
             variables[path][...] = value
 
-    def forward(self, src, src_valid_len, dec_input, num_steps=None):
+    def forward(self, src, src_valid_len, dec_input, num_steps=None, segments=None):
         """``(logits (B, T, V), weights (B, T, S))``; see :func:`seq2seq`. ``num_steps`` changes
-        nothing: the decoder's dropout masks, drawn time first, do not depend on ``T``."""
+        nothing: the decoder's dropout masks, drawn time first, do not depend on ``T``. A packed
+        batch (``segments``) is refused: the recurrent encoder and decoder run over whole rows."""
+        if segments is not None:
+            raise ValueError("the Bahdanau model cannot take packed batches (segments): its GRU "
+                             "encoder and decoder run over whole rows; pack the Transformer's")
         return seq2seq(self.computation_params(), src, src_valid_len, dec_input,
                        dropout=self.dropout, dropout_rng=self._dropout_rng())

@@ -138,16 +138,17 @@ class Seq2SeqModule(ParamTree):
 
         return jax.tree_util.tree_map_with_path(cast, params)
 
-    def forward(self, src, src_valid_len, dec_input, num_steps=None):
+    def forward(self, src, src_valid_len, dec_input, num_steps=None, segments=None):
         """``(logits (B, T, V), attention weights)`` of the teacher-forced model; ``num_steps``:
         the length the batch was padded to before its padding was cut (``None``: not cut), so
-        that its dropout masks are the full-length batch's."""
+        that its dropout masks are the full-length batch's; ``segments``: a packed batch's
+        (:class:`jax_attention.models.packing.Segments`), for a model that takes them."""
         raise NotImplementedError
 
-    def __call__(self, src, src_valid_len, dec_input, *, num_steps=None):
+    def __call__(self, src, src_valid_len, dec_input, *, num_steps=None, segments=None):
         """Teacher-forced logits ``(B, T, V)`` (the weights are sown with ``sow_weights``);
-        ``num_steps``: see :meth:`forward`."""
-        logits, weights = self.forward(src, src_valid_len, dec_input, num_steps)
+        ``num_steps``, ``segments``: see :meth:`forward`."""
+        logits, weights = self.forward(src, src_valid_len, dec_input, num_steps, segments)
         if self.sow_weights:
             self.sow(nnx.Intermediate, "attention_weights", weights)
         return logits

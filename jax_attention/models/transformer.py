@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_attention.models import decoding, translation
+from jax_attention.models import decoding, packing, translation
 from jax_attention._checks import (
     check_dropout,
     check_int,
@@ -84,6 +84,7 @@ from jax_attention.models.transformer_cache import (
     initial_state,
 )
 from jax_attention.models.transformer_layers import (
+    AddNorm,
     DECODER_BLOCK_KEYS,
     DECODER_KEYS,
     ENCODER_BLOCK_KEYS,
@@ -98,17 +99,16 @@ from jax_attention.models.transformer_layers import (
     decoder_block_shapes,
     encoder_block_shapes,
     ffn,
-    ffn_shapes,
     init_params,
     layer_norm,
     lengths_keep,
-    norm_shapes,
     param_shapes,
+    PositionWiseFFN,
     position_wise_ffn,
     residual,
     sublayer_attention,
 )
-from jax_attention.models.transformer_layers import check_width, embed, fold_rng, init_flat
+from jax_attention.models.transformer_layers import check_width, embed, fold_rng, initial_flat
 from jax_attention.models.transformer_layers import steps_padded
 from jax_attention.models.translation import (
     Decoded,
@@ -209,8 +209,9 @@ def _checked_tokens(name: str, tokens, params, max_positions: int):
 
 
 def _encoder(params, src, keep, *, num_heads, max_positions, dropout, dropout_rng,
-             num_steps=None):
-    X = embed(params, src, jnp.arange(src.shape[1]), max_positions, _float_dtype(params))
+             num_steps=None, positions=None):
+    positions = jnp.arange(src.shape[1]) if positions is None else positions
+    X = embed(params, src, positions, max_positions, _float_dtype(params))
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0), steps_padded(X.shape, num_steps, 1))
     all_weights = []
     for i in range(len(params["blocks"])):
@@ -298,9 +299,9 @@ def decoder(params, dec_input, enc_outputs, src_valid_len, *, num_heads: int,
 
 
 def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads, max_positions,
-             dropout, dropout_rng, num_steps=None):
-    X = embed(params, dec_input, jnp.arange(dec_input.shape[1]), max_positions,
-              enc_outputs.dtype)
+             dropout, dropout_rng, num_steps=None, positions=None):
+    positions = jnp.arange(dec_input.shape[1]) if positions is None else positions
+    X = embed(params, dec_input, positions, max_positions, enc_outputs.dtype)
     X = _dropout(X, dropout, fold_rng(dropout_rng, 0), steps_padded(X.shape, num_steps, 1))
     self_weights, cross_weights = [], []
     for i in range(len(params["blocks"])):
@@ -316,7 +317,7 @@ def _decoder(params, dec_input, enc_outputs, self_keep, cross_keep, *, num_heads
 
 def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
                 max_positions: int = MAX_POSITIONS, dropout: float = 0.0, dropout_rng=None,
-                num_steps: int | None = None):
+                num_steps: int | None = None, segments: packing.Segments | None = None):
     """Encoder then decoder, teacher-forced (``d2l.EncoderDecoder`` with the Transformer's parts).
 
     Args:
@@ -329,23 +330,27 @@ def transformer(params, src, src_valid_len, dec_input, *, num_heads: int,
         kept (:func:`jax_attention.nn.dropout.keep_mask`), so that with
         ``masked_cross_entropy(..., num_steps=)`` the cut batch trains as the full one, to
         rounding (the outputs at kept positions do not depend on the cut ones).
+      segments: ``None``, or a packed batch's :class:`~jax_attention.models.packing.Segments`:
+        attention within each sentence pair, positions within each sentence
+        (``src_valid_len`` may then be ``None``; given, it masks the sources too).
 
     Returns:
       ``(logits (B, T, V), weights)`` with ``weights = {"encoder_self": (L, B, N, S, S),
       "decoder_self": (L, B, N, T, T), "encoder_decoder": (L, B, N, T, S)}`` (before dropout).
     """
     check_model(params, num_heads)
-    src, src_keep, dec_input, num_steps = _checked_model_inputs(
-        params, src, src_valid_len, dec_input, num_heads, max_positions, num_steps)
-    return _transformer(params, src, src_keep, dec_input, num_heads=num_heads,
-                        max_positions=max_positions, dropout=check_dropout(dropout),
-                        dropout_rng=dropout_rng, num_steps=num_steps)
+    batch = _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads,
+                                  max_positions, num_steps, segments)
+    return _transformer(params, *batch, num_heads=num_heads, max_positions=max_positions,
+                        dropout=check_dropout(dropout), dropout_rng=dropout_rng)
 
 
 def _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads: int,
-                          max_positions: int, num_steps: int | None = None):
+                          max_positions: int, num_steps: int | None = None, segments=None):
     """A batch for the model's ``params`` (checked by :func:`check_model`), checked once:
-    ``(src, source mask, dec_input, num_steps)`` for :func:`_transformer`."""
+    ``(src, masks, dec_input, positions, num_steps)`` for :func:`_transformer` — the masks
+    of the encoder, the decoder and the encoder–decoder attention, the positions ``None``
+    (``0, 1, ...``) or a packed batch's."""
     dec_input = _checked_tokens("dec_input", dec_input, params["decoder"], max_positions)
     src = _checked_tokens("src", src, params["encoder"], max_positions)
     if src.shape[0] != dec_input.shape[0]:
@@ -353,43 +358,69 @@ def _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads: int,
                          f"{src.shape} and dec_input {dec_input.shape}")
     if num_steps is not None:  # the full length: no shorter than the inputs
         num_steps = check_int("num_steps", num_steps, max(src.shape[1], dec_input.shape[1], 1))
-    return src, _source_keep(src_valid_len, src.shape[0], src.shape[1]), dec_input, num_steps
+    src_keep = _source_keep(src_valid_len, src.shape[0], src.shape[1])
+    if segments is None:
+        return (src, (src_keep, _causal_keep(dec_input.shape[1]), src_keep), dec_input, None,
+                num_steps)
+    segments = packing.segments(*segments, src_shape=src.shape, tgt_shape=dec_input.shape,
+                                max_positions=max_positions)
+    masks = packing.packed_masks(segments)
+    if src_keep is not None:
+        masks = (masks[0] & src_keep, masks[1], masks[2] & src_keep)
+    return src, masks, dec_input, segments[2:], num_steps
 
 
-def _transformer(params, src, src_keep, dec_input, *, num_heads, max_positions, dropout,
-                 dropout_rng, num_steps=None):
+def _transformer(params, src, masks, dec_input, positions, num_steps, *, num_heads,
+                 max_positions, dropout, dropout_rng):
     encoder_rng = decoder_rng = None
     if dropout_rng is not None:
         encoder_rng, decoder_rng = fold(dropout_rng, 0), fold(dropout_rng, 1)
-    enc_outputs, enc_weights = _encoder(params["encoder"], src, src_keep, num_heads=num_heads,
+    src_positions, tgt_positions = (None, None) if positions is None else positions
+    enc_outputs, enc_weights = _encoder(params["encoder"], src, masks[0], num_heads=num_heads,
                                         max_positions=max_positions, dropout=dropout,
-                                        dropout_rng=encoder_rng, num_steps=num_steps)
-    logits, weights = _decoder(params["decoder"], dec_input, enc_outputs,
-                               _causal_keep(dec_input.shape[1]), src_keep, num_heads=num_heads,
-                               max_positions=max_positions, dropout=dropout,
-                               dropout_rng=decoder_rng, num_steps=num_steps)
+                                        dropout_rng=encoder_rng, num_steps=num_steps,
+                                        positions=src_positions)
+    logits, weights = _decoder(params["decoder"], dec_input, enc_outputs, masks[1], masks[2],
+                               num_heads=num_heads, max_positions=max_positions, dropout=dropout,
+                               dropout_rng=decoder_rng, num_steps=num_steps,
+                               positions=tgt_positions)
     return logits, {"encoder_self": enc_weights, **weights}
 
 
 def teacher_forcing_loss(params, src, src_valid_len, tgt, tgt_valid_len, bos_id: int, *,
                          num_heads: int, max_positions: int = MAX_POSITIONS, dropout: float = 0.0,
-                         dropout_rng=None, num_steps: int | None = None):
+                         dropout_rng=None, num_steps: int | None = None,
+                         segments: packing.Segments | None = None):
     """Per-sequence training loss ``(B,)`` with teacher forcing (the book's ``MaskedSoftmaxCELoss``).
 
     ``tgt (B, T)`` ids in ``[0, V_tgt)`` and ``tgt_valid_len (B,)`` in ``[0, T]`` follow the
     package's rule for values (checked when concrete, clipped when traced). ``num_steps``: the
     full length of a batch cut short of its padding (:func:`transformer`), also the loss's
     divisor (``masked_cross_entropy``): the full-length batch's loss, to rounding.
+
+    ``segments``: a packed batch (:mod:`jax_attention.models.packing`; ``tgt_valid_len`` is
+    then ``None``): each row's loss is the sum of its sentences' book losses, each divided by
+    ``num_steps`` — required, the length the unpacked batch pads to (its rows may be longer).
     """
     check_model(params, num_heads)
     tgt = check_tokens("tgt", tgt, jnp.shape(params["decoder"]["embedding"])[0], ndim=2)
-    tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0], tgt.shape[1], "T")
-    src, src_keep, dec_input, num_steps = _checked_model_inputs(
-        params, src, src_valid_len, teacher_forcing_inputs(tgt, bos_id), num_heads,
-        max_positions, num_steps)
-    logits, _ = _transformer(params, src, src_keep, dec_input, num_heads=num_heads,
-                             max_positions=max_positions, dropout=check_dropout(dropout),
-                             dropout_rng=dropout_rng, num_steps=num_steps)
+    if segments is None:
+        tgt_valid_len = check_lengths("tgt_valid_len", tgt_valid_len, tgt.shape[0],
+                                      tgt.shape[1], "T")
+        dec_input, model_steps = teacher_forcing_inputs(tgt, bos_id), num_steps
+    else:
+        if num_steps is None:
+            raise ValueError("a packed batch's loss needs num_steps, the length the unpacked "
+                             "batch pads to (each sentence's loss is divided by it)")
+        segments = packing.segments(*segments, tgt_shape=tgt.shape)
+        dec_input = packing.packed_teacher_forcing_inputs(tgt, segments.tgt, bos_id)
+        model_steps = None  # packed rows draw their own dropout masks
+    batch = _checked_model_inputs(params, src, src_valid_len, dec_input, num_heads,
+                                  max_positions, model_steps, segments)
+    logits, _ = _transformer(params, *batch, num_heads=num_heads, max_positions=max_positions,
+                             dropout=check_dropout(dropout), dropout_rng=dropout_rng)
+    if segments is not None:
+        return packing.packed_cross_entropy(logits, tgt, segments.tgt, num_steps=num_steps)
     return masked_cross_entropy(logits, tgt, tgt_valid_len, num_steps=num_steps)
 
 
@@ -496,7 +527,9 @@ TransformerTranslation = Translation
 @functools.partial(jax.jit, static_argnames=("num_heads", "max_positions"))
 def _forward_weights(params, src, src_valid_len, dec_input, *, num_heads, max_positions):
     # The decoder checked the model and the source; dec_input is its own output.
-    return _transformer(params, src, lengths_keep(src_valid_len, src.shape[1]), dec_input,
+    src_keep = lengths_keep(src_valid_len, src.shape[1])
+    return _transformer(params, src, (src_keep, _causal_keep(dec_input.shape[1]), src_keep),
+                        dec_input, None, None,
                         num_heads=num_heads, max_positions=max_positions, dropout=0.0,
                         dropout_rng=None)[1]
 
@@ -573,43 +606,6 @@ def translate(params, sentences: str | Sequence[str], src_vocab, tgt_vocab, num_
 # --------------------------------------------------------------------------- NNX modules
 
 
-def _initial(values, shapes: dict, param_dtype, rngs: nnx.Rngs) -> dict:
-    """``values`` (a nested dict of the module's structure) flattened and checked, or fresh ones
-    (one draw from ``rngs.params()``), keyed by ``/``-joined paths."""
-    if values is None:
-        return init_flat(rngs.params(), flatten_params(shapes), param_dtype)
-    flat = {path: jnp.asarray(value, param_dtype) for path, value in flatten_params(values).items()}
-    expected = {path: tuple(shape) for path, shape in flatten_params(shapes).items()}
-    got = {path: value.shape for path, value in flat.items()}
-    if got != expected:
-        raise ValueError(f"params must have the shapes {expected}, got {got}")
-    return flat
-
-
-class PositionWiseFFN(ParamTree):
-    """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2; calls :func:`position_wise_ffn`."""
-
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, *, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
-        self.hold(_initial(None, ffn_shapes(check_size("num_hiddens", num_hiddens),
-                                             check_size("ffn_num_hiddens", ffn_num_hiddens)),
-                           param_dtype, rngs))
-
-    def __call__(self, X):
-        return position_wise_ffn(self.params_dict(), X)
-
-
-class AddNorm(ParamTree):
-    """``LayerNorm(dropout(Y) + X)`` — d2l §11.7.3; calls :func:`add_norm`."""
-
-    def __init__(self, num_hiddens: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.hold(_initial(None, norm_shapes(check_size("num_hiddens", num_hiddens)),
-                           param_dtype, rngs))
-
-    def __call__(self, X, Y, *, dropout: float = 0.0, dropout_rng=None):
-        return add_norm(self.params_dict(), X, Y, dropout=dropout, dropout_rng=dropout_rng)
-
-
 class _Block(ParamTree):
     """An encoder or a decoder block's parameters (the layout of :attr:`layout`), the heads and
     the options of :func:`param_shapes` (``num_kv_heads``, ``value_head_size``, ``bias``)."""
@@ -625,7 +621,7 @@ class _Block(ParamTree):
         self.num_heads = num_heads
         shapes = self.layout(num_hiddens, check_size("ffn_num_hiddens", ffn_num_hiddens),
                              attention)
-        self.hold(_initial(params, shapes, param_dtype, rngs))
+        self.hold(initial_flat(params, shapes, param_dtype, rngs))
 
 
 class TransformerEncoderBlock(_Block):
@@ -672,7 +668,7 @@ class TransformerEncoder(ParamTree):
                  params: dict | None = None):
         shape = (check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens))
         own = None if params is None else {"embedding": params["embedding"]}
-        self.embedding = nnx.Param(_initial(own, {"embedding": shape}, param_dtype,
+        self.embedding = nnx.Param(initial_flat(own, {"embedding": shape}, param_dtype,
                                             rngs)["embedding"])
         self.blocks = _blocks(TransformerEncoderBlock, num_hiddens, ffn_num_hiddens, num_heads,
                               num_layers, params, num_kv_heads=num_kv_heads,
@@ -702,7 +698,7 @@ class TransformerDecoder(ParamTree):
         V, D = check_size("vocab_size", vocab_size), check_size("num_hiddens", num_hiddens)
         own = None if params is None else {"embedding": params["embedding"],
                                            "dense": params["dense"]}
-        values = _initial(own, {"embedding": (V, D), "dense": {"W": (D, V), "b": (V,)}},
+        values = initial_flat(own, {"embedding": (V, D), "dense": {"W": (D, V), "b": (V,)}},
                           param_dtype, rngs)
         self.embedding = nnx.Param(values["embedding"])
         self.blocks = _blocks(TransformerDecoderBlock, num_hiddens, ffn_num_hiddens, num_heads,
@@ -779,15 +775,16 @@ class TransformerSeq2Seq(Seq2SeqModule):
         self.max_positions = max_positions
         self.init_dropout(dropout, sow_weights=sow_weights, rngs=rngs, dtype=dtype)
 
-    def forward(self, src, src_valid_len, dec_input, num_steps=None):
-        """``(logits (B, T, V), weights dict)``; see :func:`transformer`. The batch is checked
-        at every call; the parameter tree, built and checked by the constructor, is not."""
+    def forward(self, src, src_valid_len, dec_input, num_steps=None, segments=None):
+        """``(logits (B, T, V), weights dict)``; see :func:`transformer` (``segments``: a
+        packed batch). The batch is checked at every call; the parameter tree, built and
+        checked by the constructor, is not."""
         params = self.computation_params()
-        src, src_keep, dec_input, num_steps = _checked_model_inputs(
-            params, src, src_valid_len, dec_input, self.num_heads, self.max_positions, num_steps)
-        return _transformer(params, src, src_keep, dec_input, num_heads=self.num_heads,
+        batch = _checked_model_inputs(params, src, src_valid_len, dec_input, self.num_heads,
+                                      self.max_positions, num_steps, segments)
+        return _transformer(params, *batch, num_heads=self.num_heads,
                             max_positions=self.max_positions, dropout=self.dropout,
-                            dropout_rng=self._dropout_rng(), num_steps=num_steps)
+                            dropout_rng=self._dropout_rng())
 
     def decoder_options(self) -> dict:
         """``num_heads`` and ``max_positions`` for :func:`greedy_decode`."""

@@ -43,6 +43,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax import lax
 
 from jax_attention._checks import (
@@ -69,12 +70,13 @@ from jax_attention.nn.multihead import (
 from jax_attention.nn.positional import positional_encoding
 from jax_attention.nn.precision import compute_dtype
 from jax_attention.params import flatten_params, unflatten_params
+from jax_attention.models.seq2seq_module import ParamTree
 from jax_attention.nn.scoring import dropout_attention
 from jax_attention.nn.dropout import dropout as _dropout
 from jax_attention.nn.dropout import fold
 
 __all__ = ["MAX_POSITIONS", "LAYER_NORM_EPS", "param_shapes", "init_params", "position_wise_ffn",
-           "layer_norm", "add_norm", "attention"]
+           "layer_norm", "add_norm", "attention", "PositionWiseFFN", "AddNorm"]
 
 #: The book's ``PositionalEncoding(max_len=1000)``: the rows of the position table.
 MAX_POSITIONS = 1000
@@ -578,3 +580,45 @@ def init_flat(rng, shapes: dict, dtype) -> dict:
         spec.append((name, tuple(shape), fan_in))
     values = _init_leaves(rng, tuple(spec), jnp.dtype(dtype))
     return dict(zip(shapes, values))
+
+
+# --------------------------------------------------------------------------- NNX modules
+
+
+def initial_flat(values, shapes: dict, param_dtype, rngs: nnx.Rngs) -> dict:
+    """``values`` (a nested dict of a module's structure) flattened and checked, or fresh ones
+    (one draw from ``rngs.params()``), keyed by ``/``-joined paths: the NNX modules' initial
+    parameters. Not in ``__all__``."""
+    if values is None:
+        return init_flat(rngs.params(), flatten_params(shapes), param_dtype)
+    flat = {path: jnp.asarray(value, param_dtype) for path, value in flatten_params(values).items()}
+    expected = {path: tuple(shape) for path, shape in flatten_params(shapes).items()}
+    got = {path: value.shape for path, value in flat.items()}
+    if got != expected:
+        raise ValueError(f"params must have the shapes {expected}, got {got}")
+    return flat
+
+
+class PositionWiseFFN(ParamTree):
+    """``relu(X W_1 + b_1) W_2 + b_2`` — d2l §11.7.2; calls :func:`position_wise_ffn` (re-exported by
+    :mod:`jax_attention.models.transformer`)."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, *, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
+        self.hold(initial_flat(None, ffn_shapes(check_size("num_hiddens", num_hiddens),
+                                             check_size("ffn_num_hiddens", ffn_num_hiddens)),
+                           param_dtype, rngs))
+
+    def __call__(self, X):
+        return position_wise_ffn(self.params_dict(), X)
+
+
+class AddNorm(ParamTree):
+    """``LayerNorm(dropout(Y) + X)`` — d2l §11.7.3; calls :func:`add_norm`."""
+
+    def __init__(self, num_hiddens: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.hold(initial_flat(None, norm_shapes(check_size("num_hiddens", num_hiddens)),
+                           param_dtype, rngs))
+
+    def __call__(self, X, Y, *, dropout: float = 0.0, dropout_rng=None):
+        return add_norm(self.params_dict(), X, Y, dropout=dropout, dropout_rng=dropout_rng)

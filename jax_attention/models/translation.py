@@ -128,12 +128,21 @@ def masked_cross_entropy(logits, labels, valid_len, *, num_steps: int | None = N
     divisor = T if num_steps is None else check_int("num_steps", num_steps, max(T, 1))
     if T == 0:
         return jnp.zeros((B,), compute_dtype(logits.dtype))
-    labels = clip_values(labels, 0, V - 1)
+    keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
+    masked = token_cross_entropy(logits, labels, keep)
+    return jnp.mean(masked, axis=1) if divisor == T else jnp.sum(masked, axis=1) / divisor
+
+
+def token_cross_entropy(logits, labels, keep):
+    """``-log softmax(logits)[labels]`` ``(B, T)`` where ``keep`` ``(B, T)`` holds, 0 elsewhere,
+    in float32 for half-precision logits; checked ``logits (B, T, V)`` and ``labels (B, T)``
+    (clipped to ``[0, V - 1]``, never an out-of-bounds gather). The per-token loss of
+    :func:`masked_cross_entropy` and of packed rows
+    (:func:`jax_attention.models.packing.packed_cross_entropy`). Not in ``__all__``."""
+    labels = clip_values(labels, 0, logits.shape[-1] - 1)
     log_probs = jax.nn.log_softmax(logits.astype(compute_dtype(logits.dtype)), axis=-1)
     picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (B, T)
-    keep = jnp.arange(labels.shape[1], dtype=jnp.int32).reshape(1, -1) < valid_len.reshape(-1, 1)
-    masked = jnp.where(keep, -picked, jnp.zeros((), picked.dtype))
-    return jnp.mean(masked, axis=1) if divisor == T else jnp.sum(masked, axis=1) / divisor
+    return jnp.where(keep, -picked, jnp.zeros((), picked.dtype))
 
 
 # --------------------------------------------------------------------------- translation
