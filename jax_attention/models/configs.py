@@ -192,6 +192,11 @@ class TrainConfig(_Validated):
         it to ``num_steps``, the loss still divided by ``num_steps``
         (:func:`jax_attention.train.loop.padded_lengths`): the book's losses and gradients, to
         rounding, on less padding. False: the book's full-length batches.
+      pack: pack the sentence pairs of each batch into as few rows as fit ``pack_length``
+        tokens, told apart by segment ids (:mod:`jax_attention.data.packing`; the Transformer
+        only): the same sentences and losses as the unpacked batch, on less padding.
+      pack_length: the packed rows' length (sources and targets); 0: twice the training pairs'
+        longest sentence, rounded up to a multiple of 8.
     """
 
     batch_size: int = _option(64, ("int", 1), "examples per batch", "N")
@@ -215,6 +220,13 @@ class TrainConfig(_Validated):
                          "padding it to --num-steps, the loss still divided by --num-steps (the "
                          "same losses and gradients to rounding; dropout draws other masks); "
                          "--no-trim-padding: the book's full-length batches", added=True)
+    pack: bool = _option(
+        False, ("bool",), "pack each batch's sentence pairs into as few rows of --pack-length "
+                          "tokens as fit them, told apart by segment ids (the Transformer only): "
+                          "the same sentences and losses on less padding", added=True)
+    pack_length: int = _option(
+        0, ("int", 0), "the packed rows' length; 0: twice the longest training sentence, "
+                       "rounded up to a multiple of 8", "N", added=True)
 
     def record(self) -> dict:
         """What checkpoints and exports store: the fields and the fixed parts of the recipe."""

@@ -36,6 +36,8 @@ class ModelSpec:
       trims_source: whether training may cut the sources' padding
         (:func:`jax_attention.train.loop.padded_lengths`): the padding is masked everywhere it
         is read. False for Bahdanau, whose encoder's final state is the GRU's after the padding.
+      packs: whether training can pack several sentence pairs into a row (``--pack``): the
+        model takes segment ids (the Transformer; not the Bahdanau model's recurrent encoder).
       beam_search: whether translation supports ``beam_size > 1``.
       build: ``build(config, rngs, **module_kwargs) -> nnx.Module`` (training mode), the model
         whose call ``model(src, src_valid_len, dec_input)`` gives the teacher-forced logits.
@@ -67,6 +69,7 @@ class ModelSpec:
     tensor_parallel: bool
     beam_search: bool
     trims_source: bool
+    packs: bool
     build: Callable
     param_shapes: Callable
     decode: Callable
@@ -247,6 +250,7 @@ MODELS: dict[str, ModelSpec] = {
         config_class=BahdanauConfig,
         export_format="jax-attention.bahdanau-checkpoint/1",
         default_epochs=250, tensor_parallel=False, beam_search=False, trims_source=False,
+        packs=False,
         build=_bahdanau_build, param_shapes=_bahdanau_shapes, decode=_bahdanau_decode,
         translate=_bahdanau_translate, attention_plots=_bahdanau_plots,
         torch_mirror=_bahdanau_torch),
@@ -265,6 +269,7 @@ MODELS: dict[str, ModelSpec] = {
         config_class=TransformerConfig,
         export_format="jax-attention.transformer-checkpoint/1",
         default_epochs=200, tensor_parallel=True, beam_search=True, trims_source=True,
+        packs=True,
         build=_transformer_build, param_shapes=_transformer_shapes, decode=_transformer_decode,
         translate=_transformer_translate, attention_plots=_transformer_plots,
         torch_mirror=_transformer_torch, check_shards=_transformer_check_shards),

@@ -100,7 +100,8 @@ _RESUMABLE_CHANGES = (("training", "epochs"),)
 # value that reproduces what those runs did: absent on one side and this value on the other is
 # no difference.
 _ADDED_SETTINGS = {("training", "val_fraction"): 0.0, ("training", "trim_padding"): False,
-                   ("training", "dtype"): "float32"}
+                   ("training", "dtype"): "float32", ("training", "pack"): False,
+                   ("training", "pack_length"): 0}
 # Sections added likewise, that no single value stands for (``data``: the training data's
 # fingerprint): absent from the checkpoint is no difference, whatever this run holds; present in
 # both, they are compared setting by setting as usual.

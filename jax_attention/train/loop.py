@@ -39,6 +39,9 @@ from jax import lax
 from jax_attention.runtime import compilation, distributed, interrupts, program_cache
 from jax_attention.runtime.compilation import CPU_COMPILER_OPTIONS, BackendJit, CompileTimer
 from jax_attention.train.progress import ProgressLog, report_compiled, time_left
+from jax_attention.data.batches import (epoch_batches, packed_epoch_batches, pad_batch,
+                                        padded_lengths)
+from jax_attention.models import packing
 from jax_attention.models.configs import LongRunConfig, step_program
 from jax_attention.models.translation import masked_cross_entropy, teacher_forcing_inputs
 
@@ -104,7 +107,19 @@ def loss_and_grads(model, src, src_valid_len, dec_input, tgt, tgt_valid_len, *,
 
     The book differentiates ``l.sum()`` (not the mean) over the batch, which matters because the
     gradient is clipped to norm 1 before Adam. ``num_steps``: the book's length of a batch cut
-    shorter (:func:`padded_lengths`), the loss's divisor and its dropout masks' length."""
+    shorter (:func:`padded_lengths`), the loss's divisor and its dropout masks' length.
+
+    A packed batch (:func:`~jax_attention.data.batches.packed_epoch_batches`) has segment ids
+    ``(B, S)`` and ``(B, T)`` in place of the valid lengths: each sentence's loss is then
+    divided by ``num_steps`` (required), its rows drawing their own dropout masks."""
+    if jnp.ndim(tgt_valid_len) == 2:
+        segments = packing.segments(src_valid_len, tgt_valid_len)
+
+        def loss_fn(model):
+            logits = model(src, None, dec_input, segments=segments)
+            return jnp.sum(packing.packed_cross_entropy(logits, tgt, segments.tgt,
+                                                        num_steps=num_steps))
+        return nnx.value_and_grad(loss_fn)(model)
 
     def loss_fn(model):
         logits = model(src, src_valid_len, dec_input, num_steps=num_steps)
@@ -266,7 +281,8 @@ def train_steps(graphdef, state, batches, bos_id: int, skip_nonfinite=False, sha
     def body(carry, batch):
         state, halted = carry
         src, src_valid_len, tgt, tgt_valid_len = batch
-        dec_input = teacher_forcing_inputs(tgt, bos_id)
+        dec_input = (teacher_forcing_inputs(tgt, bos_id) if tgt_valid_len.ndim == 1  # packed:
+                     else packing.packed_teacher_forcing_inputs(tgt, tgt_valid_len, bos_id))
         state, loss, halted = guarded_step(
             graphdef, state, (src, src_valid_len, dec_input, tgt, tgt_valid_len), halted,
             skip_nonfinite, num_steps)
@@ -300,58 +316,6 @@ def train_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, t
 
 
 # --------------------------------------------------------------------------- the data
-
-
-def pad_batch(batch, batch_size: int, src_pad: int, tgt_pad: int):
-    """The last, smaller batch filled up to ``batch_size`` with rows of target valid length 0.
-
-    Their masked loss is exactly 0, and so are their gradients, so the step computes the book's
-    loss and gradient of the smaller batch — with one compiled shape instead of two.
-    """
-    src, src_valid_len, tgt, tgt_valid_len = batch
-    missing = batch_size - src.shape[0]
-    if missing == 0:
-        return batch
-    return (np.concatenate([src, np.full((missing, src.shape[1]), src_pad, src.dtype)]),
-            np.concatenate([src_valid_len, np.ones(missing, src_valid_len.dtype)]),
-            np.concatenate([tgt, np.full((missing, tgt.shape[1]), tgt_pad, tgt.dtype)]),
-            np.concatenate([tgt_valid_len, np.zeros(missing, tgt_valid_len.dtype)]))
-
-
-def padded_lengths(nmt, *, trim_source: bool = True) -> tuple[int, int]:
-    """The lengths ``(S, T)`` to cut the training batches to: the training split's longest source
-    and target sentence (``<eos>`` included, at least 1), rather than the book's ``num_steps``.
-
-    Every epoch holds every sentence: one length pair (one compiled program) serves the run.
-    Where the padding is masked (a causal decoder's later steps, a source masked by its valid
-    lengths) cutting it, the loss still divided by ``num_steps`` (:func:`loss_and_grads`), keeps
-    the losses and gradients to rounding; dropout draws other masks for other shapes.
-    ``trim_source`` False keeps the sources whole (Bahdanau's encoder state runs over them).
-    """
-    train = nmt.train
-    source = max(int(train.src_valid_len.max(initial=0)), 1) if trim_source else nmt.num_steps
-    return source, max(int(train.tgt_valid_len.max(initial=0)), 1)
-
-
-def epoch_batches(nmt, epoch: int, lengths: tuple[int, int] | None = None):
-    """The batches of ``epoch`` (0-based), padded (:func:`pad_batch`), stacked along a steps axis,
-    cut to ``lengths = (S, T)`` source and target steps (:func:`padded_lengths`; ``None``: not).
-
-    Returns:
-      ``((src, src_valid_len, tgt, tgt_valid_len), num_tokens)``: ``int32`` arrays ``(K, B, S)``,
-      ``(K, B)``, ``(K, B, T)`` and ``(K, B)`` for the epoch's ``K`` batches, in
-      :meth:`~jax_attention.data.nmt.TranslationData.batches` order, and the number of target
-      tokens (the valid lengths' sum).
-    """
-    src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
-    padded = [pad_batch(batch, nmt.batch_size, src_pad, tgt_pad) for batch in nmt.batches(epoch)]
-    src, src_valid_len, tgt, tgt_valid_len = (np.stack(arrays) for arrays in zip(*padded))
-    if lengths is not None:
-        if src_valid_len.max() > lengths[0] or tgt_valid_len.max() > lengths[1]:
-            raise ValueError(f"lengths = {lengths} would cut a sentence: epoch {epoch} has sources"
-                             f" of {src_valid_len.max()}, targets of {tgt_valid_len.max()} tokens")
-        src, tgt = src[..., :lengths[0]], tgt[..., :lengths[1]]
-    return (src, src_valid_len, tgt, tgt_valid_len), int(tgt_valid_len.sum())
 
 
 # --------------------------------------------------------------------------- run control
@@ -655,8 +619,10 @@ class _EpochData:
     the first call within that epoch starts, and cut into the piece each compiled call trains on.
     """
 
-    def __init__(self, nmt, schedule: Schedule, mesh, lengths: tuple[int, int] | None):
+    def __init__(self, nmt, schedule: Schedule, mesh, lengths: tuple[int, int] | None,
+                 row_length: int | None = None):
         self._nmt, self._schedule, self._mesh, self._lengths = nmt, schedule, mesh, lengths
+        self._row_length, self._rows = row_length, 0  # packed: rows only ever grow
         self._epoch = self._batches = self._tokens = None
 
     def call(self, step: int, end: int) -> tuple[tuple, np.ndarray]:
@@ -664,7 +630,12 @@ class _EpochData:
         ...)`` and split over the mesh's ``data`` axis (each device its rows), and their target
         tokens ``(steps,)``."""
         epoch, batch = divmod(step, self._schedule.steps_per_epoch)
-        if self._epoch != epoch:
+        if self._epoch != epoch and self._row_length is not None:
+            self._batches, _ = packed_epoch_batches(self._nmt, epoch, self._row_length,
+                                                    self._rows)
+            self._rows, self._epoch = self._batches[0].shape[1], epoch
+            self._tokens = (self._batches[3] != 0).sum(axis=(1, 2))
+        elif self._epoch != epoch:
             self._batches, _ = epoch_batches(self._nmt, epoch, self._lengths)
             self._tokens, self._epoch = self._batches[3].sum(axis=1), epoch
         chunk = self._batches if (batch, end) == (0, self._schedule.steps_per_epoch) else tuple(
@@ -711,7 +682,8 @@ def _epochs_result(done: Progress, resumed_from: int | None, steps_per_epoch: in
 def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str, progress: bool,
                  log, log_every: int, config: dict, long_run: LongRunConfig | None = None,
                  mesh=None, after_first_call: Callable[[], object] | None = None,
-                 lengths: tuple[int, int] | None = None) -> EpochsResult:
+                 lengths: tuple[int, int] | None = None,
+                 row_length: int | None = None) -> EpochsResult:
     """The teacher-forced epochs of any seq2seq model (``model(src, src_valid_len, dec_input)
     -> logits``), with training checkpoints; the per-epoch loss per target token, tokens/sec,
     the skipped steps and the step resumed from.
@@ -739,6 +711,8 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
     compilation done): a moment to start other work on the cores the steps leave idle.
     ``lengths = (S, T)`` (:func:`padded_lengths`) cuts every batch's sources and targets to
     ``S`` and ``T`` steps, the loss still divided by ``num_steps``; ``None``: the book's length.
+    ``row_length`` packs each batch's sentence pairs into rows of that many tokens instead
+    (:func:`~jax_attention.data.batches.packed_epoch_batches`; the model takes segment ids).
     """
     long_run = LongRunConfig() if long_run is None else long_run
     mesh = distributed.make_mesh(1) if mesh is None else mesh
@@ -755,8 +729,8 @@ def train_epochs(model, optimizer: nnx.Optimizer, nmt, *, epochs: int, desc: str
         saved = done.step if resumed_from is not None else None
         state = distributed.place_state(state, mesh)  # after the restore (one device's arrays)
         shardings = leaf_shardings(state)
-        data = _EpochData(nmt, schedule, mesh, lengths)
-        num_steps = None if lengths is None else nmt.num_steps
+        data = _EpochData(nmt, schedule, mesh, lengths, row_length)
+        num_steps = None if lengths is None and row_length is None else nmt.num_steps
         with sigint_requests(checkpoints is not None) as stop_requested, \
                 ProgressLog(epochs, desc=desc, progress=progress, log=log,
                             initial=len(done.losses)) as bar:

@@ -33,12 +33,13 @@ from jax_attention._checks import check_int
 from jax_attention.runtime.compilation import CompileTimer
 from jax_attention.models.configs import DeviceConfig, LongRunConfig, TrainConfig
 from jax_attention.models.registry import MODELS, ModelSpec, get_model
+from jax_attention.data.batches import pack_length
 from jax_attention.train.loop import (TrainingInterrupted, clipped_adam, padded_lengths,
                                       train_epochs,
                                       training_mesh)
 
 __all__ = ["BOOK_PAIRS", "Seq2SeqResult", "BahdanauResult", "TransformerResult", "setup",
-           "training_lengths", "train_seq2seq", "train_bahdanau", "train_transformer",
+           "training_lengths", "training_row_length", "train_seq2seq", "train_bahdanau", "train_transformer",
            "evaluate_translations", "score_held_out", "evaluate_held_out"]
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,9 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
 
     spec = get_model(spec)
     t = train_config
+    if t.pack and not spec.packs:
+        raise ValueError(f"--pack (pack=True): the {spec.title} model cannot take packed batches "
+                         f"(its recurrent encoder and decoder run over whole rows)")
     nmt = load_data_nmt(t.batch_size, model_config.num_steps, t.num_examples, data=data,
                         seed=t.seed, val_fraction=t.val_fraction)
     if t.batch_size > len(nmt.train):
@@ -228,6 +232,8 @@ def setup(spec, model_config, train_config: TrainConfig, *, data=None):
         # would allocate for rows that hold nothing.
         raise ValueError(f"batch_size = {t.batch_size} (--batch-size) is larger than the "
                          f"{len(nmt.train)} training pairs; use at most {len(nmt.train)}")
+    if t.pack:
+        pack_length(nmt, t.pack_length)  # a row shorter than a sentence: refused before any work
     model_config = dataclasses.replace(model_config, src_vocab_size=len(nmt.src_vocab),
                                        tgt_vocab_size=len(nmt.tgt_vocab))
     settings = (spec.name, model_config, None if t.dtype == "float32" else t.dtype, t.lr,
@@ -407,10 +413,16 @@ def _checked_run(model, model_config, train_config: TrainConfig | None,
 def training_lengths(spec: ModelSpec, nmt, train_config: TrainConfig) -> tuple[int, int] | None:
     """The ``lengths`` a run of ``spec`` trains with (:func:`~jax_attention.train.loop.
     train_epochs`): the training pairs' longest sentences when ``train_config.trim_padding``
-    (the sources only where the model allows, :attr:`ModelSpec.trims_source`), else ``None``."""
-    if not train_config.trim_padding:
+    (the sources only where the model allows, :attr:`ModelSpec.trims_source`), else ``None``
+    (also when it packs its batches, :func:`training_row_length`)."""
+    if not train_config.trim_padding or train_config.pack:
         return None
     return padded_lengths(nmt, trim_source=spec.trims_source)
+
+
+def training_row_length(nmt, train_config: TrainConfig) -> int | None:
+    """The packed rows' length a run trains with (``--pack``), or ``None`` (not packed)."""
+    return pack_length(nmt, train_config.pack_length) if train_config.pack else None
 
 
 def _train(spec: ModelSpec, module, optimizer, nmt, train_config: TrainConfig,
@@ -422,6 +434,7 @@ def _train(spec: ModelSpec, module, optimizer, nmt, train_config: TrainConfig,
         return train_epochs(module, optimizer, nmt, epochs=train_config.epochs, desc=spec.name,
                             after_first_call=None if early is None else early.start,
                             lengths=training_lengths(spec, nmt, train_config),
+                            row_length=training_row_length(nmt, train_config),
                             **epochs_settings)
     except BaseException:
         if early is not None:
