@@ -89,6 +89,9 @@ PEERS = {
             "training pairs' longest sentences (the loss still divided by num_steps)",
     "ours-full": "the same compiled step on the batches at the book's full length (num_steps "
                  "positions): the work of the book's loop",
+    "ours-packed": "ours with 'train --pack': each batch's sentence pairs packed into as few rows "
+                   "of the default row length as fit them, told apart by segment ids (the "
+                   "Transformer only)",
     "ours-bf16": "ours with 'train --dtype bfloat16': bfloat16 products and activations from "
                  "float32 parameters, Adam moments and accumulations",
     "ours-xla-defaults": "ours compiled with XLA's default options, without the library's own "
@@ -103,7 +106,7 @@ PEERS = {
 #: The peers of a plain ``bench train``.
 DEFAULT_PEERS = ("ours", "ours-full", "torch")
 #: The peers that run our compiled step (each compiles in its first round).
-_OUR_PEERS = ("ours", "ours-full", "ours-bf16", "ours-xla-defaults")
+_OUR_PEERS = ("ours", "ours-full", "ours-packed", "ours-bf16", "ours-xla-defaults")
 
 
 def model_config(kind: str, sizes: dict, src_vocab_size: int, tgt_vocab_size: int,
@@ -289,9 +292,12 @@ def _flops_per_step(graphdef, state, padded_batch, bos_id: int, num_steps: int |
     from jax_attention.models.bahdanau import teacher_forcing_inputs
     from jax_attention.train.loop import pure_step
 
+    from jax_attention.models.packing import packed_teacher_forcing_inputs
+
     src, src_valid_len, tgt, tgt_valid_len = padded_batch
-    batch = (src, src_valid_len, np.asarray(teacher_forcing_inputs(tgt, bos_id)), tgt,
-             tgt_valid_len)
+    dec_input = (teacher_forcing_inputs(tgt, bos_id) if np.ndim(tgt_valid_len) == 1  # packed:
+                 else packed_teacher_forcing_inputs(tgt, tgt_valid_len, bos_id))
+    batch = (src, src_valid_len, np.asarray(dec_input), tgt, tgt_valid_len)
     lowered = jax.jit(pure_step, static_argnums=(0, 3)).lower(graphdef, state, batch, num_steps)
     analysis = lowered.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per device
@@ -372,6 +378,8 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
         settings[name] = {**common, "platform": platform,
                           "dtype": "bfloat16" if name == "ours-bf16" else "float32",
                           "lengths": [int(first[0].shape[1]), int(first[2].shape[1])],
+                          "rows": int(first[0].shape[0]),
+                          "target_padding_fraction": _padding_fraction(rounds[name].padded),
                           "compiler_options": rounds[name].compiler_options,
                           "threads": cores if platform == "cpu" else None,
                           "threads_note": "XLA's own thread pool (on CPU one thread per usable "
@@ -386,6 +394,15 @@ def _peer_settings(run: dict, rounds: dict, initial: dict, torch_threads: int) -
             "backend": "inductor", "mode": "default", "dynamic": "automatic",
             "cache": rounds["torch-compile"].cache}
     return settings
+
+
+def _padding_fraction(batches) -> float:
+    """The share of the target positions of ``batches`` (padded, cut or packed) that hold no
+    token: what the step computes on padding."""
+    total = sum(batch[2].size for batch in batches)
+    real = sum(int(np.sum(batch[3] != 0)) if np.ndim(batch[3]) == 2 else int(np.sum(batch[3]))
+               for batch in batches)
+    return 1.0 - real / total
 
 
 def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tokens: int,
@@ -424,6 +441,40 @@ def _train_peers(samples: dict, rounds: dict, settings: dict, *, steps: int, tok
             peers[name]["threads"] = settings[name]["threads"]
     peers["torch"]["thread_probe_s"] = {str(t): s for t, s in probes.items()}
     return peers
+
+
+def _our_rounds(model: str, run: dict, nmt, peers, split, padded, plain, tokens: int, *,
+                seed: int, lr: float) -> dict:
+    """:class:`OurRounds` of each of our peers among ``peers`` (``ours`` always), each on its
+    own copy of the split model and optimizer ``split`` (each call donates the state it
+    trains)."""
+    import jax
+    import jax.numpy as jnp
+
+    graphdef, state = split
+    bos_id = nmt.tgt_vocab["<bos>"]
+    rounds = {"ours": OurRounds(graphdef, state, padded, bos_id, tokens, num_steps=nmt.num_steps,
+                                lengths=shipped_lengths(model, nmt))}
+    if "ours-full" in peers:  # its own copy: each call donates the state it trains
+        rounds["ours-full"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), padded, bos_id,
+                                        tokens)
+    if "ours-packed" in peers:  # the round's sentences packed, as train --pack packs them
+        if not registry.get_model(model).packs:
+            raise ValueError(f"peer ours-packed: the {model} model cannot take packed batches")
+        from jax_attention.data.batches import pack_batches, pack_length
+
+        packed = pack_batches(nmt, plain, pack_length(nmt))
+        rounds["ours-packed"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), packed,
+                                          bos_id, tokens, num_steps=nmt.num_steps)
+    if "ours-bf16" in peers:  # the same weights, computed in bfloat16
+        *_, graphdef16, state16 = our_training(model, run["model"], nmt, seed, lr, jnp.bfloat16)
+        rounds["ours-bf16"] = OurRounds(graphdef16, state16, padded, bos_id, tokens,
+                                        num_steps=nmt.num_steps, lengths=rounds["ours"].lengths)
+    if "ours-xla-defaults" in peers:  # ours, compiled with XLA's defaults
+        rounds["ours-xla-defaults"] = OurRounds(
+            graphdef, jax.tree.map(jnp.copy, state), padded, bos_id, tokens,
+            num_steps=nmt.num_steps, lengths=rounds["ours"].lengths, xla_defaults=True)
+    return rounds
 
 
 def bench_train(model: str = "bahdanau", *, size: str = "book",
@@ -475,24 +526,16 @@ def bench_train(model: str = "bahdanau", *, size: str = "book",
     torch_rounds = _torch_rounds(model, run, nmt, initial, plain, peers=peers, tokens=tokens,
                                  seed=seed, lr=lr)
     bos_id = nmt.tgt_vocab["<bos>"]
-    rounds = {"ours": OurRounds(graphdef, state, padded, bos_id, tokens, num_steps=nmt.num_steps,
-                                lengths=shipped_lengths(model, nmt))}
-    if "ours-full" in peers:  # its own copy: each call donates the state it trains
-        rounds["ours-full"] = OurRounds(graphdef, jax.tree.map(jnp.copy, state), padded, bos_id,
-                                        tokens)
-    if "ours-bf16" in peers:  # the same weights, computed in bfloat16
-        *_, graphdef16, state16 = our_training(model, run["model"], nmt, seed, lr, jnp.bfloat16)
-        rounds["ours-bf16"] = OurRounds(graphdef16, state16, padded, bos_id, tokens,
-                                        num_steps=nmt.num_steps, lengths=rounds["ours"].lengths)
-    if "ours-xla-defaults" in peers:  # ours, compiled with XLA's defaults
-        rounds["ours-xla-defaults"] = OurRounds(
-            graphdef, jax.tree.map(jnp.copy, state), padded, bos_id, tokens,
-            num_steps=nmt.num_steps, lengths=rounds["ours"].lengths, xla_defaults=True)
+    rounds = _our_rounds(model, run, nmt, peers, (graphdef, state), padded, plain, tokens,
+                         seed=seed, lr=lr)
     say(f"{model}: cost analysis of one step")
     full_flops = _flops_per_step(graphdef, state, padded[0], bos_id)
     flops = {name: full_flops for name in peers}  # ours-bf16: the same model FLOPs as ours
     flops["ours"] = flops["ours-bf16"] = flops["ours-xla-defaults"] = _flops_per_step(
         graphdef, state, rounds["ours"].padded[0], bos_id, nmt.num_steps)
+    if "ours-packed" in rounds:
+        flops["ours-packed"] = _flops_per_step(graphdef, state, rounds["ours-packed"].padded[0],
+                                               bos_id, nmt.num_steps)
     rounds.update(torch_rounds)
     every_peer = dict(rounds)
 
@@ -600,6 +643,14 @@ def _format_train_ratios(record: dict) -> list[str]:
         lines.append(f"ours-full / {record['same_work_peer']} tokens/s: "
                      f"{record['ratio_same_work']:.2f}x (the same work, full length); its "
                      f"compilation {record['peers']['ours-full']['compile_s']:.2f} s (excluded)")
+    if "ours-packed" in record["ratios_tokens_per_s"]:
+        packed = record["peers"]["ours-packed"]
+        torch_ratio = packed["tokens_per_s"] / torch["tokens_per_s"]
+        lines.append(f"ours-packed / torch tokens/s: {torch_ratio:.2f}x ({packed['settings']['rows']}"
+                     f" rows of {packed['settings']['lengths'][1]}; target padding "
+                     f"{100 * packed['settings']['target_padding_fraction']:.0f}% against "
+                     f"{100 * ours['settings']['target_padding_fraction']:.0f}% cut); its "
+                     f"compilation {packed['compile_s']:.2f} s (excluded)")
     if record.get("bfloat16_speedup") is not None:
         lines.append(f"ours-bf16 / ours tokens/s: {record['bfloat16_speedup']:.2f}x (bfloat16 "
                      "products against float32, both cut)")
