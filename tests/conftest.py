@@ -264,6 +264,7 @@ LONGEST_FIRST = (
     "test_input_audit.py",
     "test_distributed.py",
     "test_program_cache.py",
+    "test_packing.py",
     "crossframework/test_torch_builtins.py",
     "test_scoring.py::ScoringVariantsTest",
     "test_dropout.py",
