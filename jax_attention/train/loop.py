@@ -3,8 +3,10 @@
 - the step: :func:`loss_and_grads`, :func:`pure_step` (a pure function of the split
   ``(model, optimizer)`` state), :func:`guarded_step` (refuses a non-finite update on the device),
   :func:`train_steps` (steps in one compiled ``lax.scan``), :func:`train_step` (one, in place);
-- the data of an epoch: :func:`pad_batch`, :func:`padded_lengths` (cutting the padding the
-  book trains on), :func:`epoch_batches`;
+- the data of an epoch, from :mod:`jax_attention.data.batches` (re-exported here):
+  :func:`pad_batch`, :func:`padded_lengths` (cutting the padding the book trains on),
+  :func:`epoch_batches`, or packed (``train --pack``: :func:`~jax_attention.data.batches.
+  packed_epoch_batches`);
 - run control: :class:`Schedule` (where a step is, where a compiled call ends, when a training
   checkpoint is due), :class:`Progress` (the bookkeeping a resumed run needs),
   :func:`sigint_requests`, :func:`training_mesh`, :func:`nonfinite_error`,
@@ -315,9 +317,6 @@ def train_step(model, optimizer: nnx.Optimizer, src, src_valid_len, dec_input, t
     return loss
 
 
-# --------------------------------------------------------------------------- the data
-
-
 # --------------------------------------------------------------------------- run control
 
 
@@ -622,7 +621,7 @@ class _EpochData:
     def __init__(self, nmt, schedule: Schedule, mesh, lengths: tuple[int, int] | None,
                  row_length: int | None = None):
         self._nmt, self._schedule, self._mesh, self._lengths = nmt, schedule, mesh, lengths
-        self._row_length, self._rows = row_length, 0  # packed: rows only ever grow
+        self._row_length = row_length
         self._epoch = self._batches = self._tokens = None
 
     def call(self, step: int, end: int) -> tuple[tuple, np.ndarray]:
@@ -631,9 +630,9 @@ class _EpochData:
         tokens ``(steps,)``."""
         epoch, batch = divmod(step, self._schedule.steps_per_epoch)
         if self._epoch != epoch and self._row_length is not None:
-            self._batches, _ = packed_epoch_batches(self._nmt, epoch, self._row_length,
-                                                    self._rows)
-            self._rows, self._epoch = self._batches[0].shape[1], epoch
+            # The epoch's own rows (not the run's so far): a resumed run packs it alike.
+            self._batches, _ = packed_epoch_batches(self._nmt, epoch, self._row_length)
+            self._epoch = epoch
             self._tokens = (self._batches[3] != 0).sum(axis=(1, 2))
         elif self._epoch != epoch:
             self._batches, _ = epoch_batches(self._nmt, epoch, self._lengths)
