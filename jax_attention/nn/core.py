@@ -156,11 +156,13 @@ def _core_jvp(static: _Static, primals, tangents):
     ``(P * dS) V - r O``, so that the transpose takes ``rowsum(P * dP)`` as ``rowsum(dO * O)``
     (FlashAttention), a pass over ``T x v`` arrays instead of ``T x S``; with dropout (the form
     the Transformer's pinned training losses were measured with) and for half-precision inputs
-    (whose rounded output would break the identity by ``2^-8`` of its terms) ``D(dW) V``. The scores' tangent ``dQ K^T + Q dK^T`` is formed as
-    ``dQ K^T + (dK Q^T)^T`` and the values' term as ``(dV^T D(P)^T)^T``, so that their
-    transposes ``dS^T Q`` and ``(dO^T D(P))^T`` are products of row-major operands. The score
-    mods and the sinks' column are differentiated by :func:`jax.jvp` of their own functions.
-    Masked entries and fully masked rows have ``P = 0``, hence zero tangents."""
+    (whose rounded output would break the identity by ``2^-8`` of its terms) ``D(dW) V``.
+
+    The scores' tangent ``dQ K^T + Q dK^T`` is formed as ``dQ K^T + (dK Q^T)^T`` and the
+    values' term as ``(dV^T D(P)^T)^T``, so that their transposes ``dS^T Q`` and
+    ``(dO^T D(P))^T`` are products of row-major operands. The score mods and the sinks' column
+    are differentiated by :func:`jax.jvp` of their own functions. Masked entries and fully
+    masked rows have ``P = 0``, hence zero tangents."""
     queries, keys, values, keep, drop, bias, score_mods, sinks = primals
     d_queries, d_keys, d_values, _, _, d_bias, d_mods, d_sinks = tangents  # masks: float0
     scale = static.scale
