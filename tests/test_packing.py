@@ -105,10 +105,13 @@ def test_packed_losses_gradients_and_logits_equal_the_unpacked_x64(x64):
     logits = model(src, src_len, dec_input)
     packed_logits = model(psrc, None, packing.packed_teacher_forcing_inputs(ptgt, tgt_seg, BOS),
                           segments=segments)
+    per_segment = packing.segment_losses(packed_logits, ptgt, tgt_seg, max(map(len, rows)),
+                                         num_steps=NUM_STEPS)
     for r, members in enumerate(rows):
         for segment, i in enumerate(members, 1):
             np.testing.assert_allclose(packed_logits[r][np.asarray(tgt_seg[r]) == segment],
                                        logits[i, :TGT_LEN[i]], rtol=1e-11, atol=1e-12)
+            np.testing.assert_allclose(per_segment[r, segment - 1], per_sentence[i], rtol=1e-12)
 
 
 def test_bad_packing_is_one_clear_error_before_any_work():

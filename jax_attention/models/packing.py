@@ -128,5 +128,6 @@ def segment_losses(logits, labels, tgt_segment_ids, num_segments: int, *, num_st
     ``b`` at ``[b, i - 1]`` (0 where a row holds fewer)."""
     ids = jnp.asarray(tgt_segment_ids)
     losses = token_cross_entropy(logits, labels, ids != 0) / check_int("num_steps", num_steps, 1)
-    one_hot = ids[..., None] == jnp.arange(1, num_segments + 1, dtype=ids.dtype)
-    return jnp.sum(jnp.where(one_hot, losses[..., None], 0), axis=-2)
+    numbers = jnp.arange(1, num_segments + 1, dtype=ids.dtype).reshape((1,) * ids.ndim + (-1,))
+    one_hot = ids[..., None] == numbers  # (B, T, num_segments)
+    return jnp.sum(jnp.where(one_hot, losses[..., None], jnp.zeros((), losses.dtype)), axis=-2)
