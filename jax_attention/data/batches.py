@@ -128,8 +128,7 @@ def pack_length(nmt, requested: int = 0) -> int:
     sentence (source or target, ``<eos>`` included), rounded up to a multiple of 8 — a row then
     holds at least two of the longest pairs. ``ValueError`` if ``requested`` is shorter than
     the longest sentence (it could not hold it)."""
-    train = nmt.train
-    longest = max(int(train.src_valid_len.max(initial=1)), int(train.tgt_valid_len.max(initial=1)))
+    longest = max(padded_lengths(nmt))
     if requested == 0:
         return -(-2 * longest // 8) * 8
     if requested < longest:
@@ -138,26 +137,24 @@ def pack_length(nmt, requested: int = 0) -> int:
     return requested
 
 
-def pack_batches(nmt, batches, row_length: int, min_rows: int = 0) -> list:
-    """``batches`` (``(src, src_valid_len, tgt, tgt_valid_len)`` each, unpadded) packed
+def pack_batches(nmt, batches, row_length: int) -> list:
+    """``batches`` (``(src, src_valid_len, tgt, tgt_valid_len)`` each, as
+    :meth:`~jax_attention.data.nmt.TranslationData.batches` gives them: no filler pairs) packed
     (:func:`first_fit_decreasing`, :func:`pack_batch`) into rows of ``row_length`` tokens, all
-    with the same ``R`` rows: the most any of them needs, at least ``min_rows``, rounded up to a
-    multiple of 8 (so that a run's batches share one shape, one compiled program, as a rule).
-    Pairs with an empty target (a padded batch's fillers) are left out."""
+    with the same ``R`` rows: the most any of them needs, rounded up to a multiple of 8 (so
+    that a run's batches share one shape, one compiled program, as a rule)."""
     src_pad, tgt_pad = nmt.src_vocab["<pad>"], nmt.tgt_vocab["<pad>"]
     packings = [first_fit_decreasing(b[1], b[3], row_length, row_length) for b in batches]
-    packings = [[[i for i in row if b[3][i] > 0] for row in p] for b, p in zip(batches, packings)]
-    packings = [[row for row in p if row] for p in packings]
-    rows = -(-max([min_rows] + [len(p) for p in packings]) // 8) * 8
+    rows = -(-max(len(p) for p in packings) // 8) * 8
     return [pack_batch(*batch, packing, row_length, row_length, num_rows=rows, pad_id=src_pad,
                        tgt_pad_id=tgt_pad) for batch, packing in zip(batches, packings)]
 
 
-def packed_epoch_batches(nmt, epoch: int, row_length: int, min_rows: int = 0):
+def packed_epoch_batches(nmt, epoch: int, row_length: int):
     """The batches of ``epoch`` packed into rows of ``row_length`` tokens (:func:`pack_batches`),
     stacked along a steps axis: ``((src, src_segment_ids, tgt, tgt_segment_ids), num_tokens)``,
     ``int32`` arrays ``(K, R, row_length)``, the same sentences as :func:`epoch_batches` (the
     last, smaller batch's own)."""
     batches = list(nmt.batches(epoch))
-    packed = pack_batches(nmt, batches, row_length, min_rows)
+    packed = pack_batches(nmt, batches, row_length)
     return tuple(np.stack(a) for a in zip(*packed)), int(sum(int(b[3].sum()) for b in batches))
